@@ -1,0 +1,1 @@
+//! urdma verbs provider.

@@ -1,0 +1,1 @@
+//! Bindings to DPDK.

@@ -1,0 +1,1 @@
+//! Sans-IO protocol core of urdma.
