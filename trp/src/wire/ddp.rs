@@ -1,0 +1,235 @@
+//! DDP segment headers exactly as RFC 5041 section 4.
+//!
+//! ```text
+//! byte 0: T | L | reserved(4) | DV(2)     byte 1: RsvdULP (RDMAP control)
+//! tagged   (14 bytes): control(2) STag(4) TO(8)
+//! untagged (18 bytes): control(2) RsvdULP(4) QN(4) MSN(4) MO(4)
+//! ```
+
+use super::{be32, be64, need, put32, put64, WireError};
+
+pub const VERSION: u8 = 1;
+pub const TAGGED_HEADER_LEN: usize = 14;
+pub const UNTAGGED_HEADER_LEN: usize = 18;
+
+const FLAG_TAGGED: u8 = 0x80;
+const FLAG_LAST: u8 = 0x40;
+const MASK_DV: u8 = 0x03;
+
+mod field {
+    pub const CONTROL: usize = 0;
+    pub const ULP_CONTROL: usize = 1;
+    pub const STAG: usize = 2;
+    pub const TO: usize = 6;
+    pub const ULP_WORD: usize = 2;
+    pub const QN: usize = 6;
+    pub const MSN: usize = 10;
+    pub const MO: usize = 14;
+}
+
+/// A view of a DDP segment.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<T> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    pub fn new_unchecked(buffer: T) -> Self {
+        Packet { buffer }
+    }
+
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let p = Packet { buffer };
+        p.check_len()?;
+        Ok(p)
+    }
+
+    pub fn check_len(&self) -> Result<(), WireError> {
+        let b = self.buffer.as_ref();
+        need(b.len(), 2)?;
+        need(b.len(), self.header_len())
+    }
+
+    pub fn tagged(&self) -> bool {
+        self.buffer.as_ref()[field::CONTROL] & FLAG_TAGGED != 0
+    }
+    pub fn last(&self) -> bool {
+        self.buffer.as_ref()[field::CONTROL] & FLAG_LAST != 0
+    }
+    pub fn version(&self) -> u8 {
+        self.buffer.as_ref()[field::CONTROL] & MASK_DV
+    }
+    /// The 8 bits DDP reserves for its upper layer: RDMAP's control field.
+    pub fn ulp_control(&self) -> u8 {
+        self.buffer.as_ref()[field::ULP_CONTROL]
+    }
+    pub fn header_len(&self) -> usize {
+        if self.tagged() {
+            TAGGED_HEADER_LEN
+        } else {
+            UNTAGGED_HEADER_LEN
+        }
+    }
+    pub fn stag(&self) -> u32 {
+        be32(self.buffer.as_ref(), field::STAG)
+    }
+    pub fn tagged_offset(&self) -> u64 {
+        be64(self.buffer.as_ref(), field::TO)
+    }
+    /// The untagged header's 32-bit RsvdULP word (RDMAP: Invalidate STag).
+    pub fn ulp_word(&self) -> u32 {
+        be32(self.buffer.as_ref(), field::ULP_WORD)
+    }
+    pub fn queue_number(&self) -> u32 {
+        be32(self.buffer.as_ref(), field::QN)
+    }
+    pub fn msn(&self) -> u32 {
+        be32(self.buffer.as_ref(), field::MSN)
+    }
+    pub fn message_offset(&self) -> u32 {
+        be32(self.buffer.as_ref(), field::MO)
+    }
+    pub fn payload(&self) -> &[u8] {
+        &self.buffer.as_ref()[self.header_len()..]
+    }
+}
+
+/// Where the segment's payload goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferRef {
+    Tagged {
+        stag: u32,
+        to: u64,
+    },
+    Untagged {
+        ulp_word: u32,
+        qn: u32,
+        msn: u32,
+        mo: u32,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repr {
+    pub last: bool,
+    pub ulp_control: u8,
+    pub buffer: BufferRef,
+}
+
+impl Repr {
+    pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr, WireError> {
+        p.check_len()?;
+        if p.version() != VERSION {
+            return Err(WireError::DdpVersion(p.version()));
+        }
+        let buffer = if p.tagged() {
+            BufferRef::Tagged {
+                stag: p.stag(),
+                to: p.tagged_offset(),
+            }
+        } else {
+            BufferRef::Untagged {
+                ulp_word: p.ulp_word(),
+                qn: p.queue_number(),
+                msn: p.msn(),
+                mo: p.message_offset(),
+            }
+        };
+        Ok(Repr {
+            last: p.last(),
+            ulp_control: p.ulp_control(),
+            buffer,
+        })
+    }
+
+    pub fn buffer_len(&self) -> usize {
+        match self.buffer {
+            BufferRef::Tagged { .. } => TAGGED_HEADER_LEN,
+            BufferRef::Untagged { .. } => UNTAGGED_HEADER_LEN,
+        }
+    }
+
+    /// Writes the header into the front of `buf` (at least `buffer_len()`).
+    pub fn emit(&self, buf: &mut [u8]) {
+        let mut control = VERSION;
+        if self.last {
+            control |= FLAG_LAST;
+        }
+        match self.buffer {
+            BufferRef::Tagged { stag, to } => {
+                buf[field::CONTROL] = control | FLAG_TAGGED;
+                put32(buf, field::STAG, stag);
+                put64(buf, field::TO, to);
+            }
+            BufferRef::Untagged {
+                ulp_word,
+                qn,
+                msn,
+                mo,
+            } => {
+                buf[field::CONTROL] = control;
+                put32(buf, field::ULP_WORD, ulp_word);
+                put32(buf, field::QN, qn);
+                put32(buf, field::MSN, msn);
+                put32(buf, field::MO, mo);
+            }
+        }
+        buf[field::ULP_CONTROL] = self.ulp_control;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tagged_bytes() {
+        let r = Repr {
+            last: true,
+            ulp_control: 0x40,
+            buffer: BufferRef::Tagged {
+                stag: 0x0102_0304,
+                to: 0x1122_3344_5566_7788,
+            },
+        };
+        let mut b = [0u8; 14];
+        r.emit(&mut b);
+        assert_eq!(
+            b,
+            [0xC1, 0x40, 1, 2, 3, 4, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]
+        );
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&b[..]).unwrap()).unwrap(),
+            r
+        );
+    }
+
+    #[test]
+    fn untagged_bytes() {
+        let r = Repr {
+            last: false,
+            ulp_control: 0x43,
+            buffer: BufferRef::Untagged {
+                ulp_word: 0,
+                qn: 0,
+                msn: 1,
+                mo: 1024,
+            },
+        };
+        let mut b = [0u8; 18];
+        r.emit(&mut b);
+        assert_eq!(b[0], 0x01);
+        assert_eq!(&b[6..18], &[0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 4, 0]);
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&b[..]).unwrap()).unwrap(),
+            r
+        );
+        assert!(Packet::new_checked(&b[..17]).is_err());
+        let mut bad = b;
+        bad[0] = 0x02;
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&bad[..]).unwrap()).unwrap_err(),
+            WireError::DdpVersion(2)
+        );
+    }
+}

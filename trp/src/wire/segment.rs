@@ -1,0 +1,174 @@
+//! One DDP segment with its RDMAP meaning: the payload of a TRP Data packet.
+
+use super::ddp::{self, BufferRef};
+use super::rdmap::{self, Immediate, Opcode, ReadRequest, Terminate};
+use super::WireError;
+
+/// Header of one DDP/RDMAP segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repr {
+    pub opcode: Opcode,
+    pub last: bool,
+    pub buffer: BufferRef,
+}
+
+/// The body of a segment, interpreted by opcode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Body<'a> {
+    Data(&'a [u8]),
+    ReadRequest(ReadRequest),
+    Terminate(Terminate),
+    Immediate(Immediate),
+}
+
+impl Repr {
+    /// Parses and validates a segment: RFC 5041/5040 versions, opcode,
+    /// buffer model and queue number, and the fixed bodies.
+    pub fn parse(bytes: &[u8]) -> Result<(Repr, Body<'_>), WireError> {
+        let p = ddp::Packet::new_checked(bytes)?;
+        let d = ddp::Repr::parse(&p)?;
+        let opcode = rdmap::parse_control(d.ulp_control)?;
+        let op = opcode as u8;
+        match (opcode.queue_number(), d.buffer) {
+            (None, BufferRef::Tagged { .. }) => {}
+            (Some(q), BufferRef::Untagged { qn, .. }) => {
+                if q != qn {
+                    return Err(WireError::QueueNumber { opcode: op, qn });
+                }
+            }
+            (_, b) => {
+                return Err(WireError::BufferModel {
+                    opcode: op,
+                    tagged: matches!(b, BufferRef::Tagged { .. }),
+                })
+            }
+        }
+        let payload = &bytes[p.header_len()..];
+        let fixed = |len: usize| -> Result<(), WireError> {
+            if !d.last {
+                Err(WireError::NotLast { opcode: op })
+            } else if payload.len() != len {
+                Err(WireError::BodyLen {
+                    opcode: op,
+                    len: payload.len(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        let body = match opcode {
+            Opcode::ReadRequest => {
+                fixed(rdmap::READ_REQUEST_LEN)?;
+                Body::ReadRequest(ReadRequest::parse(payload)?)
+            }
+            Opcode::ImmediateData | Opcode::ImmediateDataSe => {
+                fixed(rdmap::IMMEDIATE_LEN)?;
+                Body::Immediate(Immediate::parse(payload)?)
+            }
+            Opcode::Terminate => {
+                if !d.last {
+                    return Err(WireError::NotLast { opcode: op });
+                }
+                Body::Terminate(Terminate::parse(payload)?)
+            }
+            _ => Body::Data(payload),
+        };
+        Ok((
+            Repr {
+                opcode,
+                last: d.last,
+                buffer: d.buffer,
+            },
+            body,
+        ))
+    }
+
+    pub fn header_len(&self) -> usize {
+        match self.buffer {
+            BufferRef::Tagged { .. } => ddp::TAGGED_HEADER_LEN,
+            BufferRef::Untagged { .. } => ddp::UNTAGGED_HEADER_LEN,
+        }
+    }
+
+    /// Writes the DDP header carrying the RDMAP control byte.
+    pub fn emit(&self, buf: &mut [u8]) {
+        ddp::Repr {
+            last: self.last,
+            ulp_control: self.opcode.control_byte(),
+            buffer: self.buffer,
+        }
+        .emit(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_with_invalidate() {
+        let r = Repr {
+            opcode: Opcode::SendSeInvalidate,
+            last: true,
+            buffer: BufferRef::Untagged {
+                ulp_word: 0xabcd,
+                qn: 0,
+                msn: 5,
+                mo: 0,
+            },
+        };
+        let mut b = [0u8; 22];
+        r.emit(&mut b);
+        b[18..].copy_from_slice(b"data");
+        let (p, body) = Repr::parse(&b).unwrap();
+        assert_eq!(p, r);
+        assert_eq!(body, Body::Data(b"data"));
+    }
+
+    #[test]
+    fn model_and_queue_checked() {
+        let mut b = [0u8; 18];
+        Repr {
+            opcode: Opcode::RdmaWrite,
+            last: true,
+            buffer: BufferRef::Untagged {
+                ulp_word: 0,
+                qn: 0,
+                msn: 1,
+                mo: 0,
+            },
+        }
+        .emit(&mut b);
+        assert!(matches!(
+            Repr::parse(&b),
+            Err(WireError::BufferModel { .. })
+        ));
+        Repr {
+            opcode: Opcode::Send,
+            last: true,
+            buffer: BufferRef::Untagged {
+                ulp_word: 0,
+                qn: 1,
+                msn: 1,
+                mo: 0,
+            },
+        }
+        .emit(&mut b);
+        assert!(matches!(
+            Repr::parse(&b),
+            Err(WireError::QueueNumber { .. })
+        ));
+        Repr {
+            opcode: Opcode::ReadRequest,
+            last: true,
+            buffer: BufferRef::Untagged {
+                ulp_word: 0,
+                qn: 1,
+                msn: 1,
+                mo: 0,
+            },
+        }
+        .emit(&mut b);
+        assert!(matches!(Repr::parse(&b), Err(WireError::BodyLen { .. })));
+    }
+}
