@@ -1,1 +1,29 @@
-//! urdma verbs provider.
+//! urdma's verbs provider, `liburdma-rdmav34.so`.
+//!
+//! libibverbs loads this library for a uverbs device that nothing else
+//! claimed; a constructor registers [`device::DEVICE_OPS`], libibverbs asks
+//! [`device`] whether a device is ours and then opens it through
+//! [`context`]. Control verbs go through the kernel with the `ibv_cmd_*`
+//! helpers ([`verbs`]); what is not implemented yet answers `EOPNOTSUPP`
+//! ([`unsupported`]).
+
+pub mod abi;
+pub mod context;
+pub mod device;
+mod guard;
+mod log;
+pub mod unsupported;
+pub mod verbs;
+
+/// Registers the provider with libibverbs when the library is loaded.
+///
+/// libibverbs dlopen()s the provider and expects it to call
+/// `verbs_register_driver_34` from a constructor; there is no exported
+/// entry point to look up instead.
+extern "C" fn register_provider() {
+    guard::catch((), || device::register());
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static REGISTER_PROVIDER: extern "C" fn() = register_provider;

@@ -41,6 +41,7 @@ fn main() {
         .allowlist_type("verbs_.*")
         .allowlist_type("ibv_.*")
         .allowlist_type("ib_uverbs_.*")
+        .allowlist_type("rdma_driver_id")
         .allowlist_var("IBV_.*")
         .allowlist_var("VERBS_.*")
         .allowlist_var("RDMA_DRIVER_.*")

@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause */
+/*
+ * urdma: software iWARP over UDP with a user-space data path.
+ *
+ * The kernel side owns the verbs objects (so that ib_core, rdma_cm and
+ * resource tracking see them) but never moves data: posting and polling
+ * happen in the provider.  Everything here is bookkeeping and limits.
+ */
+#ifndef URDMA_H
+#define URDMA_H
+
+#include <linux/atomic.h>
+#include <linux/kref.h>
+#include <linux/completion.h>
+#include <linux/mutex.h>
+#include <linux/netdevice.h>
+#include <linux/xarray.h>
+#include <rdma/ib_verbs.h>
+#include <rdma/ib_umem.h>
+
+#include "urdma-abi.h"
+
+#define URDMA_NODE_DESC "urdma"
+#define URDMA_FW_VERSION "0.1.0"
+
+/*
+ * Device limits.  They describe what this module accounts for and what the
+ * provider's queues are sized for; query_device reports exactly these and
+ * every create path enforces them.
+ */
+#define URDMA_MAX_CONTEXT	1024
+#define URDMA_MAX_PD		16384
+#define URDMA_MAX_MR		65536
+#define URDMA_MAX_CQ		16384
+#define URDMA_MAX_CQE		65536
+#define URDMA_MAX_QP		16384
+#define URDMA_MAX_QP_WR		16384
+#define URDMA_MAX_SGE		8
+#define URDMA_MAX_SGE_RD	1
+#define URDMA_MAX_INLINE	128
+/* Outstanding RDMA READs a QP may issue (ORD) and accept (IRD). */
+#define URDMA_MAX_ORD		32
+#define URDMA_MAX_IRD		32
+#define URDMA_MAX_MR_SIZE	(1ULL << 40)
+
+/*
+ * QP numbers double as the handle rdma_cm passes to iw_get_qp.  0 and 1
+ * are special QPs on IB; keeping them unused avoids any confusion in
+ * tools that assume so.  The allocation range is larger than URDMA_MAX_QP
+ * so that cyclic allocation does not reuse a number right after a destroy.
+ */
+#define URDMA_QPN_MIN		2
+#define URDMA_QPN_MAX		((1U << 24) - 1)
+/* An STag is a 24-bit index and an 8-bit key. */
+#define URDMA_STAG_INDEX_MAX	((1U << 24) - 1)
+
+struct urdma_dev {
+	struct ib_device ibdev;
+	struct net_device *netdev;
+	netdevice_tracker netdev_tracker;
+	struct list_head link;		/* on urdma_dev_list */
+
+	/* Port state last announced with an IB event, under rtnl. */
+	enum ib_port_state announced_state;
+
+	atomic_t num_ctx;
+	atomic_t num_pd;
+	atomic_t num_mr;
+	atomic_t num_cq;
+	atomic_t num_qp;
+
+	struct xarray qp_xa;
+	u32 next_qpn;
+	struct xarray cq_xa;
+	u32 next_cq_id;
+	struct xarray mr_xa;
+	u32 next_stag_index;
+};
+
+struct urdma_ucontext {
+	struct ib_ucontext ibucontext;
+};
+
+struct urdma_pd {
+	struct ib_pd ibpd;
+};
+
+struct urdma_cq {
+	struct ib_cq ibcq;
+	u32 id;
+};
+
+struct urdma_mr {
+	struct ib_mr ibmr;
+	struct ib_umem *umem;
+	u64 va;
+	u64 length;
+	int access;
+	u32 stag_index;
+};
+
+struct urdma_qp {
+	struct ib_qp ibqp;
+	/* iw_cm takes references while it looks at the QP. */
+	struct kref ref;
+	struct completion released;
+
+	struct mutex lock;		/* serializes modify and query */
+	enum ib_qp_state state;
+	int access;
+	u8 max_rd_atomic;
+	u8 max_dest_rd_atomic;
+	struct ib_qp_cap cap;
+	enum ib_sig_type sq_sig_type;
+};
+
+static inline struct urdma_dev *to_udev(struct ib_device *ibdev)
+{
+	return container_of(ibdev, struct urdma_dev, ibdev);
+}
+
+static inline struct urdma_pd *to_upd(struct ib_pd *ibpd)
+{
+	return container_of(ibpd, struct urdma_pd, ibpd);
+}
+
+static inline struct urdma_cq *to_ucq(struct ib_cq *ibcq)
+{
+	return container_of(ibcq, struct urdma_cq, ibcq);
+}
+
+static inline struct urdma_mr *to_umr(struct ib_mr *ibmr)
+{
+	return container_of(ibmr, struct urdma_mr, ibmr);
+}
+
+static inline struct urdma_qp *to_uqp(struct ib_qp *ibqp)
+{
+	return container_of(ibqp, struct urdma_qp, ibqp);
+}
+
+/* The port is usable when the interface is up and has carrier. */
+static inline enum ib_port_state urdma_port_state(const struct urdma_dev *udev)
+{
+	if (netif_running(udev->netdev) && netif_carrier_ok(udev->netdev))
+		return IB_PORT_ACTIVE;
+	return IB_PORT_DOWN;
+}
+
+/* urdma_verbs.c */
+int urdma_query_device(struct ib_device *ibdev, struct ib_device_attr *attr,
+		       struct ib_udata *udata);
+int urdma_query_port(struct ib_device *ibdev, u32 port,
+		     struct ib_port_attr *attr);
+int urdma_get_port_immutable(struct ib_device *ibdev, u32 port,
+			     struct ib_port_immutable *immutable);
+int urdma_query_gid(struct ib_device *ibdev, u32 port, int idx,
+		    union ib_gid *gid);
+void urdma_get_dev_fw_str(struct ib_device *ibdev, char *str);
+int urdma_alloc_ucontext(struct ib_ucontext *ibuctx, struct ib_udata *udata);
+void urdma_dealloc_ucontext(struct ib_ucontext *ibuctx);
+int urdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata);
+int urdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata);
+struct ib_mr *urdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
+				u64 virt_addr, int access,
+				struct ib_udata *udata);
+int urdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+struct ib_mr *urdma_get_dma_mr(struct ib_pd *ibpd, int access);
+int urdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+		    struct ib_udata *udata);
+int urdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
+int urdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc);
+int urdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
+int urdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
+		    struct ib_udata *udata);
+int urdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
+		    int mask, struct ib_udata *udata);
+int urdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		   struct ib_qp_init_attr *init);
+int urdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
+int urdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
+		    const struct ib_send_wr **bad_wr);
+int urdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
+		    const struct ib_recv_wr **bad_wr);
+
+/* urdma_cm.c */
+void urdma_qp_get(struct ib_qp *ibqp);
+void urdma_qp_put(struct ib_qp *ibqp);
+struct ib_qp *urdma_get_qp(struct ib_device *ibdev, int qpn);
+int urdma_connect(struct iw_cm_id *id, struct iw_cm_conn_param *param);
+int urdma_accept(struct iw_cm_id *id, struct iw_cm_conn_param *param);
+int urdma_reject(struct iw_cm_id *id, const void *pdata, u8 pdata_len);
+int urdma_create_listen(struct iw_cm_id *id, int backlog);
+int urdma_destroy_listen(struct iw_cm_id *id);
+
+#endif /* URDMA_H */

@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/*
+ * urdma device life cycle: "rdma link add NAME type urdma netdev IF"
+ * creates one iWARP device per Ethernet interface; the port follows the
+ * interface's state; deleting the link, unregistering the interface or
+ * unloading the module removes the device.
+ */
+#include <linux/module.h>
+#include <linux/if_arp.h>
+#include <linux/etherdevice.h>
+#include <linux/rtnetlink.h>
+#include <linux/spinlock.h>
+#include <net/addrconf.h>
+#include <rdma/rdma_netlink.h>
+
+#include "urdma.h"
+
+/*
+ * ib_device_get_by_netdev() cannot tell our devices apart from those of any
+ * other driver that also uses RDMA_DRIVER_UNKNOWN, nor from an rxe device on
+ * the same interface, so the notifier finds its devices here.
+ */
+static LIST_HEAD(urdma_dev_list);
+static DEFINE_SPINLOCK(urdma_dev_lock);
+
+static void urdma_dealloc_driver(struct ib_device *ibdev)
+{
+	struct urdma_dev *udev = to_udev(ibdev);
+
+	spin_lock(&urdma_dev_lock);
+	list_del(&udev->link);
+	spin_unlock(&urdma_dev_lock);
+
+	/* ib_core destroyed every user object before calling us. */
+	WARN_ON(!xa_empty(&udev->qp_xa));
+	WARN_ON(!xa_empty(&udev->cq_xa));
+	WARN_ON(!xa_empty(&udev->mr_xa));
+	xa_destroy(&udev->qp_xa);
+	xa_destroy(&udev->cq_xa);
+	xa_destroy(&udev->mr_xa);
+	netdev_put(udev->netdev, &udev->netdev_tracker);
+}
+
+static const struct ib_device_ops urdma_dev_ops = {
+	.owner = THIS_MODULE,
+	.driver_id = RDMA_DRIVER_UNKNOWN,
+	.uverbs_abi_ver = URDMA_ABI_VERSION,
+
+	.alloc_pd = urdma_alloc_pd,
+	.alloc_ucontext = urdma_alloc_ucontext,
+	.create_cq = urdma_create_cq,
+	.create_qp = urdma_create_qp,
+	.dealloc_driver = urdma_dealloc_driver,
+	.dealloc_pd = urdma_dealloc_pd,
+	.dealloc_ucontext = urdma_dealloc_ucontext,
+	.dereg_mr = urdma_dereg_mr,
+	.destroy_cq = urdma_destroy_cq,
+	.destroy_qp = urdma_destroy_qp,
+	.get_dev_fw_str = urdma_get_dev_fw_str,
+	.get_dma_mr = urdma_get_dma_mr,
+	.get_port_immutable = urdma_get_port_immutable,
+	.iw_accept = urdma_accept,
+	.iw_add_ref = urdma_qp_get,
+	.iw_connect = urdma_connect,
+	.iw_create_listen = urdma_create_listen,
+	.iw_destroy_listen = urdma_destroy_listen,
+	.iw_get_qp = urdma_get_qp,
+	.iw_reject = urdma_reject,
+	.iw_rem_ref = urdma_qp_put,
+	.modify_qp = urdma_modify_qp,
+	.poll_cq = urdma_poll_cq,
+	.post_recv = urdma_post_recv,
+	.post_send = urdma_post_send,
+	.query_device = urdma_query_device,
+	.query_gid = urdma_query_gid,
+	.query_port = urdma_query_port,
+	.query_qp = urdma_query_qp,
+	.reg_user_mr = urdma_reg_user_mr,
+	.req_notify_cq = urdma_req_notify_cq,
+
+	INIT_RDMA_OBJ_SIZE(ib_cq, urdma_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_pd, urdma_pd, ibpd),
+	INIT_RDMA_OBJ_SIZE(ib_qp, urdma_qp, ibqp),
+	INIT_RDMA_OBJ_SIZE(ib_ucontext, urdma_ucontext, ibucontext),
+};
+
+/* Returns the device on @netdev with a reference held, or NULL. */
+static struct urdma_dev *urdma_dev_get_by_netdev(struct net_device *netdev)
+{
+	struct urdma_dev *udev, *found = NULL;
+
+	spin_lock(&urdma_dev_lock);
+	list_for_each_entry(udev, &urdma_dev_list, link) {
+		if (udev->netdev == netdev && ib_device_try_get(&udev->ibdev)) {
+			found = udev;
+			break;
+		}
+	}
+	spin_unlock(&urdma_dev_lock);
+	return found;
+}
+
+static bool urdma_dev_exists(struct net_device *netdev)
+{
+	struct urdma_dev *udev;
+	bool exists = false;
+
+	spin_lock(&urdma_dev_lock);
+	list_for_each_entry(udev, &urdma_dev_list, link)
+		exists |= udev->netdev == netdev;
+	spin_unlock(&urdma_dev_lock);
+	return exists;
+}
+
+static void urdma_port_event(struct urdma_dev *udev, enum ib_event_type type)
+{
+	struct ib_event event = {
+		.device = &udev->ibdev,
+		.element.port_num = 1,
+		.event = type,
+	};
+
+	ib_dispatch_event(&event);
+}
+
+/* Called under rtnl, which orders the state announcements. */
+static void urdma_port_update(struct urdma_dev *udev)
+{
+	enum ib_port_state state = urdma_port_state(udev);
+
+	if (state == udev->announced_state)
+		return;
+	udev->announced_state = state;
+	urdma_port_event(udev, state == IB_PORT_ACTIVE ?
+			 IB_EVENT_PORT_ACTIVE : IB_EVENT_PORT_ERR);
+}
+
+static int urdma_netdev_event(struct notifier_block *nb, unsigned long event,
+			      void *arg)
+{
+	struct net_device *netdev = netdev_notifier_info_to_dev(arg);
+	struct urdma_dev *udev;
+
+	udev = urdma_dev_get_by_netdev(netdev);
+	if (!udev)
+		return NOTIFY_DONE;
+
+	switch (event) {
+	case NETDEV_UP:
+	case NETDEV_DOWN:
+	case NETDEV_CHANGE:
+		urdma_port_update(udev);
+		break;
+	case NETDEV_CHANGEADDR:
+		/* The GID is read from the interface on every query. */
+		urdma_port_event(udev, IB_EVENT_GID_CHANGE);
+		break;
+	case NETDEV_UNREGISTER:
+		/* Not under rtnl: unregistration waits for users to leave. */
+		ib_unregister_device_queued(&udev->ibdev);
+		break;
+	default:
+		break;
+	}
+	ib_device_put(&udev->ibdev);
+	return NOTIFY_OK;
+}
+
+static struct notifier_block urdma_netdev_nb = {
+	.notifier_call = urdma_netdev_event,
+};
+
+static struct urdma_dev *urdma_dev_alloc(struct net_device *netdev)
+{
+	struct urdma_dev *udev;
+	struct ib_device *ibdev;
+
+	udev = ib_alloc_device(urdma_dev, ibdev);
+	if (!udev)
+		return NULL;
+	ibdev = &udev->ibdev;
+
+	udev->netdev = netdev;
+	netdev_hold(netdev, &udev->netdev_tracker, GFP_KERNEL);
+	INIT_LIST_HEAD(&udev->link);
+	xa_init_flags(&udev->qp_xa, XA_FLAGS_ALLOC);
+	xa_init_flags(&udev->cq_xa, XA_FLAGS_ALLOC1);
+	xa_init_flags(&udev->mr_xa, XA_FLAGS_ALLOC1);
+	udev->next_qpn = URDMA_QPN_MIN;
+	atomic_set(&udev->num_ctx, 0);
+	atomic_set(&udev->num_pd, 0);
+	atomic_set(&udev->num_mr, 0);
+	atomic_set(&udev->num_cq, 0);
+	atomic_set(&udev->num_qp, 0);
+
+	ibdev->node_type = RDMA_NODE_RNIC;
+	ibdev->phys_port_cnt = 1;
+	/* No interrupts: completions are polled in user space. */
+	ibdev->num_comp_vectors = 1;
+	addrconf_addr_eui48((u8 *)&ibdev->node_guid, netdev->dev_addr);
+	strscpy(ibdev->node_desc, URDMA_NODE_DESC, sizeof(ibdev->node_desc));
+	memcpy(ibdev->iw_ifname, netdev->name, sizeof(ibdev->iw_ifname));
+	/* Our connection setup runs over UDP: no iwpmd port mapping. */
+	ibdev->iw_driver_flags = IW_F_NO_PORT_MAP;
+	ib_set_device_ops(ibdev, &urdma_dev_ops);
+
+	return udev;
+}
+
+static int urdma_newlink(const char *ibdev_name, struct net_device *netdev)
+{
+	struct urdma_dev *udev;
+	int rv;
+
+	/* The GID and node GUID are derived from a 6-byte MAC address. */
+	if (netdev->type != ARPHRD_ETHER || netdev->addr_len != ETH_ALEN)
+		return -EINVAL;
+
+	if (urdma_dev_exists(netdev))
+		return -EEXIST;
+
+	udev = urdma_dev_alloc(netdev);
+	if (!udev)
+		return -ENOMEM;
+
+	rv = ib_device_set_netdev(&udev->ibdev, netdev, 1);
+	if (rv)
+		goto err_dealloc;
+
+	/* Listed before registration so that no port event is missed. */
+	spin_lock(&urdma_dev_lock);
+	list_add_tail(&udev->link, &urdma_dev_list);
+	spin_unlock(&urdma_dev_lock);
+
+	udev->announced_state = urdma_port_state(udev);
+	rv = ib_register_device(&udev->ibdev, ibdev_name, NULL);
+	if (rv)
+		goto err_dealloc;
+
+	/* The interface may have changed while we registered. */
+	rtnl_lock();
+	urdma_port_update(udev);
+	rtnl_unlock();
+	dev_info(&udev->ibdev.dev, "urdma device on %s\n", netdev->name);
+	return 0;
+
+err_dealloc:
+	/* Runs urdma_dealloc_driver, which undoes the allocation. */
+	ib_dealloc_device(&udev->ibdev);
+	return rv;
+}
+
+static struct rdma_link_ops urdma_link_ops = {
+	.type = "urdma",
+	.newlink = urdma_newlink,
+};
+
+static int __init urdma_init(void)
+{
+	int rv;
+
+	rv = register_netdevice_notifier(&urdma_netdev_nb);
+	if (rv)
+		return rv;
+	rdma_link_register(&urdma_link_ops);
+	return 0;
+}
+
+static void __exit urdma_exit(void)
+{
+	rdma_link_unregister(&urdma_link_ops);
+	unregister_netdevice_notifier(&urdma_netdev_nb);
+	/*
+	 * Also the fence for unregistrations queued by the notifier.  This
+	 * driver id is shared with any other out-of-tree driver using it.
+	 */
+	ib_unregister_driver(RDMA_DRIVER_UNKNOWN);
+}
+
+module_init(urdma_init);
+module_exit(urdma_exit);
+
+MODULE_ALIAS_RDMA_LINK("urdma");
+MODULE_DESCRIPTION("urdma: iWARP over UDP with a user-space data path");
+MODULE_LICENSE("Dual BSD/GPL");

@@ -1,0 +1,170 @@
+//! urdmad's configuration file (TOML). The shipped example, `urdmad.toml`, documents every
+//! field; [`DEFAULT`] is what urdmad uses when no file is given and works unedited in the
+//! VM test bed (an af_packet port on `veth0`).
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// Built-in configuration, used when `--config` is not given.
+pub const DEFAULT: &str = include_str!("../urdmad.toml");
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub daemon: Daemon,
+    #[serde(rename = "port")]
+    pub ports: Vec<Port>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Daemon {
+    /// Unix control socket.
+    pub socket: PathBuf,
+    /// Besides root, members of this group may attach. Empty: root only.
+    pub group: String,
+    /// DPDK `--file-prefix`: names the shared memory that secondaries attach to.
+    pub file_prefix: String,
+    /// Hugepage memory urdmad reserves at start-up, MiB.
+    pub memory_mb: u32,
+    /// Mbufs in the shared pool (RX for every port and TX for every process).
+    pub mbufs: u32,
+    /// Entries in each flow's RX ring and each process's TX ring (power of two).
+    pub ring_size: u32,
+    pub log_level: String,
+    /// Extra EAL arguments, appended as given.
+    pub eal_args: Vec<String>,
+}
+
+impl Default for Daemon {
+    fn default() -> Self {
+        Daemon {
+            socket: PathBuf::from("/run/urdma/urdmad.sock"),
+            group: "urdma".into(),
+            file_prefix: "urdma".into(),
+            memory_mb: 128,
+            mbufs: 8191,
+            ring_size: 1024,
+            log_level: "info".into(),
+            eal_args: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SteeringChoice {
+    /// Hardware steering if the PMD accepts the rules, software otherwise.
+    Auto,
+    Software,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Port {
+    /// Name used in logs, status and by processes.
+    pub name: String,
+    /// A PCI address (`0000:03:00.0`) or a vdev with its arguments
+    /// (`net_af_packet0,iface=veth0`).
+    pub device: String,
+    /// Name of the kernel interface of the exception path (a TAP carrying the port's MAC).
+    pub exception: String,
+    #[serde(default = "default_steering")]
+    pub steering: SteeringChoice,
+    #[serde(default = "default_queue")]
+    pub rx_descriptors: u16,
+    #[serde(default = "default_queue")]
+    pub tx_descriptors: u16,
+}
+
+fn default_steering() -> SteeringChoice {
+    SteeringChoice::Auto
+}
+
+fn default_queue() -> u16 {
+    512
+}
+
+impl Config {
+    /// Parses and validates; the error is one line naming the problem.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, String> {
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let msg = e.message().replace('\n', " ");
+            match e.span() {
+                Some(span) => {
+                    let line = text[..span.start.min(text.len())].lines().count().max(1);
+                    format!("{origin}: line {line}: {msg}")
+                }
+                None => format!("{origin}: {msg}"),
+            }
+        })?;
+        cfg.validate().map_err(|e| format!("{origin}: {e}"))?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: Option<&Path>) -> Result<Config, String> {
+        match path {
+            None => Config::parse(DEFAULT, "built-in configuration"),
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                Config::parse(&text, &p.display().to_string())
+            }
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let d = &self.daemon;
+        if self.ports.is_empty() {
+            return Err("no [[port]] configured".into());
+        }
+        if !d.ring_size.is_power_of_two() || d.ring_size < 16 {
+            return Err(format!("ring_size {} is not a power of two >= 16", d.ring_size));
+        }
+        if d.mbufs < 1024 {
+            return Err(format!("mbufs {} is below 1024", d.mbufs));
+        }
+        if d.file_prefix.is_empty() || !d.file_prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return Err(format!("file_prefix {:?} must be letters, digits, - or _", d.file_prefix));
+        }
+        for (i, p) in self.ports.iter().enumerate() {
+            if p.name.is_empty() || !p.name.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(format!("port {i}: name {:?} must be one word", p.name));
+            }
+            if p.exception.is_empty() || p.exception.len() > 15 || !p.exception.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.') {
+                return Err(format!("port {}: exception interface name {:?} is not a valid interface name", p.name, p.exception));
+            }
+            if p.device.is_empty() || p.device.contains(char::is_whitespace) {
+                return Err(format!("port {}: device {:?} is empty or contains spaces", p.name, p.device));
+            }
+            if self.ports[..i].iter().any(|q| q.name == p.name || q.exception == p.exception) {
+                return Err(format!("port {}: name or exception interface used twice", p.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_default_parses() {
+        let c = Config::load(None).unwrap();
+        assert_eq!(c.ports.len(), 1);
+        assert!(c.ports[0].device.contains("veth0"));
+    }
+
+    #[test]
+    fn malformed_config_names_the_line() {
+        let e = Config::parse("[daemon]\nsocket = \n", "x.toml").unwrap_err();
+        assert!(e.starts_with("x.toml: line 2"), "{e}");
+        assert!(!e.contains('\n'));
+        let e = Config::parse("[[port]]\nname='a'\ndevice='net_null0'\nexception='t'\nbogus=1\n", "x").unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+        let e = Config::parse("[daemon]\n", "x").unwrap_err();
+        assert!(e.contains("port"), "{e}");
+    }
+}

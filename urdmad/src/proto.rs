@@ -1,0 +1,592 @@
+//! The control protocol between urdmad and the processes that use it (the verbs provider,
+//! test clients, `urdmad status`).
+//!
+//! This module is the single definition of that protocol. It depends on nothing but `std`,
+//! so the provider can use it with `default-features = false` and pull in neither DPDK nor
+//! the daemon's other dependencies.
+//!
+//! # Wire format
+//! A `SOCK_STREAM` Unix socket carrying lines of UTF-8 text, at most [`MAX_LINE`] bytes
+//! each, ending in `\n`. Every message is one line: a verb, then `key=value` fields
+//! separated by single spaces; values never contain spaces. The client speaks first and
+//! waits for one reply per request, so no framing beyond the line is needed, except that a
+//! status reply announces how many report lines follow it.
+//!
+//! ```text
+//! HELLO version=1 pid=4242                 -> HELLO version=1 daemon=0.1.0
+//! ATTACH                                   -> ATTACHED client=3 prefix=urdma lcore=3 pool=urd_mbufs ports=1
+//!                                             PORT index=0 name=port0 mac=02:00:00:00:00:01 tx=urd_tx_3_0 steering=software
+//! OPEN port=0 local=10.0.0.1:4791 remote=10.0.0.2:4791 mac=02:..   (remote and mac optional)
+//!                                          -> OPENED flow=7 rx=urd_rx_7
+//! CLOSE flow=7                             -> CLOSED flow=7
+//! STATUS                                   -> STATUS lines=N, then N report lines
+//! DETACH                                   -> DETACHED
+//! any error                                -> ERROR code=EACCES message=text_with_underscores_for_spaces
+//! ```
+//!
+//! The first request on a connection must be `HELLO`; a daemon refuses other versions with
+//! `ERROR code=EVERSION`. After `ATTACH` the process is a DPDK secondary of the daemon: it
+//! initialises EAL with [`Attachment::eal_args`], looks up the mempool and rings by name and
+//! owns them until it detaches or its connection closes. Closing the connection (including
+//! by dying) is a detach: the daemon then removes the process's flows and frees its rings.
+//!
+//! Ring discipline: each flow's RX ring has one producer (the daemon) and one consumer
+//! (the process); each TX ring has one producer (the process) and one consumer (the
+//! daemon). A process that posts from several threads must serialise its own enqueues.
+
+use std::fmt::{self, Write as _};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::str::FromStr;
+
+/// The protocol version this module speaks.
+pub const VERSION: u32 = 1;
+
+/// Longest accepted line, newline included.
+pub const MAX_LINE: usize = 4096;
+
+/// Most report lines a status reply may announce.
+pub const MAX_STATUS_LINES: usize = 100_000;
+
+/// A 48-bit Ethernet address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Mac(pub [u8; 6]);
+
+impl fmt::Display for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+impl FromStr for Mac {
+    type Err = ProtoError;
+    fn from_str(s: &str) -> Result<Self, ProtoError> {
+        let mut out = [0u8; 6];
+        let mut parts = s.split(':');
+        for b in out.iter_mut() {
+            let p = parts.next().ok_or(ProtoError::BadValue("mac"))?;
+            if p.len() != 2 {
+                return Err(ProtoError::BadValue("mac"));
+            }
+            *b = u8::from_str_radix(p, 16).map_err(|_| ProtoError::BadValue("mac"))?;
+        }
+        if parts.next().is_some() {
+            return Err(ProtoError::BadValue("mac"));
+        }
+        Ok(Mac(out))
+    }
+}
+
+/// How a port delivers a flow's packets to its process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Steering {
+    /// urdmad classifies every received frame and enqueues a flow's frames on its ring.
+    Software,
+    /// An `rte_flow` rule sends the flow to a hardware queue.
+    Hardware,
+}
+
+impl Steering {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Steering::Software => "software",
+            Steering::Hardware => "hardware",
+        }
+    }
+}
+
+impl FromStr for Steering {
+    type Err = ProtoError;
+    fn from_str(s: &str) -> Result<Self, ProtoError> {
+        match s {
+            "software" => Ok(Steering::Software),
+            "hardware" => Ok(Steering::Hardware),
+            _ => Err(ProtoError::BadValue("steering")),
+        }
+    }
+}
+
+/// What identifies a QP's inbound packets on a port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowSpec {
+    /// Index of the port, as listed in [`Attachment::ports`].
+    pub port: u16,
+    /// Local IPv4 address and UDP port; packets to it belong to the flow.
+    pub local: SocketAddrV4,
+    /// When set, only packets from this address and UDP port belong to the flow.
+    pub remote: Option<SocketAddrV4>,
+    /// The peer's MAC, recorded for the process's own use when building frames.
+    pub remote_mac: Option<Mac>,
+}
+
+/// One port as a process sees it after attaching.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortInfo {
+    pub index: u16,
+    pub name: String,
+    pub mac: Mac,
+    /// The process's own TX ring for this port.
+    pub tx_ring: String,
+    pub steering: Steering,
+}
+
+/// What a process needs to become a DPDK secondary of the daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    pub client: u32,
+    /// DPDK `--file-prefix` of the daemon.
+    pub file_prefix: String,
+    /// The EAL lcore id reserved for this process (mempool caches are per lcore id and
+    /// shared between processes, so two processes must never use the same one).
+    pub lcore: u32,
+    /// Mempool to allocate TX mbufs from.
+    pub pool: String,
+    pub ports: Vec<PortInfo>,
+}
+
+impl Attachment {
+    /// EAL arguments (after argv\[0\]) that attach a process as this daemon's secondary.
+    pub fn eal_args(&self) -> Vec<String> {
+        vec![
+            "--proc-type=secondary".into(),
+            format!("--file-prefix={}", self.file_prefix),
+            format!("--lcores={}@(0-{})", self.lcore, available_cpus().saturating_sub(1)),
+            "--no-pci".into(),
+        ]
+    }
+}
+
+fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Error kinds a daemon reports; the text after `code=` on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The peer is not root and not in the allowed group.
+    Access,
+    /// The client speaks another protocol version.
+    Version,
+    /// A request that is malformed or not valid in this state.
+    Invalid,
+    /// Something named does not exist (port, flow).
+    NotFound,
+    /// The flow is already open.
+    Exists,
+    /// Out of rings, lcores or memory.
+    NoResources,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Access => "EACCES",
+            ErrorCode::Version => "EVERSION",
+            ErrorCode::Invalid => "EINVAL",
+            ErrorCode::NotFound => "ENOENT",
+            ErrorCode::Exists => "EEXIST",
+            ErrorCode::NoResources => "ENOSPC",
+        }
+    }
+}
+
+impl FromStr for ErrorCode {
+    type Err = ProtoError;
+    fn from_str(s: &str) -> Result<Self, ProtoError> {
+        Ok(match s {
+            "EACCES" => ErrorCode::Access,
+            "EVERSION" => ErrorCode::Version,
+            "EINVAL" => ErrorCode::Invalid,
+            "ENOENT" => ErrorCode::NotFound,
+            "EEXIST" => ErrorCode::Exists,
+            "ENOSPC" => ErrorCode::NoResources,
+            _ => return Err(ProtoError::BadValue("code")),
+        })
+    }
+}
+
+/// A request from a process to the daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Hello { version: u32, pid: u32 },
+    Attach,
+    Open(FlowSpec),
+    Close { flow: u32 },
+    Status,
+    Detach,
+}
+
+/// A reply from the daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    Hello { version: u32, daemon: String },
+    Attached(Attachment),
+    Opened { flow: u32, rx_ring: String },
+    Closed { flow: u32 },
+    /// Followed on the wire by `lines` report lines.
+    Status { lines: usize },
+    Detached,
+    Error { code: ErrorCode, message: String },
+}
+
+/// Why a line could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProtoError {
+    Empty,
+    TooLong,
+    UnknownVerb(String),
+    Missing(&'static str),
+    BadValue(&'static str),
+    /// A `PORT` line was expected after `ATTACHED`.
+    ExpectedPort,
+}
+
+impl fmt::Display for ProtoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtoError::Empty => write!(f, "empty message"),
+            ProtoError::TooLong => write!(f, "message longer than {MAX_LINE} bytes"),
+            ProtoError::UnknownVerb(v) => write!(f, "unknown message {v:?}"),
+            ProtoError::Missing(k) => write!(f, "missing field {k}"),
+            ProtoError::BadValue(k) => write!(f, "bad value for field {k}"),
+            ProtoError::ExpectedPort => write!(f, "expected a PORT line"),
+        }
+    }
+}
+
+impl std::error::Error for ProtoError {}
+
+/// A decoded line: the verb and its fields, borrowed from the input.
+struct Fields<'a> {
+    verb: &'a str,
+    fields: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Fields<'a> {
+    fn parse(line: &'a str) -> Result<Self, ProtoError> {
+        if line.len() > MAX_LINE {
+            return Err(ProtoError::TooLong);
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        let mut words = line.split(' ').filter(|w| !w.is_empty());
+        let verb = words.next().ok_or(ProtoError::Empty)?;
+        let mut fields = Vec::new();
+        for w in words {
+            let (k, v) = w.split_once('=').ok_or(ProtoError::BadValue("field"))?;
+            fields.push((k, v));
+        }
+        Ok(Fields { verb, fields })
+    }
+
+    fn opt(&self, key: &'static str) -> Option<&'a str> {
+        self.fields.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
+    fn get(&self, key: &'static str) -> Result<&'a str, ProtoError> {
+        self.opt(key).ok_or(ProtoError::Missing(key))
+    }
+
+    fn num<T: FromStr>(&self, key: &'static str) -> Result<T, ProtoError> {
+        self.get(key)?.parse().map_err(|_| ProtoError::BadValue(key))
+    }
+
+    /// A value that must be a single token of printable ASCII.
+    fn name(&self, key: &'static str) -> Result<String, ProtoError> {
+        let v = self.get(key)?;
+        if v.is_empty() || !v.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ProtoError::BadValue(key));
+        }
+        Ok(v.to_owned())
+    }
+}
+
+fn parse_sock(v: &str, key: &'static str) -> Result<SocketAddrV4, ProtoError> {
+    let (ip, port) = v.rsplit_once(':').ok_or(ProtoError::BadValue(key))?;
+    let ip = Ipv4Addr::from_str(ip).map_err(|_| ProtoError::BadValue(key))?;
+    let port = port.parse().map_err(|_| ProtoError::BadValue(key))?;
+    Ok(SocketAddrV4::new(ip, port))
+}
+
+/// Spaces cannot appear in a value; messages carry them as underscores.
+fn encode_text(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_whitespace() || c == '=' { '_' } else { c })
+        .collect()
+}
+
+/// Reverses [`encode_text`] for display.
+pub fn decode_text(s: &str) -> String {
+    s.replace('_', " ")
+}
+
+impl Request {
+    /// The wire form, newline included.
+    pub fn encode(&self) -> String {
+        match self {
+            Request::Hello { version, pid } => format!("HELLO version={version} pid={pid}\n"),
+            Request::Attach => "ATTACH\n".into(),
+            Request::Open(s) => {
+                let mut out = format!("OPEN port={} local={}", s.port, s.local);
+                if let Some(r) = s.remote {
+                    let _ = write!(out, " remote={r}");
+                }
+                if let Some(m) = s.remote_mac {
+                    let _ = write!(out, " mac={m}");
+                }
+                out.push('\n');
+                out
+            }
+            Request::Close { flow } => format!("CLOSE flow={flow}\n"),
+            Request::Status => "STATUS\n".into(),
+            Request::Detach => "DETACH\n".into(),
+        }
+    }
+
+    /// Decodes one line; never panics.
+    pub fn decode(line: &str) -> Result<Self, ProtoError> {
+        let f = Fields::parse(line)?;
+        Ok(match f.verb {
+            "HELLO" => Request::Hello {
+                version: f.num("version")?,
+                pid: f.num("pid")?,
+            },
+            "ATTACH" => Request::Attach,
+            "OPEN" => Request::Open(FlowSpec {
+                port: f.num("port")?,
+                local: parse_sock(f.get("local")?, "local")?,
+                remote: f.opt("remote").map(|v| parse_sock(v, "remote")).transpose()?,
+                remote_mac: f.opt("mac").map(Mac::from_str).transpose()?,
+            }),
+            "CLOSE" => Request::Close {
+                flow: f.num("flow")?,
+            },
+            "STATUS" => Request::Status,
+            "DETACH" => Request::Detach,
+            v => return Err(ProtoError::UnknownVerb(v.chars().take(32).collect())),
+        })
+    }
+}
+
+impl Response {
+    /// The wire form, newline included (an attachment spans one line per port).
+    pub fn encode(&self) -> String {
+        match self {
+            Response::Hello { version, daemon } => {
+                format!("HELLO version={version} daemon={}\n", encode_text(daemon))
+            }
+            Response::Attached(a) => {
+                let mut out = format!(
+                    "ATTACHED client={} prefix={} lcore={} pool={} ports={}\n",
+                    a.client,
+                    a.file_prefix,
+                    a.lcore,
+                    a.pool,
+                    a.ports.len()
+                );
+                for p in &a.ports {
+                    let _ = writeln!(
+                        out,
+                        "PORT index={} name={} mac={} tx={} steering={}",
+                        p.index,
+                        p.name,
+                        p.mac,
+                        p.tx_ring,
+                        p.steering.as_str()
+                    );
+                }
+                out
+            }
+            Response::Opened { flow, rx_ring } => format!("OPENED flow={flow} rx={rx_ring}\n"),
+            Response::Closed { flow } => format!("CLOSED flow={flow}\n"),
+            Response::Status { lines } => format!("STATUS lines={lines}\n"),
+            Response::Detached => "DETACHED\n".into(),
+            Response::Error { code, message } => format!(
+                "ERROR code={} message={}\n",
+                code.as_str(),
+                encode_text(message)
+            ),
+        }
+    }
+
+    /// Decodes a reply whose first line is `line`. An `ATTACHED` reply is followed by one
+    /// `PORT` line per port, which `next_line` supplies. Never panics.
+    pub fn decode(
+        line: &str,
+        mut next_line: impl FnMut() -> Option<String>,
+    ) -> Result<Self, ProtoError> {
+        let f = Fields::parse(line)?;
+        Ok(match f.verb {
+            "HELLO" => Response::Hello {
+                version: f.num("version")?,
+                daemon: decode_text(f.get("daemon")?),
+            },
+            "ATTACHED" => {
+                let nports: u16 = f.num("ports")?;
+                let mut ports = Vec::new();
+                for _ in 0..nports {
+                    let l = next_line().ok_or(ProtoError::ExpectedPort)?;
+                    let p = Fields::parse(&l)?;
+                    if p.verb != "PORT" {
+                        return Err(ProtoError::ExpectedPort);
+                    }
+                    ports.push(PortInfo {
+                        index: p.num("index")?,
+                        name: p.name("name")?,
+                        mac: p.get("mac")?.parse()?,
+                        tx_ring: p.name("tx")?,
+                        steering: p.get("steering")?.parse()?,
+                    });
+                }
+                Response::Attached(Attachment {
+                    client: f.num("client")?,
+                    file_prefix: f.name("prefix")?,
+                    lcore: f.num("lcore")?,
+                    pool: f.name("pool")?,
+                    ports,
+                })
+            }
+            "OPENED" => Response::Opened {
+                flow: f.num("flow")?,
+                rx_ring: f.name("rx")?,
+            },
+            "CLOSED" => Response::Closed {
+                flow: f.num("flow")?,
+            },
+            "STATUS" => {
+                let lines: usize = f.num("lines")?;
+                if lines > MAX_STATUS_LINES {
+                    return Err(ProtoError::BadValue("lines"));
+                }
+                Response::Status { lines }
+            }
+            "DETACHED" => Response::Detached,
+            "ERROR" => Response::Error {
+                code: f.get("code")?.parse()?,
+                message: decode_text(f.opt("message").unwrap_or("")),
+            },
+            v => return Err(ProtoError::UnknownVerb(v.chars().take(32).collect())),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip_req(r: Request) {
+        assert_eq!(Request::decode(&r.encode()).unwrap(), r);
+    }
+
+    fn roundtrip_resp(r: Response) {
+        let text = r.encode();
+        let mut lines = text.lines().map(str::to_owned);
+        let first = lines.next().unwrap();
+        assert_eq!(Response::decode(&first, || lines.next()).unwrap(), r);
+    }
+
+    #[test]
+    fn requests_roundtrip() {
+        roundtrip_req(Request::Hello { version: 1, pid: 99 });
+        roundtrip_req(Request::Attach);
+        roundtrip_req(Request::Open(FlowSpec {
+            port: 0,
+            local: "10.0.0.1:4791".parse().unwrap(),
+            remote: Some("10.0.0.2:5000".parse().unwrap()),
+            remote_mac: Some(Mac([2, 0, 0, 0, 0, 0xab])),
+        }));
+        roundtrip_req(Request::Open(FlowSpec {
+            port: 3,
+            local: "10.0.0.1:1".parse().unwrap(),
+            remote: None,
+            remote_mac: None,
+        }));
+        roundtrip_req(Request::Close { flow: 7 });
+        roundtrip_req(Request::Status);
+        roundtrip_req(Request::Detach);
+    }
+
+    #[test]
+    fn responses_roundtrip() {
+        roundtrip_resp(Response::Hello {
+            version: 1,
+            daemon: "urdmad 0.1.0".into(),
+        });
+        roundtrip_resp(Response::Attached(Attachment {
+            client: 3,
+            file_prefix: "urdma".into(),
+            lcore: 3,
+            pool: "urd_mbufs".into(),
+            ports: vec![PortInfo {
+                index: 0,
+                name: "port0".into(),
+                mac: Mac([2, 0, 0, 0, 0, 1]),
+                tx_ring: "urd_tx_3_0".into(),
+                steering: Steering::Software,
+            }],
+        }));
+        roundtrip_resp(Response::Opened {
+            flow: 1,
+            rx_ring: "urd_rx_1".into(),
+        });
+        roundtrip_resp(Response::Closed { flow: 1 });
+        roundtrip_resp(Response::Status { lines: 12 });
+        roundtrip_resp(Response::Detached);
+        roundtrip_resp(Response::Error {
+            code: ErrorCode::Access,
+            message: "uid 65534 is not allowed".into(),
+        });
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        let samples = [
+            "",
+            "\n",
+            "HELLO",
+            "HELLO version=x pid=1",
+            "OPEN port=0 local=10.0.0.1",
+            "OPEN port=0 local=10.0.0.1:99999",
+            "OPEN port=0 local=1.2.3.4:5 mac=zz:00:00:00:00:00",
+            "OPEN port=0 local=1.2.3.4:5 mac=00:00:00:00:00:00:00",
+            "CLOSE flow",
+            "ERROR code=EWHAT",
+            "\u{0}\u{ff}=\u{1}",
+            "STATUS lines=99999999999",
+        ];
+        for s in samples {
+            let _ = Request::decode(s);
+            let _ = Response::decode(s, || None);
+        }
+        assert!(Request::decode(&"A".repeat(MAX_LINE + 1)).is_err());
+        assert!(Response::decode("ATTACHED client=1 prefix=p lcore=1 pool=p ports=2", || None).is_err());
+    }
+
+    #[test]
+    fn every_byte_prefix_of_valid_messages_decodes_without_panic() {
+        let msg = Response::Attached(Attachment {
+            client: 1,
+            file_prefix: "p".into(),
+            lcore: 1,
+            pool: "x".into(),
+            ports: vec![],
+        })
+        .encode()
+            + &Request::Open(FlowSpec {
+                port: 0,
+                local: "10.0.0.1:4791".parse().unwrap(),
+                remote: Some("10.0.0.2:5000".parse().unwrap()),
+                remote_mac: Some(Mac([2, 0, 0, 0, 0, 0xab])),
+            })
+            .encode();
+        for i in 0..msg.len() {
+            if msg.is_char_boundary(i) {
+                let _ = Request::decode(&msg[..i]);
+                let _ = Response::decode(&msg[..i], || Some(msg[i..].to_owned()));
+            }
+        }
+    }
+}
