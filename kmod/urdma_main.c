@@ -11,6 +11,7 @@
 #include <linux/rtnetlink.h>
 #include <linux/spinlock.h>
 #include <net/addrconf.h>
+#include <rdma/iw_cm.h>
 #include <rdma/rdma_netlink.h>
 
 #include "urdma.h"

@@ -1,0 +1,510 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/*
+ * Verbs objects of urdma.  Only user-space consumers (with udata) are
+ * served: queues live in the provider, so a kernel ULP would get a device
+ * that cannot move data.  Refusing it with -EOPNOTSUPP is the honest answer.
+ */
+#include <linux/etherdevice.h>
+#include <linux/random.h>
+#include <rdma/ib_mad.h>
+#include <rdma/ib_user_verbs.h>
+#include <rdma/uverbs_ioctl.h>
+
+#include "urdma.h"
+
+/*
+ * Reserve one unit of a per-device limit.  Counting before allocating
+ * keeps the limit exact under concurrent creates.
+ */
+static bool urdma_reserve(atomic_t *count, int max)
+{
+	if (atomic_inc_return(count) <= max)
+		return true;
+	atomic_dec(count);
+	return false;
+}
+
+int urdma_query_device(struct ib_device *ibdev, struct ib_device_attr *attr,
+		       struct ib_udata *udata)
+{
+	/* There is no private query_device data in either direction. */
+	if (udata->inlen || udata->outlen)
+		return -EINVAL;
+
+	memset(attr, 0, sizeof(*attr));
+	attr->fw_ver = 0;
+	attr->sys_image_guid = ibdev->node_guid;
+	attr->max_mr_size = URDMA_MAX_MR_SIZE;
+	attr->page_size_cap = PAGE_SIZE;
+	attr->max_qp = URDMA_MAX_QP;
+	attr->max_qp_wr = URDMA_MAX_QP_WR;
+	attr->kernel_cap_flags = IBK_ALLOW_USER_UNREG;
+	attr->max_send_sge = URDMA_MAX_SGE;
+	attr->max_recv_sge = URDMA_MAX_SGE;
+	attr->max_sge_rd = URDMA_MAX_SGE_RD;
+	attr->max_cq = URDMA_MAX_CQ;
+	attr->max_cqe = URDMA_MAX_CQE;
+	attr->max_mr = URDMA_MAX_MR;
+	attr->max_pd = URDMA_MAX_PD;
+	/* IB names: rd_atom is the responder side (IRD), init the initiator. */
+	attr->max_qp_rd_atom = URDMA_MAX_IRD;
+	attr->max_qp_init_rd_atom = URDMA_MAX_ORD;
+	attr->max_res_rd_atom = URDMA_MAX_QP * URDMA_MAX_IRD;
+	/* RFC 7306 atomics are not placed yet. */
+	attr->atomic_cap = IB_ATOMIC_NONE;
+	return 0;
+}
+
+/* Everything about the port except the link speed. */
+static void urdma_fill_port_attr(struct urdma_dev *udev,
+				 struct ib_port_attr *attr)
+{
+	enum ib_port_state state = urdma_port_state(udev);
+	enum ib_mtu mtu = ib_mtu_int_to_enum(READ_ONCE(udev->netdev->mtu));
+
+	memset(attr, 0, sizeof(*attr));
+	attr->state = state;
+	attr->phys_state = state == IB_PORT_ACTIVE ?
+		IB_PORT_PHYS_STATE_LINK_UP : IB_PORT_PHYS_STATE_DISABLED;
+	attr->max_mtu = mtu;
+	attr->active_mtu = mtu;
+	attr->gid_tbl_len = 1;
+	attr->port_cap_flags = IB_PORT_CM_SUP;
+	attr->max_msg_sz = 0x80000000;
+}
+
+int urdma_query_port(struct ib_device *ibdev, u32 port,
+		     struct ib_port_attr *attr)
+{
+	urdma_fill_port_attr(to_udev(ibdev), attr);
+	/* A failure leaves the speed unknown, which is not an error. */
+	ib_get_eth_speed(ibdev, port, &attr->active_speed, &attr->active_width);
+	return 0;
+}
+
+int urdma_get_port_immutable(struct ib_device *ibdev, u32 port,
+			     struct ib_port_immutable *immutable)
+{
+	struct ib_port_attr attr;
+
+	urdma_fill_port_attr(to_udev(ibdev), &attr);
+	immutable->gid_tbl_len = attr.gid_tbl_len;
+	immutable->core_cap_flags = RDMA_CORE_PORT_IWARP;
+	return 0;
+}
+
+int urdma_query_gid(struct ib_device *ibdev, u32 port, int idx,
+		    union ib_gid *gid)
+{
+	struct urdma_dev *udev = to_udev(ibdev);
+
+	if (idx != 0)
+		return -EINVAL;
+	/* iWARP convention: the MAC address in the first six bytes. */
+	memset(gid, 0, sizeof(*gid));
+	ether_addr_copy(gid->raw, udev->netdev->dev_addr);
+	return 0;
+}
+
+void urdma_get_dev_fw_str(struct ib_device *ibdev, char *str)
+{
+	snprintf(str, IB_FW_VERSION_NAME_MAX, "%s", URDMA_FW_VERSION);
+}
+
+int urdma_alloc_ucontext(struct ib_ucontext *ibuctx, struct ib_udata *udata)
+{
+	struct urdma_dev *udev = to_udev(ibuctx->device);
+	struct urdma_uresp_alloc_ctx uresp = {
+		.magic = URDMA_ABI_MAGIC,
+		.abi_version = URDMA_ABI_VERSION,
+		.dev_id = udev->ibdev.index,
+	};
+	int rv;
+
+	if (udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	if (!urdma_reserve(&udev->num_ctx, URDMA_MAX_CONTEXT))
+		return -ENOMEM;
+	rv = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+	if (rv)
+		atomic_dec(&udev->num_ctx);
+	return rv;
+}
+
+void urdma_dealloc_ucontext(struct ib_ucontext *ibuctx)
+{
+	atomic_dec(&to_udev(ibuctx->device)->num_ctx);
+}
+
+int urdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	struct urdma_dev *udev = to_udev(ibpd->device);
+
+	if (!udata)
+		return -EOPNOTSUPP;
+	if (!urdma_reserve(&udev->num_pd, URDMA_MAX_PD))
+		return -ENOMEM;
+	return 0;
+}
+
+int urdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	atomic_dec(&to_udev(ibpd->device)->num_pd);
+	return 0;
+}
+
+#define URDMA_MR_ACCESS (IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE | \
+			 IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC | \
+			 IB_ACCESS_MW_BIND)
+
+struct ib_mr *urdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
+				u64 virt_addr, int access,
+				struct ib_udata *udata)
+{
+	struct urdma_dev *udev = to_udev(ibpd->device);
+	struct urdma_mr *mr;
+	struct ib_umem *umem;
+	u32 index;
+	u8 key;
+	int rv;
+
+	if (!udata)
+		return ERR_PTR(-EOPNOTSUPP);
+	/*
+	 * ib_core already enforces the verbs rule that remote write or
+	 * atomic access needs local write; the placement code relies on
+	 * it, so it is checked here too rather than assumed.
+	 */
+	if ((access & (IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_ATOMIC)) &&
+	    !(access & IB_ACCESS_LOCAL_WRITE))
+		return ERR_PTR(-EINVAL);
+	if (!length || length > URDMA_MAX_MR_SIZE)
+		return ERR_PTR(-EINVAL);
+	if (!urdma_reserve(&udev->num_mr, URDMA_MAX_MR))
+		return ERR_PTR(-ENOMEM);
+
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr) {
+		rv = -ENOMEM;
+		goto err_count;
+	}
+
+	/* Pins the pages and checks that the range is mapped and writable. */
+	umem = ib_umem_get(ibpd->device, start, length, access);
+	if (IS_ERR(umem)) {
+		rv = PTR_ERR(umem);
+		goto err_free;
+	}
+
+	rv = xa_alloc_cyclic(&udev->mr_xa, &index, mr,
+			     XA_LIMIT(1, URDMA_STAG_INDEX_MAX),
+			     &udev->next_stag_index, GFP_KERNEL);
+	if (rv < 0)
+		goto err_umem;
+
+	/* A random key makes a stale or guessed STag unlikely to match. */
+	key = get_random_u8();
+	mr->umem = umem;
+	mr->va = virt_addr;
+	mr->length = length;
+	mr->access = access & URDMA_MR_ACCESS;
+	mr->stag_index = index;
+	mr->ibmr.lkey = (index << 8) | key;
+	mr->ibmr.rkey = mr->ibmr.lkey;
+	mr->ibmr.iova = virt_addr;
+	mr->ibmr.length = length;
+	return &mr->ibmr;
+
+err_umem:
+	ib_umem_release(umem);
+err_free:
+	kfree(mr);
+err_count:
+	atomic_dec(&udev->num_mr);
+	return ERR_PTR(rv);
+}
+
+int urdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
+{
+	struct urdma_dev *udev = to_udev(ibmr->device);
+	struct urdma_mr *mr = to_umr(ibmr);
+
+	xa_erase(&udev->mr_xa, mr->stag_index);
+	ib_umem_release(mr->umem);
+	kfree(mr);
+	atomic_dec(&udev->num_mr);
+	return 0;
+}
+
+struct ib_mr *urdma_get_dma_mr(struct ib_pd *ibpd, int access)
+{
+	return ERR_PTR(-EOPNOTSUPP);
+}
+
+int urdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+		    struct ib_udata *udata)
+{
+	struct urdma_dev *udev = to_udev(ibcq->device);
+	struct urdma_cq *cq = to_ucq(ibcq);
+	struct urdma_uresp_create_cq uresp = {};
+	int rv;
+
+	if (!udata)
+		return -EOPNOTSUPP;
+	if (attr->flags)
+		return -EOPNOTSUPP;
+	if (attr->cqe < 1 || attr->cqe > URDMA_MAX_CQE)
+		return -EINVAL;
+	if (udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	if (!urdma_reserve(&udev->num_cq, URDMA_MAX_CQ))
+		return -ENOMEM;
+
+	rv = xa_alloc_cyclic(&udev->cq_xa, &cq->id, cq, xa_limit_31b,
+			     &udev->next_cq_id, GFP_KERNEL);
+	if (rv < 0)
+		goto err_count;
+
+	ibcq->cqe = attr->cqe;
+	uresp.cq_id = cq->id;
+	rv = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+	if (rv)
+		goto err_id;
+	return 0;
+
+err_id:
+	xa_erase(&udev->cq_xa, cq->id);
+err_count:
+	atomic_dec(&udev->num_cq);
+	return rv;
+}
+
+int urdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
+{
+	struct urdma_dev *udev = to_udev(ibcq->device);
+
+	xa_erase(&udev->cq_xa, to_ucq(ibcq)->id);
+	atomic_dec(&udev->num_cq);
+	return 0;
+}
+
+/* Completions are produced and consumed in user space only. */
+int urdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc)
+{
+	return -EOPNOTSUPP;
+}
+
+int urdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
+{
+	return -EOPNOTSUPP;
+}
+
+static int urdma_check_qp_cap(const struct ib_qp_cap *cap)
+{
+	if (cap->max_send_wr > URDMA_MAX_QP_WR ||
+	    cap->max_recv_wr > URDMA_MAX_QP_WR)
+		return -EINVAL;
+	if (cap->max_send_sge > URDMA_MAX_SGE ||
+	    cap->max_recv_sge > URDMA_MAX_SGE)
+		return -EINVAL;
+	if (cap->max_inline_data > URDMA_MAX_INLINE)
+		return -EINVAL;
+	return 0;
+}
+
+int urdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
+		    struct ib_udata *udata)
+{
+	struct urdma_dev *udev = to_udev(ibqp->device);
+	struct urdma_qp *qp = to_uqp(ibqp);
+	struct urdma_uresp_create_qp uresp = {};
+	u32 qpn;
+	int rv;
+
+	if (!udata)
+		return -EOPNOTSUPP;
+	/* iWARP has reliable connected QPs only. */
+	if (init->qp_type != IB_QPT_RC)
+		return -EOPNOTSUPP;
+	if (init->create_flags || init->srq)
+		return -EOPNOTSUPP;
+	rv = urdma_check_qp_cap(&init->cap);
+	if (rv)
+		return rv;
+	if (!init->send_cq || !init->recv_cq)
+		return -EINVAL;
+	if (udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	if (!urdma_reserve(&udev->num_qp, URDMA_MAX_QP))
+		return -ENOMEM;
+
+	kref_init(&qp->ref);
+	init_completion(&qp->released);
+	mutex_init(&qp->lock);
+	qp->state = IB_QPS_RESET;
+	qp->cap = init->cap;
+	qp->sq_sig_type = init->sq_sig_type;
+
+	/* From here on iw_get_qp can find the QP: it must be complete. */
+	rv = xa_alloc_cyclic(&udev->qp_xa, &qpn, qp,
+			     XA_LIMIT(URDMA_QPN_MIN, URDMA_QPN_MAX),
+			     &udev->next_qpn, GFP_KERNEL);
+	if (rv < 0)
+		goto err_count;
+	ibqp->qp_num = qpn;
+
+	uresp.qp_id = qpn;
+	rv = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+	if (rv)
+		goto err_qpn;
+	return 0;
+
+err_qpn:
+	xa_erase(&udev->qp_xa, qpn);
+err_count:
+	mutex_destroy(&qp->lock);
+	atomic_dec(&udev->num_qp);
+	return rv;
+}
+
+/*
+ * Allowed state changes.  These are the IB transitions restricted to what
+ * an iWARP QP can do: INIT may go straight to RTS because iw_cm moves a
+ * connected QP there itself, and a closing (SQD) or terminated (SQE) QP
+ * never returns to RTS.  Any state may go to RESET or ERR.
+ */
+static const u8 urdma_qp_next[IB_QPS_ERR + 1] = {
+	[IB_QPS_RESET] = BIT(IB_QPS_INIT),
+	[IB_QPS_INIT] = BIT(IB_QPS_INIT) | BIT(IB_QPS_RTR) | BIT(IB_QPS_RTS),
+	[IB_QPS_RTR] = BIT(IB_QPS_RTS),
+	[IB_QPS_RTS] = BIT(IB_QPS_RTS) | BIT(IB_QPS_SQD) | BIT(IB_QPS_SQE),
+	[IB_QPS_SQD] = BIT(IB_QPS_SQD),
+	[IB_QPS_SQE] = 0,
+	[IB_QPS_ERR] = 0,
+};
+
+static bool urdma_qp_transition_ok(enum ib_qp_state cur,
+				   enum ib_qp_state next)
+{
+	if (next == IB_QPS_RESET || next == IB_QPS_ERR)
+		return true;
+	return urdma_qp_next[cur] & BIT(next);
+}
+
+#define URDMA_QP_ACCESS (IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE | \
+			 IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC | \
+			 IB_ACCESS_MW_BIND)
+
+static int urdma_check_qp_attr(const struct ib_qp_attr *attr, int mask)
+{
+	if ((mask & IB_QP_STATE) && attr->qp_state > IB_QPS_ERR)
+		return -EINVAL;
+	if ((mask & IB_QP_PORT) && attr->port_num != 1)
+		return -EINVAL;
+	if ((mask & IB_QP_ACCESS_FLAGS) &&
+	    (attr->qp_access_flags & ~URDMA_QP_ACCESS))
+		return -EINVAL;
+	if ((mask & IB_QP_MAX_QP_RD_ATOMIC) &&
+	    attr->max_rd_atomic > URDMA_MAX_ORD)
+		return -EINVAL;
+	if ((mask & IB_QP_MAX_DEST_RD_ATOMIC) &&
+	    attr->max_dest_rd_atomic > URDMA_MAX_IRD)
+		return -EINVAL;
+	/* Queues are sized once, in the provider. */
+	if (mask & IB_QP_CAP)
+		return -EOPNOTSUPP;
+	return 0;
+}
+
+int urdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
+		    int mask, struct ib_udata *udata)
+{
+	struct urdma_qp *qp = to_uqp(ibqp);
+	enum ib_qp_state next;
+	int rv;
+
+	if (mask & ~IB_QP_ATTR_STANDARD_BITS)
+		return -EOPNOTSUPP;
+	rv = urdma_check_qp_attr(attr, mask);
+	if (rv)
+		return rv;
+
+	mutex_lock(&qp->lock);
+	if ((mask & IB_QP_CUR_STATE) && attr->cur_qp_state != qp->state) {
+		rv = -EINVAL;
+		goto out;
+	}
+	next = (mask & IB_QP_STATE) ? attr->qp_state : qp->state;
+	if ((mask & IB_QP_STATE) && !urdma_qp_transition_ok(qp->state, next)) {
+		rv = -EINVAL;
+		goto out;
+	}
+
+	if (mask & IB_QP_ACCESS_FLAGS)
+		qp->access = attr->qp_access_flags;
+	if (mask & IB_QP_MAX_QP_RD_ATOMIC)
+		qp->max_rd_atomic = attr->max_rd_atomic;
+	if (mask & IB_QP_MAX_DEST_RD_ATOMIC)
+		qp->max_dest_rd_atomic = attr->max_dest_rd_atomic;
+	qp->state = next;
+out:
+	mutex_unlock(&qp->lock);
+	return rv;
+}
+
+int urdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		   struct ib_qp_init_attr *init)
+{
+	struct urdma_dev *udev = to_udev(ibqp->device);
+	struct urdma_qp *qp = to_uqp(ibqp);
+
+	memset(attr, 0, sizeof(*attr));
+	memset(init, 0, sizeof(*init));
+
+	mutex_lock(&qp->lock);
+	attr->qp_state = qp->state;
+	attr->cur_qp_state = qp->state;
+	attr->qp_access_flags = qp->access;
+	attr->max_rd_atomic = qp->max_rd_atomic;
+	attr->max_dest_rd_atomic = qp->max_dest_rd_atomic;
+	attr->cap = qp->cap;
+	init->sq_sig_type = qp->sq_sig_type;
+	mutex_unlock(&qp->lock);
+
+	attr->port_num = 1;
+	attr->path_mtu = ib_mtu_int_to_enum(READ_ONCE(udev->netdev->mtu));
+	init->qp_type = ibqp->qp_type;
+	init->send_cq = ibqp->send_cq;
+	init->recv_cq = ibqp->recv_cq;
+	init->cap = attr->cap;
+	return 0;
+}
+
+int urdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
+{
+	struct urdma_dev *udev = to_udev(ibqp->device);
+	struct urdma_qp *qp = to_uqp(ibqp);
+
+	xa_erase(&udev->qp_xa, ibqp->qp_num);
+	/* ib_core frees the QP when we return: wait for iw_cm to let go. */
+	urdma_qp_put(ibqp);
+	wait_for_completion(&qp->released);
+	mutex_destroy(&qp->lock);
+	atomic_dec(&udev->num_qp);
+	return 0;
+}
+
+/* Work requests are posted to the provider's queues, never here. */
+int urdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
+		    const struct ib_send_wr **bad_wr)
+{
+	*bad_wr = wr;
+	return -EOPNOTSUPP;
+}
+
+int urdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
+		    const struct ib_recv_wr **bad_wr)
+{
+	*bad_wr = wr;
+	return -EOPNOTSUPP;
+}
