@@ -76,7 +76,10 @@ mod tests {
             offset_of!(AllocContextResp, drv),
             size_of::<ib_uverbs_get_context_resp>()
         );
-        assert_eq!(offset_of!(CreateQpResp, drv), size_of::<ib_uverbs_create_qp_resp>());
+        assert_eq!(
+            offset_of!(CreateQpResp, drv),
+            size_of::<ib_uverbs_create_qp_resp>()
+        );
     }
 
     #[test]

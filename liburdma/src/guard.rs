@@ -10,7 +10,9 @@ pub(crate) fn catch<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {
-            crate::log::error(format_args!("internal error (panic) caught at the C boundary"));
+            crate::log::error(format_args!(
+                "internal error (panic) caught at the C boundary"
+            ));
             on_panic
         }
     }

@@ -21,7 +21,7 @@ pub mod verbs;
 /// `verbs_register_driver_34` from a constructor; there is no exported
 /// entry point to look up instead.
 extern "C" fn register_provider() {
-    guard::catch((), || device::register());
+    guard::catch((), device::register);
 }
 
 #[used]

@@ -1,0 +1,188 @@
+//! Opening and closing a urdma device: the provider's context, created
+//! with the kernel's ucontext and checked against urdma.ko's ABI.
+
+use std::ffi::{c_int, c_void};
+use std::mem::offset_of;
+
+use rdma_core_sys::{
+    ibv_cmd_get_context, ibv_context, ibv_device, ibv_get_context, verbs_context,
+    verbs_context_ops, verbs_init_and_alloc_context, verbs_set_ops, verbs_uninit_context,
+    RDMA_DRIVER_UNKNOWN,
+};
+
+use crate::abi::{context_is_ours, AllocContextResp};
+use crate::guard::{catch, set_errno};
+use crate::{log, unsupported, verbs};
+
+/// The provider's per-open-device state. libibverbs allocates it (zeroed)
+/// and gives out the embedded `verbs_context`; it must stay plain data, as
+/// it is released with `free()`.
+#[repr(C)]
+pub struct UrdmaContext {
+    pub vctx: verbs_context,
+    /// urdma.ko's index of the device, from alloc_ucontext.
+    pub dev_id: u32,
+}
+
+/// The `UrdmaContext` that holds `ctx`.
+///
+/// # Safety
+/// `ctx` must be a context opened by [`alloc_context`].
+pub unsafe fn from_ibv(ctx: *mut ibv_context) -> *mut UrdmaContext {
+    let back = offset_of!(UrdmaContext, vctx) + offset_of!(verbs_context, context);
+    // SAFETY: per the contract, ctx sits `back` bytes into a UrdmaContext.
+    unsafe { ctx.cast::<u8>().sub(back).cast() }
+}
+
+struct ContextOps(verbs_context_ops);
+// SAFETY: immutable table of function pointers.
+unsafe impl Sync for ContextOps {}
+
+/// The verbs urdma implements. Left out (None), libibverbs installs its
+/// own stubs, which fail with EOPNOTSUPP in the way each verb reports
+/// errors. The data-path verbs are listed explicitly in [`unsupported`]:
+/// the library's stubs answer them with a positive EOPNOTSUPP, which
+/// `ibv_poll_cq` callers would read as a completion count.
+static CONTEXT_OPS: ContextOps = ContextOps(verbs_context_ops {
+    query_device_ex: Some(verbs::query_device_ex),
+    query_port: Some(verbs::query_port),
+    alloc_pd: Some(verbs::alloc_pd),
+    dealloc_pd: Some(verbs::dealloc_pd),
+    reg_mr: Some(verbs::reg_mr),
+    dereg_mr: Some(verbs::dereg_mr),
+    create_cq: Some(verbs::create_cq),
+    destroy_cq: Some(verbs::destroy_cq),
+    create_qp: Some(verbs::create_qp),
+    modify_qp: Some(verbs::modify_qp),
+    query_qp: Some(verbs::query_qp),
+    destroy_qp: Some(verbs::destroy_qp),
+    free_context: Some(free_context),
+    poll_cq: Some(unsupported::poll_cq),
+    req_notify_cq: Some(unsupported::req_notify_cq),
+    post_send: Some(unsupported::post_send),
+    post_recv: Some(unsupported::post_recv),
+    post_srq_recv: Some(unsupported::post_srq_recv),
+    // SAFETY: every other field is an Option<fn> or plain data: None/0.
+    ..unsafe { std::mem::MaybeUninit::zeroed().assume_init() }
+});
+
+/// The table handed to `verbs_set_ops` (tests inspect it).
+pub fn context_ops() -> &'static verbs_context_ops {
+    &CONTEXT_OPS.0
+}
+
+pub(crate) unsafe extern "C" fn alloc_context(
+    device: *mut ibv_device,
+    cmd_fd: c_int,
+    _private_data: *mut c_void,
+) -> *mut verbs_context {
+    catch(std::ptr::null_mut(), || {
+        // SAFETY: device and cmd_fd come from libibverbs' open path, which
+        // hands us ownership of cmd_fd.
+        match unsafe { open(device, cmd_fd) } {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                set_errno(e);
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// # Safety
+/// As for `verbs_device_ops::alloc_context`.
+unsafe fn open(device: *mut ibv_device, cmd_fd: c_int) -> Result<*mut verbs_context, i32> {
+    let ctx = unsafe {
+        verbs_init_and_alloc_context(
+            device,
+            cmd_fd,
+            size_of::<UrdmaContext>(),
+            offset_of!(UrdmaContext, vctx),
+            RDMA_DRIVER_UNKNOWN,
+        )
+    }
+    .cast::<UrdmaContext>();
+    if ctx.is_null() {
+        // libibverbs has closed cmd_fd and set errno.
+        return Err(crate::guard::errno());
+    }
+    let vctx = unsafe { &raw mut (*ctx).vctx };
+
+    let mut cmd = ibv_get_context::default();
+    let mut resp = AllocContextResp::default();
+    let ret = unsafe {
+        ibv_cmd_get_context(
+            vctx,
+            &mut cmd,
+            size_of_val(&cmd),
+            &mut resp.ibv,
+            size_of_val(&resp),
+        )
+    };
+    let checked = if ret != 0 {
+        log::error(format_args!("alloc_ucontext failed: errno {ret}"));
+        Err(ret)
+    } else {
+        context_is_ours(&resp.drv).map_err(|why| {
+            log::error(format_args!("refusing device: {why}"));
+            libc::EPROTO
+        })
+    };
+    if let Err(e) = checked {
+        // Closes cmd_fd, which also releases the kernel's ucontext.
+        unsafe {
+            verbs_uninit_context(vctx);
+            libc::free(ctx.cast());
+        }
+        return Err(e);
+    }
+    unsafe {
+        (*ctx).dev_id = resp.drv.dev_id;
+        verbs_set_ops(vctx, &CONTEXT_OPS.0);
+    }
+    log::info(format_args!("opened urdma device {}", resp.drv.dev_id));
+    Ok(vctx)
+}
+
+unsafe extern "C" fn free_context(ctx: *mut ibv_context) {
+    catch((), || {
+        if ctx.is_null() {
+            return;
+        }
+        // SAFETY: libibverbs calls this once per context we opened.
+        unsafe {
+            let uctx = from_ibv(ctx);
+            verbs_uninit_context(&raw mut (*uctx).vctx);
+            libc::free(uctx.cast());
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn implemented_verbs_are_installed() {
+        let ops = context_ops();
+        assert!(ops.alloc_pd.is_some() && ops.dealloc_pd.is_some());
+        assert!(ops.reg_mr.is_some() && ops.dereg_mr.is_some());
+        assert!(ops.create_cq.is_some() && ops.destroy_cq.is_some());
+        assert!(ops.create_qp.is_some() && ops.destroy_qp.is_some());
+        assert!(ops.modify_qp.is_some() && ops.query_qp.is_some());
+        assert!(ops.query_device_ex.is_some() && ops.query_port.is_some());
+        assert!(ops.free_context.is_some());
+        // Not implemented: left to libibverbs' EOPNOTSUPP stubs.
+        assert!(ops.create_srq.is_none() && ops.alloc_mw.is_none());
+        assert!(ops.create_ah.is_none() && ops.create_cq_ex.is_none());
+    }
+
+    #[test]
+    fn from_ibv_inverts_the_embedding() {
+        let mut c: Box<UrdmaContext> =
+            Box::new(unsafe { std::mem::MaybeUninit::zeroed().assume_init() });
+        let p: *mut UrdmaContext = &mut *c;
+        let ibv = unsafe { &raw mut (*p).vctx.context };
+        assert_eq!(unsafe { from_ibv(ibv) }, p);
+    }
+}
