@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/*
+ * Exercises a urdma device through unmodified libibverbs (link with
+ * -libverbs only).
+ *
+ *   objects DEVICE cycle N   open the device, then N times create and destroy
+ *                            PD, MR, CQ and an RC QP (taken to INIT and
+ *                            queried); reopens the device every 100 rounds
+ *   objects DEVICE errors    each invalid request must fail with the errno
+ *                            the kernel's verbs rules give it, and the
+ *                            verbs urdma does not implement yet with
+ *                            EOPNOTSUPP
+ *
+ * Prints one line per failed check and exits 1 if any failed.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+static int failures;
+
+#define CHECK(cond, ...)                                                       \
+	do {                                                                   \
+		if (!(cond)) {                                                 \
+			printf("FAIL %s:%d: ", __func__, __LINE__);            \
+			printf(__VA_ARGS__);                                   \
+			printf("\n");                                          \
+			failures++;                                            \
+		}                                                              \
+	} while (0)
+
+static struct ibv_context *open_by_name(const char *name)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_context *ctx = NULL;
+	int i;
+
+	if (!list) {
+		printf("FAIL ibv_get_device_list: %s\n", strerror(errno));
+		exit(1);
+	}
+	for (i = 0; list[i]; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), name))
+			ctx = ibv_open_device(list[i]);
+	ibv_free_device_list(list);
+	if (!ctx) {
+		printf("FAIL cannot open %s: %s\n", name, strerror(errno));
+		exit(1);
+	}
+	return ctx;
+}
+
+static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, int sge)
+{
+	struct ibv_qp_init_attr init = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16,
+			 .max_send_sge = sge, .max_recv_sge = 1 },
+	};
+
+	return ibv_create_qp(pd, &init);
+}
+
+/* One full round of object creation and destruction; 0 when all held. */
+static int one_round(struct ibv_context *ctx, void *buf, size_t len)
+{
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				    .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	struct ibv_qp_init_attr init;
+	struct ibv_pd *pd;
+	struct ibv_mr *mr;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	int before = failures, ret;
+
+	pd = ibv_alloc_pd(ctx);
+	CHECK(pd, "alloc_pd: %s", strerror(errno));
+	if (!pd)
+		return -1;
+	mr = ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE |
+			IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	CHECK(mr, "reg_mr: %s", strerror(errno));
+	cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	CHECK(cq, "create_cq: %s", strerror(errno));
+	qp = cq ? rc_qp(pd, cq, 1) : NULL;
+	CHECK(qp, "create_qp: %s", strerror(errno));
+	if (mr)
+		CHECK(mr->lkey && mr->length == len, "mr lkey %u length %zu",
+		      mr->lkey, mr->length);
+	if (qp) {
+		ret = ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PORT |
+				    IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX);
+		CHECK(!ret, "modify_qp to INIT: %s", strerror(ret));
+		memset(&attr, 0, sizeof(attr));
+		ret = ibv_query_qp(qp, &attr, IBV_QP_STATE | IBV_QP_CAP, &init);
+		CHECK(!ret, "query_qp: %s", strerror(ret));
+		CHECK(!ret && attr.qp_state == IBV_QPS_INIT,
+		      "query_qp state %d, want INIT", attr.qp_state);
+		ret = ibv_destroy_qp(qp);
+		CHECK(!ret, "destroy_qp: %s", strerror(ret));
+	}
+	if (cq) {
+		ret = ibv_destroy_cq(cq);
+		CHECK(!ret, "destroy_cq: %s", strerror(ret));
+	}
+	if (mr) {
+		ret = ibv_dereg_mr(mr);
+		CHECK(!ret, "dereg_mr: %s", strerror(ret));
+	}
+	ret = ibv_dealloc_pd(pd);
+	CHECK(!ret, "dealloc_pd: %s", strerror(ret));
+	return failures == before ? 0 : -1;
+}
+
+static void cycle(const char *name, long rounds)
+{
+	static char buf[65536];
+	struct ibv_context *ctx = NULL;
+	long i;
+
+	for (i = 0; i < rounds; i++) {
+		if (i % 100 == 0) {
+			if (ctx)
+				CHECK(!ibv_close_device(ctx), "close_device");
+			ctx = open_by_name(name);
+		}
+		if (one_round(ctx, buf, sizeof(buf))) {
+			printf("FAIL round %ld\n", i);
+			break;
+		}
+	}
+	CHECK(!ibv_close_device(ctx), "close_device");
+}
+
+#define EXPECT_NULL_ERRNO(expr, want, what)                                    \
+	do {                                                                   \
+		void *p_;                                                      \
+		errno = 0;                                                     \
+		p_ = (expr);                                                   \
+		CHECK(!p_ && errno == (want), "%s: got %s (%s), want %s",     \
+		      what, p_ ? "an object" : "NULL", strerror(errno),        \
+		      strerror(want));                                         \
+	} while (0)
+
+static void errors(const char *name)
+{
+	static char buf[8192];
+	struct ibv_context *ctx = open_by_name(name);
+	struct ibv_device_attr dev;
+	struct ibv_qp_init_attr ud = { .qp_type = IBV_QPT_UD,
+				       .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+						.max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_srq_init_attr srq = { .attr = { .max_wr = 1, .max_sge = 1 } };
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 8 };
+	struct ibv_send_wr swr = { .sg_list = &sge, .num_sge = 1,
+				   .opcode = IBV_WR_SEND }, *bad = NULL;
+	struct ibv_wc wc;
+	struct ibv_pd *pd;
+	struct ibv_mr *mr;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	int ret;
+
+	ret = ibv_query_device(ctx, &dev);
+	CHECK(!ret, "query_device: %s", strerror(ret));
+	pd = ibv_alloc_pd(ctx);
+	cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	if (ret || !pd || !cq) {
+		printf("FAIL setup: %s\n", strerror(errno));
+		exit(1);
+	}
+	ud.send_cq = ud.recv_cq = cq;
+
+	/* Verbs forbids remote write without local write (IB spec 10.6.3.1). */
+	EXPECT_NULL_ERRNO(ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_REMOTE_WRITE),
+			  EINVAL, "MR with remote but not local write");
+	EXPECT_NULL_ERRNO(ibv_create_cq(ctx, dev.max_cqe + 1, NULL, NULL, 0),
+			  EINVAL, "CQ above max_cqe");
+	/* iWARP has only RC QPs; like siw, urdma refuses the others. */
+	EXPECT_NULL_ERRNO(ibv_create_qp(pd, &ud), EOPNOTSUPP, "UD QP");
+	EXPECT_NULL_ERRNO(rc_qp(pd, cq, dev.max_sge + 1), EINVAL,
+			  "QP above max_sge");
+
+	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr, "reg_mr: %s", strerror(errno));
+	ret = ibv_dealloc_pd(pd);
+	CHECK(ret == EBUSY, "dealloc_pd with a live MR: got %s, want %s",
+	      strerror(ret), strerror(EBUSY));
+
+	/* Not implemented yet: must fail cleanly, in each verb's own way. */
+	EXPECT_NULL_ERRNO(ibv_create_srq(pd, &srq), EOPNOTSUPP, "create_srq");
+	EXPECT_NULL_ERRNO(ibv_alloc_mw(pd, IBV_MW_TYPE_1), EOPNOTSUPP, "alloc_mw");
+	qp = rc_qp(pd, cq, 1);
+	CHECK(qp, "create_qp: %s", strerror(errno));
+	if (qp) {
+		ret = ibv_post_send(qp, &swr, &bad);
+		CHECK(ret == EOPNOTSUPP && bad == &swr,
+		      "post_send: got %s, bad_wr %s", strerror(ret),
+		      bad == &swr ? "set" : "not set");
+		CHECK(!ibv_destroy_qp(qp), "destroy_qp");
+	}
+	ret = ibv_poll_cq(cq, 1, &wc);
+	CHECK(ret < 0, "poll_cq: got %d, want a negative error", ret);
+	ret = ibv_req_notify_cq(cq, 0);
+	CHECK(ret == EOPNOTSUPP, "req_notify_cq: got %s", strerror(ret));
+
+	/* Everything still releases in order afterwards. */
+	CHECK(!mr || !ibv_dereg_mr(mr), "dereg_mr");
+	CHECK(!ibv_destroy_cq(cq), "destroy_cq");
+	CHECK(!ibv_dealloc_pd(pd), "dealloc_pd after the MR is gone");
+	CHECK(!ibv_close_device(ctx), "close_device");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc >= 4 && !strcmp(argv[2], "cycle"))
+		cycle(argv[1], strtol(argv[3], NULL, 0));
+	else if (argc == 3 && !strcmp(argv[2], "errors"))
+		errors(argv[1]);
+	else {
+		fprintf(stderr, "usage: %s DEVICE cycle N | DEVICE errors\n", argv[0]);
+		return 2;
+	}
+	if (failures)
+		printf("%d check(s) failed\n", failures);
+	return failures ? 1 : 0;
+}

@@ -1,0 +1,63 @@
+# SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+# Shared by tests/vm/20-verbs-*.sh: sourced inside the VM from the repo root,
+# where scripts/vm has loaded urdma.ko and installed the provider.
+# Every step is bounded in time; a failure prints one line and exits 1.
+
+STEP_TIMEOUT=${STEP_TIMEOUT:-120}
+OUT=${URDMA_OUT:-/tmp}
+
+fail() {
+	echo "FAIL: $*"
+	exit 1
+}
+
+t() {
+	timeout -k 5 "$STEP_TIMEOUT" "$@"
+}
+
+cleanup() {
+	timeout 30 rdma link delete urdma0 >/dev/null 2>&1
+	timeout 30 ip link del veth0 >/dev/null 2>&1
+	true
+}
+
+# A fresh veth pair with urdma0 on veth0; both removed when the test exits.
+setup_urdma0() {
+	grep -q "^urdma " /proc/modules || fail "urdma.ko is not loaded"
+	[ -f /etc/libibverbs.d/urdma.driver ] || fail "provider not installed (/etc/libibverbs.d/urdma.driver)"
+	cleanup
+	trap cleanup EXIT
+	t ip link add veth0 type veth peer name veth1 || fail "cannot create veth pair"
+	t ip link set veth0 up && t ip link set veth1 up || fail "cannot bring the veth pair up"
+	t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0 type urdma netdev veth0"
+	DMESG_START=$(dmesg | wc -l)
+}
+
+# A limit urdma.ko declares, evaluated from its #define in kmod/urdma.h.
+kmod_limit() {
+	local v
+	v=$(awk -v k="$1" '$1 == "#define" && $2 == k {$1 = $2 = ""; print}' kmod/urdma.h |
+		sed -E 's/([0-9])U?L*L?/\1/g; s/[()]//g')
+	[ -n "$v" ] || fail "no $1 in kmod/urdma.h"
+	echo $((v))
+}
+
+# "pd N cq N qp N ..." of device $1, or nothing if rdma cannot tell.
+res_counts() {
+	t rdma resource show "$1" 2>/dev/null | sed -E 's/^[0-9]+: *[^ ]+: *//'
+}
+
+# Builds tests/verbs/$1.c against the installed libibverbs only.
+build_c() {
+	local exe=$OUT/$1
+	TMPDIR=$OUT t cc -O2 -Wall -Werror -o "$exe" "tests/verbs/$1.c" -libverbs ||
+		fail "cannot build tests/verbs/$1.c"
+	echo "$exe"
+}
+
+dmesg_check() {
+	local bad
+	bad=$(dmesg | tail -n +"$((DMESG_START + 1))" |
+		grep -m1 -E "Oops|BUG:|WARNING:|general protection|Call Trace|KASAN|refcount_t:")
+	[ -z "$bad" ] || fail "kernel: $bad"
+}

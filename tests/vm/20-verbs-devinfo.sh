@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Unmodified rdma-core tools see urdma0 through liburdma: ibv_devices lists
+# it, ibv_devinfo -v shows an iWARP port that follows the netdev and the
+# limits urdma.ko declares, rdma link show lists it.
+set -u
+. tests/verbs/vm-lib.sh
+
+setup_urdma0
+
+devs=$(t ibv_devices) || fail "ibv_devices failed"
+echo "$devs"
+grep -qE '^\s+urdma0\s' <<<"$devs" || fail "ibv_devices does not list urdma0"
+
+t rdma link show | grep -q '^link urdma0/1 ' || fail "rdma link show does not list urdma0"
+
+info=$(URDMA_LOG=error t ibv_devinfo -v -d urdma0 2>&1) || fail "ibv_devinfo -v -d urdma0: $(tail -n1 <<<"$info")"
+echo "$info"
+val() { awk -v k="$1:" '$1 == k {print $2; exit}' <<<"$info"; }
+[ "$(val transport)" = iWARP ] || fail "transport '$(val transport)', want iWARP"
+[ "$(val state)" = PORT_ACTIVE ] || fail "port state '$(val state)', want PORT_ACTIVE"
+[ "$(val link_layer)" = Ethernet ] || fail "link_layer '$(val link_layer)', want Ethernet"
+
+# Each limit as the module declares it (ibv_devinfo prints max_mr_size in hex).
+check_limit() {
+	local got want
+	got=$(val "$1")
+	want=$(kmod_limit "$2")
+	[ -n "$got" ] && [ $((got)) = "$want" ] || fail "$1 is '$got', urdma.ko declares $2 = $want"
+}
+check_limit max_qp URDMA_MAX_QP
+check_limit max_qp_wr URDMA_MAX_QP_WR
+check_limit max_sge URDMA_MAX_SGE
+check_limit max_sge_rd URDMA_MAX_SGE_RD
+check_limit max_cq URDMA_MAX_CQ
+check_limit max_cqe URDMA_MAX_CQE
+check_limit max_mr URDMA_MAX_MR
+check_limit max_pd URDMA_MAX_PD
+check_limit max_mr_size URDMA_MAX_MR_SIZE
+check_limit max_qp_rd_atom URDMA_MAX_IRD
+check_limit max_qp_init_rd_atom URDMA_MAX_ORD
+
+# The port follows the netdev.
+t ip link set veth0 down || fail "ip link set veth0 down"
+down=""
+for _ in $(seq 50); do
+	down=$(t ibv_devinfo -d urdma0 | awk '$1 == "state:" {print $2; exit}')
+	[ "$down" = PORT_DOWN ] && break
+	sleep 0.2
+done
+[ "$down" = PORT_DOWN ] || fail "port state '$down' with veth0 down, want PORT_DOWN"
+t ip link set veth0 up || fail "ip link set veth0 up"
+
+dmesg_check
+echo "PASS"

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Through unmodified libibverbs (a C program linked only against
+# -libverbs) and liburdma: open urdma0, create and destroy PD/MR/CQ/RC QP
+# 1000 times with rdma resource counts back at their baseline, then the
+# errno of each invalid request and of each verb not implemented yet.
+set -u
+. tests/verbs/vm-lib.sh
+
+setup_urdma0
+prog=$(build_c objects) || exit 1
+before=$(res_counts urdma0)
+[ -n "$before" ] || fail "rdma resource show urdma0 gave nothing"
+
+out=$(STEP_TIMEOUT=900 t "$prog" urdma0 cycle 1000 2>&1)
+rc=$?
+[ $rc = 0 ] || fail "1000 object cycles (exit $rc): $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
+after=$(res_counts urdma0)
+[ "$after" = "$before" ] || fail "resource counts '$after' after the cycles, were '$before'"
+
+out=$(t "$prog" urdma0 errors 2>&1)
+rc=$?
+echo "$out"
+[ $rc = 0 ] || fail "errno checks (exit $rc): $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
+after=$(res_counts urdma0)
+[ "$after" = "$before" ] || fail "resource counts '$after' after the errno checks, were '$before'"
+
+dmesg_check
+echo "PASS"
