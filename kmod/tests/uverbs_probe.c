@@ -1,0 +1,506 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/*
+ * Drives urdma.ko through the raw uverbs write() commands, without
+ * libibverbs or the provider, so that the kernel side can be tested on
+ * its own: the ABI handshake, object bookkeeping, limits and errno values.
+ *
+ *   uverbs_probe DEV info          print the context reply and limits
+ *   uverbs_probe DEV cycle N       create and destroy PD/MR/CQ/QP N times
+ *   uverbs_probe DEV errors        every refusal gets the expected errno
+ *   uverbs_probe DEV hold SECS     keep a context with objects, then exit
+ *
+ * DEV is /dev/infiniband/uverbsN.  Exit status 0 means every check passed;
+ * a failing check prints one line starting with "FAIL".
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <rdma/ib_user_ioctl_verbs.h>
+#include <rdma/ib_user_verbs.h>
+
+#include "../urdma-abi.h"
+
+/*
+ * QP states and modify masks travel as the IB numeric values; the uapi
+ * headers do not name them.
+ */
+enum { QPS_RESET, QPS_INIT, QPS_RTR, QPS_RTS, QPS_SQD, QPS_SQE, QPS_ERR };
+enum {
+	QP_STATE = 1 << 0,
+	QP_CUR_STATE = 1 << 1,
+	QP_ACCESS_FLAGS = 1 << 3,
+	QP_MAX_QP_RD_ATOMIC = 1 << 13,
+};
+
+static int dev_fd;
+static int failures;
+static struct ib_uverbs_query_device_resp dev_attr;
+
+/*
+ * One legacy write() command.  The core response and the driver's private
+ * response are laid out back to back in @resp, which is how the kernel
+ * splits them (core part first, udata after it).
+ */
+static int uverbs_cmd(uint32_t command, void *req, size_t req_len,
+		      void *resp, size_t resp_len)
+{
+	struct {
+		struct ib_uverbs_cmd_hdr hdr;
+		unsigned char body[512];
+	} buf;
+
+	if (req_len > sizeof(buf.body) || (req_len | resp_len) % 4) {
+		fprintf(stderr, "FAIL bad command layout %u\n", command);
+		exit(2);
+	}
+	buf.hdr.command = command;
+	buf.hdr.in_words = (sizeof(buf.hdr) + req_len) / 4;
+	buf.hdr.out_words = resp_len / 4;
+	if (resp) {
+		uint64_t p = (uintptr_t)resp;
+
+		memcpy(req, &p, sizeof(p));
+	}
+	memcpy(buf.body, req, req_len);
+	if (write(dev_fd, &buf, sizeof(buf.hdr) + req_len) < 0)
+		return -errno;
+	return 0;
+}
+
+static void must(int rv, const char *what)
+{
+	if (rv) {
+		printf("FAIL %s: %s\n", what, strerror(-rv));
+		exit(1);
+	}
+}
+
+/* Results are 0, a negative errno, or a non-negative value to compare. */
+static const char *result_str(int rv)
+{
+	static char buf[2][64];
+	static int n;
+
+	n ^= 1;
+	if (rv < 0)
+		snprintf(buf[n], sizeof(buf[n]), "%s", strerror(-rv));
+	else
+		snprintf(buf[n], sizeof(buf[n]), "%d", rv);
+	return buf[n];
+}
+
+static void expect(int rv, int want, const char *what)
+{
+	if (rv == want) {
+		printf("ok   %s (%s)\n", what, result_str(want));
+		return;
+	}
+	printf("FAIL %s: got %s, want %s\n", what, result_str(rv),
+	       result_str(want));
+	failures++;
+}
+
+static struct urdma_uresp_alloc_ctx get_context(void)
+{
+	struct ib_uverbs_get_context req = {};
+	struct {
+		struct ib_uverbs_get_context_resp core;
+		struct urdma_uresp_alloc_ctx drv;
+	} resp = {};
+	struct ib_uverbs_query_device qreq = {};
+
+	must(uverbs_cmd(IB_USER_VERBS_CMD_GET_CONTEXT, &req, sizeof(req),
+			&resp, sizeof(resp)), "get_context");
+	must(uverbs_cmd(IB_USER_VERBS_CMD_QUERY_DEVICE, &qreq, sizeof(qreq),
+			&dev_attr, sizeof(dev_attr)), "query_device");
+	return resp.drv;
+}
+
+static int alloc_pd(uint32_t *pd)
+{
+	struct ib_uverbs_alloc_pd req = {};
+	struct ib_uverbs_alloc_pd_resp resp = {};
+	int rv = uverbs_cmd(IB_USER_VERBS_CMD_ALLOC_PD, &req, sizeof(req),
+			    &resp, sizeof(resp));
+
+	*pd = resp.pd_handle;
+	return rv;
+}
+
+static int dealloc_pd(uint32_t pd)
+{
+	struct ib_uverbs_dealloc_pd req = { .pd_handle = pd };
+
+	return uverbs_cmd(IB_USER_VERBS_CMD_DEALLOC_PD, &req, sizeof(req),
+			  NULL, 0);
+}
+
+static int reg_mr(uint32_t pd, void *addr, uint64_t len, uint32_t access,
+		  uint32_t *mr)
+{
+	struct ib_uverbs_reg_mr req = {
+		.start = (uintptr_t)addr,
+		.length = len,
+		.hca_va = (uintptr_t)addr,
+		.pd_handle = pd,
+		.access_flags = access,
+	};
+	struct ib_uverbs_reg_mr_resp resp = {};
+	int rv = uverbs_cmd(IB_USER_VERBS_CMD_REG_MR, &req, sizeof(req),
+			    &resp, sizeof(resp));
+
+	*mr = resp.mr_handle;
+	return rv;
+}
+
+static int dereg_mr(uint32_t mr)
+{
+	struct ib_uverbs_dereg_mr req = { .mr_handle = mr };
+
+	return uverbs_cmd(IB_USER_VERBS_CMD_DEREG_MR, &req, sizeof(req),
+			  NULL, 0);
+}
+
+static int create_cq(uint32_t cqe, uint32_t *cq)
+{
+	struct ib_uverbs_create_cq req = { .cqe = cqe, .comp_channel = -1 };
+	struct {
+		struct ib_uverbs_create_cq_resp core;
+		struct urdma_uresp_create_cq drv;
+	} resp = {};
+	int rv = uverbs_cmd(IB_USER_VERBS_CMD_CREATE_CQ, &req, sizeof(req),
+			    &resp, sizeof(resp));
+
+	*cq = resp.core.cq_handle;
+	return rv;
+}
+
+static int destroy_cq(uint32_t cq)
+{
+	struct ib_uverbs_destroy_cq req = { .cq_handle = cq };
+	struct ib_uverbs_destroy_cq_resp resp;
+
+	return uverbs_cmd(IB_USER_VERBS_CMD_DESTROY_CQ, &req, sizeof(req),
+			  &resp, sizeof(resp));
+}
+
+struct qp_req {
+	uint32_t pd, cq;
+	uint8_t type;
+	uint32_t send_wr, recv_wr, send_sge, recv_sge, inline_data;
+};
+
+static struct qp_req qp_defaults(uint32_t pd, uint32_t cq)
+{
+	struct qp_req q = {
+		.pd = pd, .cq = cq, .type = IB_UVERBS_QPT_RC,
+		.send_wr = 16, .recv_wr = 16, .send_sge = 1, .recv_sge = 1,
+	};
+
+	return q;
+}
+
+static int create_qp(const struct qp_req *q, uint32_t *qp, uint32_t *qpn)
+{
+	struct ib_uverbs_create_qp req = {
+		.pd_handle = q->pd,
+		.send_cq_handle = q->cq,
+		.recv_cq_handle = q->cq,
+		.max_send_wr = q->send_wr,
+		.max_recv_wr = q->recv_wr,
+		.max_send_sge = q->send_sge,
+		.max_recv_sge = q->recv_sge,
+		.max_inline_data = q->inline_data,
+		.qp_type = q->type,
+	};
+	struct {
+		struct ib_uverbs_create_qp_resp core;
+		struct urdma_uresp_create_qp drv;
+	} resp = {};
+	int rv = uverbs_cmd(IB_USER_VERBS_CMD_CREATE_QP, &req, sizeof(req),
+			    &resp, sizeof(resp));
+
+	*qp = resp.core.qp_handle;
+	if (qpn)
+		*qpn = resp.core.qpn;
+	if (!rv && resp.drv.qp_id != resp.core.qpn) {
+		printf("FAIL create_qp: qp_id %u differs from qpn %u\n",
+		       resp.drv.qp_id, resp.core.qpn);
+		failures++;
+	}
+	return rv;
+}
+
+static int destroy_qp(uint32_t qp)
+{
+	struct ib_uverbs_destroy_qp req = { .qp_handle = qp };
+	struct ib_uverbs_destroy_qp_resp resp;
+
+	return uverbs_cmd(IB_USER_VERBS_CMD_DESTROY_QP, &req, sizeof(req),
+			  &resp, sizeof(resp));
+}
+
+static int modify_qp(uint32_t qp, struct ib_uverbs_modify_qp *req)
+{
+	req->qp_handle = qp;
+	return uverbs_cmd(IB_USER_VERBS_CMD_MODIFY_QP, req, sizeof(*req),
+			  NULL, 0);
+}
+
+static int to_state(uint32_t qp, uint8_t state)
+{
+	struct ib_uverbs_modify_qp req = {
+		.attr_mask = QP_STATE, .qp_state = state,
+	};
+
+	return modify_qp(qp, &req);
+}
+
+static int query_state(uint32_t qp)
+{
+	struct ib_uverbs_query_qp req = {
+		.qp_handle = qp, .attr_mask = QP_STATE,
+	};
+	struct ib_uverbs_query_qp_resp resp = {};
+	int rv = uverbs_cmd(IB_USER_VERBS_CMD_QUERY_QP, &req, sizeof(req),
+			    &resp, sizeof(resp));
+
+	return rv ? rv : resp.qp_state;
+}
+
+static void *buffer(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED) {
+		printf("FAIL mmap: %s\n", strerror(errno));
+		exit(1);
+	}
+	memset(p, 0, len);
+	return p;
+}
+
+#define RW_ACCESS (IB_UVERBS_ACCESS_LOCAL_WRITE | \
+		   IB_UVERBS_ACCESS_REMOTE_WRITE | IB_UVERBS_ACCESS_REMOTE_READ)
+
+static int do_info(void)
+{
+	struct urdma_uresp_alloc_ctx ctx = get_context();
+	struct ib_uverbs_query_port preq = { .port_num = 1 };
+	struct ib_uverbs_query_port_resp port = {};
+
+	must(uverbs_cmd(IB_USER_VERBS_CMD_QUERY_PORT, &preq, sizeof(preq),
+			&port, sizeof(port)), "query_port");
+	printf("magic=0x%x\nabi_version=%u\ndev_id=%u\n", ctx.magic,
+	       ctx.abi_version, ctx.dev_id);
+	printf("max_qp=%u\nmax_qp_wr=%u\nmax_sge=%u\nmax_cq=%u\nmax_cqe=%u\n",
+	       dev_attr.max_qp, dev_attr.max_qp_wr, dev_attr.max_sge,
+	       dev_attr.max_cq, dev_attr.max_cqe);
+	printf("max_mr=%u\nmax_pd=%u\nmax_mr_size=%llu\n", dev_attr.max_mr,
+	       dev_attr.max_pd, (unsigned long long)dev_attr.max_mr_size);
+	printf("max_qp_rd_atom=%u\nmax_qp_init_rd_atom=%u\n",
+	       dev_attr.max_qp_rd_atom, dev_attr.max_qp_init_rd_atom);
+	printf("port_state=%u\nlink_layer=%u\n", port.state, port.link_layer);
+	if (ctx.magic != URDMA_ABI_MAGIC || ctx.abi_version != URDMA_ABI_VERSION) {
+		printf("FAIL context reply: magic 0x%x version %u\n",
+		       ctx.magic, ctx.abi_version);
+		return 1;
+	}
+	return 0;
+}
+
+static int do_cycle(long n)
+{
+	size_t len = 1 << 16;
+	char *buf = buffer(len);
+	uint32_t pd, mr, cq, qp;
+	long i;
+
+	get_context();
+	for (i = 0; i < n; i++) {
+		struct qp_req q;
+
+		must(alloc_pd(&pd), "alloc_pd");
+		must(reg_mr(pd, buf, len, RW_ACCESS, &mr), "reg_mr");
+		must(create_cq(16, &cq), "create_cq");
+		q = qp_defaults(pd, cq);
+		must(create_qp(&q, &qp, NULL), "create_qp");
+		must(to_state(qp, QPS_INIT), "modify_qp INIT");
+		must(destroy_qp(qp), "destroy_qp");
+		must(destroy_cq(cq), "destroy_cq");
+		must(dereg_mr(mr), "dereg_mr");
+		must(dealloc_pd(pd), "dealloc_pd");
+	}
+	printf("ok   %ld create/destroy cycles\n", n);
+	return failures != 0;
+}
+
+static void check_qp_caps(uint32_t pd, uint32_t cq)
+{
+	struct qp_req q;
+	uint32_t qp;
+
+	q = qp_defaults(pd, cq);
+	q.type = IB_UVERBS_QPT_UD;
+	expect(create_qp(&q, &qp, NULL), -EOPNOTSUPP, "UD QP refused");
+	q.type = IB_UVERBS_QPT_UC;
+	expect(create_qp(&q, &qp, NULL), -EOPNOTSUPP, "UC QP refused");
+	q = qp_defaults(pd, cq);
+	q.send_sge = dev_attr.max_sge + 1;
+	expect(create_qp(&q, &qp, NULL), -EINVAL, "send SGEs > max_sge");
+	q = qp_defaults(pd, cq);
+	q.recv_sge = dev_attr.max_sge + 1;
+	expect(create_qp(&q, &qp, NULL), -EINVAL, "recv SGEs > max_sge");
+	q = qp_defaults(pd, cq);
+	q.send_wr = dev_attr.max_qp_wr + 1;
+	expect(create_qp(&q, &qp, NULL), -EINVAL, "send WRs > max_qp_wr");
+	q = qp_defaults(pd, cq);
+	q.recv_wr = dev_attr.max_qp_wr + 1;
+	expect(create_qp(&q, &qp, NULL), -EINVAL, "recv WRs > max_qp_wr");
+	q = qp_defaults(pd, cq);
+	q.send_sge = dev_attr.max_sge;
+	q.recv_sge = dev_attr.max_sge;
+	q.send_wr = dev_attr.max_qp_wr;
+	q.recv_wr = dev_attr.max_qp_wr;
+	expect(create_qp(&q, &qp, NULL), 0, "QP at the limits");
+	must(destroy_qp(qp), "destroy_qp");
+}
+
+static void check_qp_states(uint32_t pd, uint32_t cq)
+{
+	struct qp_req q = qp_defaults(pd, cq);
+	struct ib_uverbs_modify_qp m;
+	uint32_t qp, qpn;
+
+	must(create_qp(&q, &qp, &qpn), "create_qp");
+	expect(qpn >= 2 ? 0 : -ERANGE, 0, "QP number not 0 or 1");
+	expect(query_state(qp), QPS_RESET, "new QP is RESET");
+	expect(to_state(qp, QPS_RTS), -EINVAL, "RESET -> RTS");
+	expect(to_state(qp, QPS_RTR), -EINVAL, "RESET -> RTR");
+
+	memset(&m, 0, sizeof(m));
+	m.attr_mask = QP_STATE | QP_ACCESS_FLAGS;
+	m.qp_state = QPS_INIT;
+	m.qp_access_flags = RW_ACCESS;
+	expect(modify_qp(qp, &m), 0, "RESET -> INIT with access flags");
+
+	memset(&m, 0, sizeof(m));
+	m.attr_mask = QP_MAX_QP_RD_ATOMIC;
+	m.max_rd_atomic = dev_attr.max_qp_init_rd_atom + 1;
+	expect(modify_qp(qp, &m), -EINVAL, "max_rd_atomic > ORD limit");
+	m.max_rd_atomic = dev_attr.max_qp_init_rd_atom;
+	expect(modify_qp(qp, &m), 0, "max_rd_atomic at ORD limit");
+
+	memset(&m, 0, sizeof(m));
+	m.attr_mask = QP_STATE | QP_CUR_STATE;
+	m.qp_state = QPS_RTR;
+	m.cur_qp_state = QPS_RESET;
+	expect(modify_qp(qp, &m), -EINVAL, "stale cur_qp_state");
+
+	expect(to_state(qp, QPS_RTR), 0, "INIT -> RTR");
+	expect(to_state(qp, QPS_INIT), -EINVAL, "RTR -> INIT");
+	expect(to_state(qp, QPS_RTS), 0, "RTR -> RTS");
+	expect(query_state(qp), QPS_RTS, "query says RTS");
+	expect(to_state(qp, QPS_SQD), 0, "RTS -> SQD");
+	expect(to_state(qp, QPS_RTS), -EINVAL, "SQD -> RTS");
+	expect(to_state(qp, QPS_ERR), 0, "SQD -> ERR");
+	expect(to_state(qp, QPS_RTS), -EINVAL, "ERR -> RTS");
+	expect(to_state(qp, QPS_RESET), 0, "ERR -> RESET");
+	expect(to_state(qp, QPS_INIT), 0, "RESET -> INIT again");
+	expect(to_state(qp, QPS_RTS), 0, "INIT -> RTS (iWARP)");
+	must(destroy_qp(qp), "destroy_qp");
+}
+
+static int do_errors(void)
+{
+	size_t len = 1 << 16;
+	char *buf = buffer(len);
+	uint32_t pd, mr, cq, cq2, qp;
+	struct qp_req q;
+
+	get_context();
+	must(alloc_pd(&pd), "alloc_pd");
+
+	expect(reg_mr(pd, buf, len, IB_UVERBS_ACCESS_REMOTE_WRITE, &mr),
+	       -EINVAL, "MR remote write without local write");
+	expect(reg_mr(pd, buf, len, IB_UVERBS_ACCESS_REMOTE_ATOMIC, &mr),
+	       -EINVAL, "MR remote atomic without local write");
+	expect(reg_mr(pd, buf, 0, IB_UVERBS_ACCESS_LOCAL_WRITE, &mr),
+	       -EINVAL, "MR of length 0");
+	munmap(buf + len / 2, len / 2);
+	expect(reg_mr(pd, buf, len, IB_UVERBS_ACCESS_LOCAL_WRITE, &mr),
+	       -EFAULT, "MR over unmapped memory");
+	expect(reg_mr(pd, buf, len / 2, IB_UVERBS_ACCESS_REMOTE_READ, &mr),
+	       0, "MR remote read only");
+
+	expect(create_cq(dev_attr.max_cqe + 1, &cq), -EINVAL, "CQ > max_cqe");
+	expect(create_cq(0, &cq), -EINVAL, "CQ of 0 entries");
+	expect(create_cq(dev_attr.max_cqe, &cq2), 0, "CQ of max_cqe");
+	must(destroy_cq(cq2), "destroy_cq");
+	must(create_cq(16, &cq), "create_cq");
+
+	check_qp_caps(pd, cq);
+	check_qp_states(pd, cq);
+
+	q = qp_defaults(pd, cq);
+	must(create_qp(&q, &qp, NULL), "create_qp");
+	expect(dealloc_pd(pd), -EBUSY, "dealloc PD that still has an MR");
+	expect(destroy_cq(cq), -EBUSY, "destroy CQ that a QP uses");
+	must(destroy_qp(qp), "destroy_qp");
+	must(dereg_mr(mr), "dereg_mr");
+	expect(destroy_cq(cq), 0, "destroy CQ");
+	expect(dealloc_pd(pd), 0, "dealloc PD");
+
+	if (failures)
+		printf("FAIL %d check(s) failed\n", failures);
+	return failures != 0;
+}
+
+static int do_hold(long secs)
+{
+	size_t len = 1 << 16;
+	char *buf = buffer(len);
+	uint32_t pd, mr, cq, qp;
+	struct qp_req q;
+
+	get_context();
+	must(alloc_pd(&pd), "alloc_pd");
+	must(reg_mr(pd, buf, len, RW_ACCESS, &mr), "reg_mr");
+	must(create_cq(16, &cq), "create_cq");
+	q = qp_defaults(pd, cq);
+	must(create_qp(&q, &qp, NULL), "create_qp");
+	printf("holding\n");
+	fflush(stdout);
+	sleep(secs);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 3) {
+		fprintf(stderr, "usage: %s /dev/infiniband/uverbsN info|cycle N|errors|hold SECS\n",
+			argv[0]);
+		return 2;
+	}
+	dev_fd = open(argv[1], O_RDWR | O_CLOEXEC);
+	if (dev_fd < 0) {
+		printf("FAIL open %s: %s\n", argv[1], strerror(errno));
+		return 1;
+	}
+	if (!strcmp(argv[2], "info"))
+		return do_info();
+	if (!strcmp(argv[2], "cycle") && argc > 3)
+		return do_cycle(strtol(argv[3], NULL, 0));
+	if (!strcmp(argv[2], "errors"))
+		return do_errors();
+	if (!strcmp(argv[2], "hold") && argc > 3)
+		return do_hold(strtol(argv[3], NULL, 0));
+	fprintf(stderr, "unknown mode %s\n", argv[2]);
+	return 2;
+}

@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+# Shared by tests/vm/10-kmod-*.sh: sourced inside the VM, from the repo root.
+# Every step is bounded in time; a failure prints one line and exits 1.
+
+KMOD_KO=$PWD/kmod/urdma.ko
+STEP_TIMEOUT=${STEP_TIMEOUT:-60}
+
+fail() {
+	echo "FAIL: $*"
+	exit 1
+}
+
+# Runs a command bounded in time.
+t() {
+	timeout -k 5 "$STEP_TIMEOUT" "$@"
+}
+
+module_loaded() {
+	grep -q "^urdma " /proc/modules
+}
+
+ensure_module() {
+	module_loaded || t insmod "$KMOD_KO" || fail "insmod $KMOD_KO"
+}
+
+# A fresh veth pair, both ends up; removed when the test exits.
+setup_veth() {
+	t ip link del veth0 2>/dev/null
+	t ip link add veth0 type veth peer name veth1 || fail "cannot create veth pair"
+	t ip link set veth0 up || fail "veth0 up"
+	t ip link set veth1 up || fail "veth1 up"
+	trap cleanup EXIT
+}
+
+cleanup() {
+	local l
+	for l in $(rdma link show 2>/dev/null | awk '$2 ~ /^urdma/ {split($2, a, "/"); print a[1]}'); do
+		timeout 30 rdma link delete "$l" >/dev/null 2>&1
+	done
+	timeout 30 ip link del veth0 2>/dev/null
+	true
+}
+
+# Kernel trouble since dmesg_mark.
+dmesg_mark() {
+	DMESG_START=$(dmesg | wc -l)
+}
+
+dmesg_check() {
+	local bad
+	bad=$(dmesg | tail -n +"$((DMESG_START + 1))" |
+		grep -m1 -E "Oops|BUG:|WARNING:|general protection|Call Trace|KASAN|refcount_t:")
+	[ -z "$bad" ] || fail "kernel: $bad"
+}
+
+# /sys/class/infiniband/$1/ports/1/state is "4: ACTIVE" or "1: DOWN".
+port_state() {
+	local s
+	s=$(cat "/sys/class/infiniband/$1/ports/1/state" 2>/dev/null) || return 1
+	echo "${s#*: }"
+}
+
+# Waits up to $3 seconds for device $1's port to reach state $2.
+wait_port_state() {
+	local i
+	for ((i = 0; i < $3 * 5; i++)); do
+		[ "$(port_state "$1")" = "$2" ] && return 0
+		sleep 0.2
+	done
+	return 1
+}
+
+# The /dev/infiniband/uverbsN of device $1.
+uverbs_dev() {
+	local d
+	for d in /sys/class/infiniband_verbs/uverbs*; do
+		[ "$(cat "$d/ibdev" 2>/dev/null)" = "$1" ] && { echo "/dev/infiniband/${d##*/}"; return 0; }
+	done
+	return 1
+}
+
+# Builds the raw-uverbs probe and sets PROBE to it.
+build_probe() {
+	local dir
+	dir=$(mktemp -d 2>/dev/null) || dir=$(mktemp -d -p "${URDMA_OUT:?}") || fail "no temp dir"
+	t gcc -O2 -Wall -o "$dir/uverbs_probe" kmod/tests/uverbs_probe.c || fail "cannot build uverbs_probe"
+	PROBE=$dir/uverbs_probe
+}
+
+# "pd 3 mr 1 ..." counts of device $1 from rdma resource show.
+res_counts() {
+	t rdma resource show "$1" | sed 's/^[0-9]*: *[^ ]* *//'
+}
+
+# A #define from the ABI header.
+abi_define() {
+	awk -v n="$1" '$1 == "#define" && $2 == n {print $3}' kmod/urdma-abi.h | sed 's/U$//'
+}
