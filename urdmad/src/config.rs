@@ -120,26 +120,55 @@ impl Config {
             return Err("no [[port]] configured".into());
         }
         if !d.ring_size.is_power_of_two() || d.ring_size < 16 {
-            return Err(format!("ring_size {} is not a power of two >= 16", d.ring_size));
+            return Err(format!(
+                "ring_size {} is not a power of two >= 16",
+                d.ring_size
+            ));
         }
         if d.mbufs < 1024 {
             return Err(format!("mbufs {} is below 1024", d.mbufs));
         }
-        if d.file_prefix.is_empty() || !d.file_prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-            return Err(format!("file_prefix {:?} must be letters, digits, - or _", d.file_prefix));
+        if d.file_prefix.is_empty()
+            || !d
+                .file_prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(format!(
+                "file_prefix {:?} must be letters, digits, - or _",
+                d.file_prefix
+            ));
         }
         for (i, p) in self.ports.iter().enumerate() {
             if p.name.is_empty() || !p.name.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(format!("port {i}: name {:?} must be one word", p.name));
             }
-            if p.exception.is_empty() || p.exception.len() > 15 || !p.exception.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.') {
-                return Err(format!("port {}: exception interface name {:?} is not a valid interface name", p.name, p.exception));
+            if p.exception.is_empty()
+                || p.exception.len() > 15
+                || !p
+                    .exception
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            {
+                return Err(format!(
+                    "port {}: exception interface name {:?} is not a valid interface name",
+                    p.name, p.exception
+                ));
             }
             if p.device.is_empty() || p.device.contains(char::is_whitespace) {
-                return Err(format!("port {}: device {:?} is empty or contains spaces", p.name, p.device));
+                return Err(format!(
+                    "port {}: device {:?} is empty or contains spaces",
+                    p.name, p.device
+                ));
             }
-            if self.ports[..i].iter().any(|q| q.name == p.name || q.exception == p.exception) {
-                return Err(format!("port {}: name or exception interface used twice", p.name));
+            if self.ports[..i]
+                .iter()
+                .any(|q| q.name == p.name || q.exception == p.exception)
+            {
+                return Err(format!(
+                    "port {}: name or exception interface used twice",
+                    p.name
+                ));
             }
         }
         Ok(())
@@ -162,7 +191,11 @@ mod tests {
         let e = Config::parse("[daemon]\nsocket = \n", "x.toml").unwrap_err();
         assert!(e.starts_with("x.toml: line 2"), "{e}");
         assert!(!e.contains('\n'));
-        let e = Config::parse("[[port]]\nname='a'\ndevice='net_null0'\nexception='t'\nbogus=1\n", "x").unwrap_err();
+        let e = Config::parse(
+            "[[port]]\nname='a'\ndevice='net_null0'\nexception='t'\nbogus=1\n",
+            "x",
+        )
+        .unwrap_err();
         assert!(e.contains("bogus"), "{e}");
         let e = Config::parse("[daemon]\n", "x").unwrap_err();
         assert!(e.contains("port"), "{e}");

@@ -1,1 +1,88 @@
-fn main() {}
+//! `urdmad`: the daemon, `urdmad --check-config`, and `urdmad status`.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use urdmad::client::Connection;
+use urdmad::config::Config;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "urdma daemon: owns the NIC through DPDK and steers each QP's packets"
+)]
+struct Cli {
+    /// Configuration file (TOML); without it the built-in default is used.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Log level (error, warn, info, debug, trace), overriding the configuration.
+    #[arg(long)]
+    log_level: Option<String>,
+    /// Check the configuration and exit.
+    #[arg(long)]
+    check_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the running daemon's ports, processes, flows and counters.
+    Status {
+        /// Control socket (default: the one in the configuration).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+}
+
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("urdmad: error: {msg}");
+    ExitCode::FAILURE
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cfg = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    if let Some(Command::Status { socket }) = cli.command {
+        let path = socket.unwrap_or(cfg.daemon.socket);
+        let report =
+            Connection::connect(&path, Duration::from_secs(5)).and_then(|mut c| c.status());
+        return match report {
+            Ok(lines) => {
+                for l in lines {
+                    println!("{l}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        };
+    }
+    if cli.check_config {
+        println!(
+            "configuration OK: {} port(s), socket {}, file prefix {}",
+            cfg.ports.len(),
+            cfg.daemon.socket.display(),
+            cfg.daemon.file_prefix
+        );
+        return ExitCode::SUCCESS;
+    }
+    let level = cli
+        .log_level
+        .unwrap_or_else(|| cfg.daemon.log_level.clone());
+    if let Err(e) = urdmad::logging::init(&level) {
+        return fail(&e);
+    }
+    let mut cfg = cfg;
+    cfg.daemon.log_level = level;
+    match urdmad::service::run(cfg) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::debug!("start-up failed: {e}");
+            fail(&e)
+        }
+    }
+}

@@ -154,7 +154,11 @@ impl Attachment {
         vec![
             "--proc-type=secondary".into(),
             format!("--file-prefix={}", self.file_prefix),
-            format!("--lcores={}@(0-{})", self.lcore, available_cpus().saturating_sub(1)),
+            format!(
+                "--lcores={}@(0-{})",
+                self.lcore,
+                available_cpus().saturating_sub(1)
+            ),
             "--no-pci".into(),
         ]
     }
@@ -223,14 +227,27 @@ pub enum Request {
 /// A reply from the daemon.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response {
-    Hello { version: u32, daemon: String },
+    Hello {
+        version: u32,
+        daemon: String,
+    },
     Attached(Attachment),
-    Opened { flow: u32, rx_ring: String },
-    Closed { flow: u32 },
+    Opened {
+        flow: u32,
+        rx_ring: String,
+    },
+    Closed {
+        flow: u32,
+    },
     /// Followed on the wire by `lines` report lines.
-    Status { lines: usize },
+    Status {
+        lines: usize,
+    },
     Detached,
-    Error { code: ErrorCode, message: String },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
 }
 
 /// Why a line could not be decoded.
@@ -291,7 +308,9 @@ impl<'a> Fields<'a> {
     }
 
     fn num<T: FromStr>(&self, key: &'static str) -> Result<T, ProtoError> {
-        self.get(key)?.parse().map_err(|_| ProtoError::BadValue(key))
+        self.get(key)?
+            .parse()
+            .map_err(|_| ProtoError::BadValue(key))
     }
 
     /// A value that must be a single token of printable ASCII.
@@ -314,7 +333,13 @@ fn parse_sock(v: &str, key: &'static str) -> Result<SocketAddrV4, ProtoError> {
 /// Spaces cannot appear in a value; messages carry them as underscores.
 fn encode_text(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_whitespace() || c == '=' { '_' } else { c })
+        .map(|c| {
+            if c.is_whitespace() || c == '=' {
+                '_'
+            } else {
+                c
+            }
+        })
         .collect()
 }
 
@@ -358,7 +383,10 @@ impl Request {
             "OPEN" => Request::Open(FlowSpec {
                 port: f.num("port")?,
                 local: parse_sock(f.get("local")?, "local")?,
-                remote: f.opt("remote").map(|v| parse_sock(v, "remote")).transpose()?,
+                remote: f
+                    .opt("remote")
+                    .map(|v| parse_sock(v, "remote"))
+                    .transpose()?,
                 remote_mac: f.opt("mac").map(Mac::from_str).transpose()?,
             }),
             "CLOSE" => Request::Close {
@@ -490,7 +518,10 @@ mod tests {
 
     #[test]
     fn requests_roundtrip() {
-        roundtrip_req(Request::Hello { version: 1, pid: 99 });
+        roundtrip_req(Request::Hello {
+            version: 1,
+            pid: 99,
+        });
         roundtrip_req(Request::Attach);
         roundtrip_req(Request::Open(FlowSpec {
             port: 0,
@@ -562,7 +593,9 @@ mod tests {
             let _ = Response::decode(s, || None);
         }
         assert!(Request::decode(&"A".repeat(MAX_LINE + 1)).is_err());
-        assert!(Response::decode("ATTACHED client=1 prefix=p lcore=1 pool=p ports=2", || None).is_err());
+        assert!(
+            Response::decode("ATTACHED client=1 prefix=p lcore=1 pool=p ports=2", || None).is_err()
+        );
     }
 
     #[test]

@@ -1,0 +1,133 @@
+//! A process that attaches to urdmad as a DPDK secondary, for the daemon's tests: opens
+//! flows, reports every frame it receives on stdout, sends frames, or cycles through
+//! attach/open/detach.
+
+use clap::Parser;
+use std::net::SocketAddrV4;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use urdmad::client::Connection;
+use urdmad::proto::{FlowSpec, Mac};
+use urdmad::secondary::{udp_frame, Session};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    socket: PathBuf,
+    /// Open a flow for this local address (repeatable).
+    #[arg(long = "open")]
+    opens: Vec<SocketAddrV4>,
+    /// Send one UDP datagram after the flows are open: DST_MAC,SRC_IP:PORT,DST_IP:PORT,PAYLOAD
+    #[arg(long = "send")]
+    sends: Vec<String>,
+    /// Receive for this long, then detach.
+    #[arg(long, default_value_t = 0.0)]
+    run_secs: f64,
+    /// Attach, open the flows and detach this many times, then exit.
+    #[arg(long, default_value_t = 0)]
+    cycles: u32,
+}
+
+fn connect(args: &Args) -> Result<Session, String> {
+    let conn = Connection::connect(&args.socket, Duration::from_secs(5))?;
+    Session::attach(conn)
+}
+
+fn open_all(s: &mut Session, args: &Args) -> Result<(), String> {
+    for local in &args.opens {
+        let f = s.open(FlowSpec {
+            port: 0,
+            local: *local,
+            remote: None,
+            remote_mac: None,
+        })?;
+        println!("OPENED flow={} local={}", f.id, local);
+    }
+    Ok(())
+}
+
+fn send_all(s: &Session, args: &Args) -> Result<(), String> {
+    let src_mac = s.attachment.ports.first().ok_or("no port")?.mac;
+    for spec in &args.sends {
+        let parts: Vec<&str> = spec.splitn(4, ',').collect();
+        let [mac, src, dst, payload] = parts[..] else {
+            return Err(format!("bad --send {spec:?}"));
+        };
+        let mac: Mac = mac.parse().map_err(|e| format!("{e}"))?;
+        let src: SocketAddrV4 = src.parse().map_err(|e| format!("{e}"))?;
+        let dst: SocketAddrV4 = dst.parse().map_err(|e| format!("{e}"))?;
+        s.send(
+            0,
+            &udp_frame(mac.0, src_mac.0, src, dst, payload.as_bytes()),
+        )?;
+        println!("SENT {dst}");
+    }
+    Ok(())
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    if args.cycles > 0 {
+        for _ in 0..args.cycles {
+            let mut s = connect(args)?;
+            for local in &args.opens {
+                s.open(FlowSpec {
+                    port: 0,
+                    local: *local,
+                    remote: None,
+                    remote_mac: None,
+                })?;
+            }
+            let first = s.flows.first().map(|f| f.id);
+            if let Some(id) = first {
+                s.close(id)?;
+            }
+            s.detach()?;
+        }
+        println!("CYCLES {}", args.cycles);
+        return Ok(());
+    }
+    let mut s = connect(args)?;
+    println!(
+        "ATTACHED client={} lcore={}",
+        s.attachment.client, s.attachment.lcore
+    );
+    open_all(&mut s, args)?;
+    send_all(&s, args)?;
+    println!("READY");
+    let end = Instant::now() + Duration::from_secs_f64(args.run_secs);
+    while Instant::now() < end {
+        let mut got = false;
+        for i in 0..s.flows.len() {
+            while let Some(frame) = s.recv(i) {
+                got = true;
+                let f = &s.flows[i];
+                let (dst, src) =
+                    urdmad::demux::udp4_addresses(&frame).ok_or("non-UDP frame on a flow ring")?;
+                let payload = &frame[42.min(frame.len())..];
+                println!(
+                    "RX flow={} dst={dst} src={src} payload={}",
+                    f.id,
+                    String::from_utf8_lossy(payload).replace(char::is_whitespace, "_")
+                );
+            }
+        }
+        if !got {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    s.detach()?;
+    println!("DETACHED");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("urdmad-testclient: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

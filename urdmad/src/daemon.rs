@@ -1,0 +1,711 @@
+//! The running daemon: one thread that polls every port, its exception interface and every
+//! process's TX ring, and between bursts serves the control socket.
+
+use crate::access::{self, Peer};
+use crate::config::Config;
+use crate::demux::FlowTable;
+use crate::port::{self, Port};
+use crate::proto::{self, Attachment, ErrorCode, FlowSpec, PortInfo, Request, Response};
+use dpdk_sys as sys;
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const BURST: usize = 32;
+/// How often the control socket is polled; bounds how late a dead process is noticed.
+const CONTROL_PERIOD: Duration = Duration::from_millis(2);
+/// Empty polls before the loop starts sleeping between polls (small machines share cores).
+const IDLE_POLLS: u32 = 256;
+const IDLE_SLEEP: Duration = Duration::from_micros(200);
+pub const POOL_NAME: &str = "urd_mbufs";
+const POOL_CACHE: u32 = 256;
+
+/// Set by SIGTERM/SIGINT.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Per-port state beyond the port itself.
+struct PortState {
+    port: Port,
+    flows: FlowTable,
+    to_kernel: u64,
+    to_kernel_drops: u64,
+    from_kernel: u64,
+    from_kernel_drops: u64,
+    from_processes: u64,
+    from_processes_drops: u64,
+}
+
+struct FlowRec {
+    port: u16,
+    slot: u32,
+    client: u32,
+    ring_name: String,
+}
+
+struct TxRing {
+    name: String,
+    ring: *mut sys::rte_ring,
+}
+
+struct Attached {
+    lcore: u32,
+    /// One per port, indexed like `Daemon::ports`.
+    tx: Vec<TxRing>,
+}
+
+struct Client {
+    id: u32,
+    peer: Peer,
+    stream: UnixStream,
+    buf: Vec<u8>,
+    greeted: bool,
+    refused: Option<String>,
+    attached: Option<Attached>,
+    flows: Vec<u32>,
+}
+
+pub struct Daemon {
+    cfg: Config,
+    pool: *mut sys::rte_mempool,
+    ports: Vec<PortState>,
+    listener: UnixListener,
+    allowed_gid: Option<u32>,
+    clients: Vec<Client>,
+    flows: BTreeMap<u32, FlowRec>,
+    next_client: u32,
+    next_flow: u32,
+    /// lcore ids handed to processes; 0 is urdmad's own.
+    lcores_used: Vec<bool>,
+    rings: usize,
+    started: Instant,
+}
+
+fn ring_create(name: &str, size: u32) -> Result<*mut sys::rte_ring, String> {
+    let c = CString::new(name).map_err(|_| "ring name".to_string())?;
+    // SAFETY: valid name; flags make it single-producer single-consumer.
+    let r = unsafe {
+        sys::rte_ring_create(
+            c.as_ptr(),
+            size,
+            sys::SOCKET_ID_ANY,
+            sys::RING_F_SP_ENQ | sys::RING_F_SC_DEQ,
+        )
+    };
+    if r.is_null() {
+        Err(format!(
+            "cannot create ring {name}: {}",
+            sys::rte_strerror_string(sys::rte_errno())
+        ))
+    } else {
+        Ok(r)
+    }
+}
+
+/// Frees every mbuf left on a ring, then the ring.
+unsafe fn ring_drain_free(r: *mut sys::rte_ring) {
+    let mut objs = [std::ptr::null_mut::<std::ffi::c_void>(); BURST];
+    loop {
+        let n = sys::rte_ring_sc_dequeue_burst(
+            r,
+            objs.as_mut_ptr(),
+            BURST as u32,
+            std::ptr::null_mut(),
+        );
+        if n == 0 {
+            break;
+        }
+        for &o in &objs[..n as usize] {
+            sys::rte_pktmbuf_free(o as *mut sys::rte_mbuf);
+        }
+    }
+    sys::rte_ring_free(r);
+}
+
+/// Hands `pkts` to a port's TX queue 0; returns (sent, dropped) after freeing the unsent.
+unsafe fn tx_all(port: u16, pkts: &mut [*mut sys::rte_mbuf]) -> (u64, u64) {
+    if pkts.is_empty() {
+        return (0, 0);
+    }
+    let sent = usize::from(sys::rte_eth_tx_burst(
+        port,
+        0,
+        pkts.as_mut_ptr(),
+        pkts.len() as u16,
+    ));
+    for &m in &pkts[sent..] {
+        sys::rte_pktmbuf_free(m);
+    }
+    (sent as u64, (pkts.len() - sent) as u64)
+}
+
+impl Daemon {
+    /// Creates the pool and brings every port and exception interface up. On error,
+    /// whatever was created is released again.
+    pub fn start(cfg: Config, listener: UnixListener) -> Result<Daemon, String> {
+        let name = CString::new(POOL_NAME).unwrap();
+        // SAFETY: EAL is up.
+        let pool = unsafe {
+            sys::rte_pktmbuf_pool_create(
+                name.as_ptr(),
+                cfg.daemon.mbufs,
+                POOL_CACHE,
+                0,
+                sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
+                sys::SOCKET_ID_ANY,
+            )
+        };
+        if pool.is_null() {
+            return Err(format!(
+                "cannot create a pool of {} mbufs: {} (raise memory_mb or lower mbufs)",
+                cfg.daemon.mbufs,
+                sys::rte_strerror_string(sys::rte_errno())
+            ));
+        }
+        let mut ports: Vec<PortState> = Vec::new();
+        for (i, pc) in cfg.ports.iter().enumerate() {
+            match Port::open(i as u16, pc, pool) {
+                Ok(port) => ports.push(PortState {
+                    port,
+                    flows: FlowTable::default(),
+                    to_kernel: 0,
+                    to_kernel_drops: 0,
+                    from_kernel: 0,
+                    from_kernel_drops: 0,
+                    from_processes: 0,
+                    from_processes_drops: 0,
+                }),
+                Err(e) => {
+                    for p in &ports {
+                        p.port.close();
+                    }
+                    // SAFETY: no port uses the pool any more.
+                    unsafe { sys::rte_mempool_free(pool) };
+                    return Err(e);
+                }
+            }
+        }
+        let allowed_gid = access::group_id(&cfg.daemon.group);
+        if allowed_gid.is_none() && !cfg.daemon.group.is_empty() {
+            tracing::warn!(group = %cfg.daemon.group, "group does not exist: only root may attach");
+        }
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("control socket: {e}"))?;
+        Ok(Daemon {
+            cfg,
+            pool,
+            ports,
+            listener,
+            allowed_gid,
+            clients: Vec::new(),
+            flows: BTreeMap::new(),
+            next_client: 1,
+            next_flow: 1,
+            lcores_used: vec![false; sys::RTE_MAX_LCORE as usize],
+            rings: 0,
+            started: Instant::now(),
+        })
+    }
+
+    /// Polls until [`STOP`] is set.
+    pub fn run(&mut self) {
+        let mut rx = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
+        let mut kernel: Vec<*mut sys::rte_mbuf> = Vec::with_capacity(BURST);
+        let mut next_control = Instant::now();
+        let mut idle = 0u32;
+        while !STOP.load(Ordering::Relaxed) {
+            let mut work = 0usize;
+            for p in self.ports.iter_mut() {
+                // SAFETY: ports are started; every mbuf is passed on exactly once.
+                unsafe {
+                    let port = p.port.id;
+                    let n = usize::from(sys::rte_eth_rx_burst(
+                        port,
+                        0,
+                        rx.as_mut_ptr(),
+                        BURST as u16,
+                    ));
+                    if n > 0 {
+                        work += n;
+                        kernel.clear();
+                        p.flows.dispatch(&rx[..n], &mut kernel);
+                        let (sent, dropped) = tx_all(p.port.exception_id, &mut kernel);
+                        p.to_kernel += sent;
+                        p.to_kernel_drops += dropped;
+                    }
+                    let n = usize::from(sys::rte_eth_rx_burst(
+                        p.port.exception_id,
+                        0,
+                        rx.as_mut_ptr(),
+                        BURST as u16,
+                    ));
+                    if n > 0 {
+                        work += n;
+                        let (sent, dropped) = tx_all(port, &mut rx[..n]);
+                        p.from_kernel += sent;
+                        p.from_kernel_drops += dropped;
+                    }
+                }
+            }
+            for c in self.clients.iter() {
+                let Some(a) = &c.attached else { continue };
+                for (pi, t) in a.tx.iter().enumerate() {
+                    // SAFETY: the ring holds mbufs the process handed over.
+                    unsafe {
+                        let n = sys::rte_ring_sc_dequeue_burst(
+                            t.ring,
+                            rx.as_mut_ptr() as *mut *mut std::ffi::c_void,
+                            BURST as u32,
+                            std::ptr::null_mut(),
+                        ) as usize;
+                        if n > 0 {
+                            work += n;
+                            let p = &mut self.ports[pi];
+                            let (sent, dropped) = tx_all(p.port.id, &mut rx[..n]);
+                            p.from_processes += sent;
+                            p.from_processes_drops += dropped;
+                        }
+                    }
+                }
+            }
+            let now = Instant::now();
+            if now >= next_control {
+                next_control = now + CONTROL_PERIOD;
+                self.serve_control();
+            }
+            if work == 0 {
+                idle = idle.saturating_add(1);
+                if idle > IDLE_POLLS {
+                    std::thread::sleep(IDLE_SLEEP);
+                }
+            } else {
+                idle = 0;
+            }
+        }
+    }
+
+    fn serve_control(&mut self) {
+        let mut fds = Vec::with_capacity(self.clients.len() + 1);
+        fds.push(libc::pollfd {
+            fd: self.listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        for c in &self.clients {
+            fds.push(libc::pollfd {
+                fd: c.stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        // SAFETY: fds is a valid array of pollfd.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        if n <= 0 {
+            return;
+        }
+        let mut gone = Vec::new();
+        for (i, f) in fds.iter().enumerate().skip(1) {
+            if f.revents != 0 && !self.read_client(i - 1) {
+                gone.push(i - 1);
+            }
+        }
+        for i in gone.into_iter().rev() {
+            let c = self.clients.remove(i);
+            self.release(c, "connection closed");
+        }
+        if fds[0].revents != 0 {
+            self.accept();
+        }
+    }
+
+    fn accept(&mut self) {
+        while let Ok((stream, _)) = self.listener.accept() {
+            let Ok(peer) = access::peer_of(&stream) else {
+                continue;
+            };
+            let refused = access::check(
+                peer,
+                &access::supplementary_groups(peer.pid),
+                self.allowed_gid,
+                &self.cfg.daemon.group,
+            )
+            .err();
+            if let Some(why) = &refused {
+                tracing::warn!(pid = peer.pid, uid = peer.uid, "refused: {why}");
+            }
+            let _ = stream.set_nonblocking(true);
+            let id = self.next_client;
+            self.next_client += 1;
+            self.clients.push(Client {
+                id,
+                peer,
+                stream,
+                buf: Vec::new(),
+                greeted: false,
+                refused,
+                attached: None,
+                flows: Vec::new(),
+            });
+        }
+    }
+
+    /// Reads and answers what a client sent; false when the connection is to be dropped.
+    fn read_client(&mut self, i: usize) -> bool {
+        let mut chunk = [0u8; 1024];
+        loop {
+            match self.clients[i].stream.read(&mut chunk) {
+                Ok(0) => return false,
+                Ok(n) => self.clients[i].buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            }
+        }
+        while let Some(pos) = self.clients[i].buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.clients[i].buf.drain(..=pos).collect();
+            let (reply, keep) = match std::str::from_utf8(&line) {
+                Ok(text) => self.handle(i, text),
+                Err(_) => (
+                    error(ErrorCode::Invalid, "message is not UTF-8").encode(),
+                    false,
+                ),
+            };
+            if !self.send(i, &reply) || !keep {
+                return false;
+            }
+        }
+        if self.clients[i].buf.len() > proto::MAX_LINE {
+            let _ = self.send(i, &error(ErrorCode::Invalid, "line too long").encode());
+            return false;
+        }
+        true
+    }
+
+    fn send(&mut self, i: usize, text: &str) -> bool {
+        let s = &mut self.clients[i].stream;
+        // A reply is small except a status report; a client that does not read it within
+        // the timeout is dropped rather than stalling the data path longer.
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+        let ok = s.write_all(text.as_bytes()).is_ok();
+        let _ = s.set_nonblocking(true);
+        ok
+    }
+
+    /// The reply to one request, and whether the connection stays open.
+    fn handle(&mut self, i: usize, line: &str) -> (String, bool) {
+        if let Some(why) = self.clients[i].refused.clone() {
+            return (error(ErrorCode::Access, &why).encode(), false);
+        }
+        let req = match Request::decode(line) {
+            Ok(r) => r,
+            Err(e) => return (error(ErrorCode::Invalid, &e.to_string()).encode(), true),
+        };
+        let c = &self.clients[i];
+        match req {
+            Request::Hello { version, .. } => {
+                if version != proto::VERSION {
+                    return (
+                        error(
+                            ErrorCode::Version,
+                            &format!(
+                                "protocol version {version} is not supported, urdmad speaks {}",
+                                proto::VERSION
+                            ),
+                        )
+                        .encode(),
+                        false,
+                    );
+                }
+                self.clients[i].greeted = true;
+                let r = Response::Hello {
+                    version: proto::VERSION,
+                    daemon: format!("urdmad {}", env!("CARGO_PKG_VERSION")),
+                };
+                (r.encode(), true)
+            }
+            _ if !c.greeted => (
+                error(ErrorCode::Invalid, "HELLO must come first").encode(),
+                false,
+            ),
+            Request::Attach => (self.attach(i), true),
+            Request::Open(spec) => (self.open(i, &spec), true),
+            Request::Close { flow } => {
+                let mine = self
+                    .flows
+                    .get(&flow)
+                    .is_some_and(|f| f.client == self.clients[i].id);
+                if !mine {
+                    return (
+                        error(ErrorCode::NotFound, &format!("no flow {flow} of yours")).encode(),
+                        true,
+                    );
+                }
+                self.close_flow(flow);
+                self.clients[i].flows.retain(|&f| f != flow);
+                (Response::Closed { flow }.encode(), true)
+            }
+            Request::Status => {
+                let report = self.status();
+                let mut text = Response::Status {
+                    lines: report.len(),
+                }
+                .encode();
+                for l in report {
+                    text.push_str(&l);
+                    text.push('\n');
+                }
+                (text, true)
+            }
+            Request::Detach => {
+                let c = &mut self.clients[i];
+                let flows = std::mem::take(&mut c.flows);
+                let attached = c.attached.take();
+                let (id, pid) = (c.id, c.peer.pid);
+                self.release_parts(id, pid, flows, attached, "detached");
+                (Response::Detached.encode(), true)
+            }
+        }
+    }
+
+    fn attach(&mut self, i: usize) -> String {
+        if self.clients[i].attached.is_some() {
+            return error(ErrorCode::Invalid, "already attached").encode();
+        }
+        let Some(lcore) = (1..self.lcores_used.len()).find(|&l| !self.lcores_used[l]) else {
+            return error(
+                ErrorCode::NoResources,
+                "no free lcore id for another process",
+            )
+            .encode();
+        };
+        let id = self.clients[i].id;
+        let mut tx = Vec::new();
+        for p in &self.ports {
+            let name = format!("urd_tx_{id}_{}", p.port.index);
+            match ring_create(&name, self.cfg.daemon.ring_size) {
+                Ok(ring) => tx.push(TxRing { name, ring }),
+                Err(e) => {
+                    for t in tx {
+                        // SAFETY: just created, unused.
+                        unsafe { sys::rte_ring_free(t.ring) };
+                    }
+                    return error(ErrorCode::NoResources, &e).encode();
+                }
+            }
+        }
+        self.rings += tx.len();
+        self.lcores_used[lcore] = true;
+        let ports = self
+            .ports
+            .iter()
+            .zip(&tx)
+            .map(|(p, t)| PortInfo {
+                index: p.port.index,
+                name: p.port.name.clone(),
+                mac: p.port.mac,
+                tx_ring: t.name.clone(),
+                steering: p.port.steering,
+            })
+            .collect();
+        let c = &mut self.clients[i];
+        c.attached = Some(Attached {
+            lcore: lcore as u32,
+            tx,
+        });
+        tracing::info!(
+            client = id,
+            pid = c.peer.pid,
+            uid = c.peer.uid,
+            lcore,
+            "process attached"
+        );
+        Response::Attached(Attachment {
+            client: id,
+            file_prefix: self.cfg.daemon.file_prefix.clone(),
+            lcore: lcore as u32,
+            pool: POOL_NAME.into(),
+            ports,
+        })
+        .encode()
+    }
+
+    fn open(&mut self, i: usize, spec: &FlowSpec) -> String {
+        if self.clients[i].attached.is_none() {
+            return error(ErrorCode::Invalid, "ATTACH first").encode();
+        }
+        let Some(p) = self.ports.get_mut(usize::from(spec.port)) else {
+            return error(ErrorCode::NotFound, &format!("no port {}", spec.port)).encode();
+        };
+        if spec.local.port() == 0 {
+            return error(ErrorCode::Invalid, "local UDP port 0").encode();
+        }
+        let flow = self.next_flow;
+        let name = format!("urd_rx_{flow}");
+        let ring = match ring_create(&name, self.cfg.daemon.ring_size) {
+            Ok(r) => r,
+            Err(e) => return error(ErrorCode::NoResources, &e).encode(),
+        };
+        let Some(slot) = p.flows.insert(spec.local, spec.remote, ring) else {
+            // SAFETY: just created, unused.
+            unsafe { sys::rte_ring_free(ring) };
+            return error(
+                ErrorCode::Exists,
+                &format!("a flow for {} is already open", spec.local),
+            )
+            .encode();
+        };
+        self.next_flow += 1;
+        self.rings += 1;
+        let client = self.clients[i].id;
+        self.flows.insert(
+            flow,
+            FlowRec {
+                port: spec.port,
+                slot,
+                client,
+                ring_name: name.clone(),
+            },
+        );
+        self.clients[i].flows.push(flow);
+        tracing::info!(client, flow, port = spec.port, local = %spec.local, remote = ?spec.remote, "flow opened");
+        Response::Opened {
+            flow,
+            rx_ring: name,
+        }
+        .encode()
+    }
+
+    fn close_flow(&mut self, flow: u32) {
+        let Some(rec) = self.flows.remove(&flow) else {
+            return;
+        };
+        if let Some(ring) = self.ports[usize::from(rec.port)].flows.remove(rec.slot) {
+            // SAFETY: unlinked from the table, so nothing enqueues any more; the owner has
+            // closed it or is gone.
+            unsafe { ring_drain_free(ring) };
+            self.rings -= 1;
+        }
+        tracing::debug!(flow, "flow closed");
+    }
+
+    fn release(&mut self, mut c: Client, why: &str) {
+        let flows = std::mem::take(&mut c.flows);
+        self.release_parts(c.id, c.peer.pid, flows, c.attached.take(), why);
+    }
+
+    /// Removes a process's flows and rings and frees the mbufs on them.
+    fn release_parts(
+        &mut self,
+        id: u32,
+        pid: u32,
+        flows: Vec<u32>,
+        attached: Option<Attached>,
+        why: &str,
+    ) {
+        let nflows = flows.len();
+        for f in flows {
+            self.close_flow(f);
+        }
+        if let Some(a) = attached {
+            for t in &a.tx {
+                // SAFETY: the process detached or died; nothing enqueues any more.
+                unsafe { ring_drain_free(t.ring) };
+            }
+            self.rings -= a.tx.len();
+            self.lcores_used[a.lcore as usize] = false;
+            tracing::info!(client = id, pid, flows = nflows, "process released: {why}");
+        }
+    }
+
+    /// The status report: one `kind key=value...` line per object.
+    pub fn status(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let attached = self.clients.iter().filter(|c| c.attached.is_some()).count();
+        out.push(format!(
+            "daemon version={} pid={} prefix={} uptime_s={} processes={} flows={} rings={}",
+            env!("CARGO_PKG_VERSION"),
+            std::process::id(),
+            self.cfg.daemon.file_prefix,
+            self.started.elapsed().as_secs(),
+            attached,
+            self.flows.len(),
+            self.rings
+        ));
+        // SAFETY: the pool lives as long as the daemon.
+        let (avail, size) = unsafe { (sys::rte_mempool_avail_count(self.pool), (*self.pool).size) };
+        out.push(format!(
+            "pool name={POOL_NAME} size={size} available={avail} in_use={}",
+            size.saturating_sub(avail)
+        ));
+        for p in &self.ports {
+            let c = port::counters(p.port.id);
+            out.push(format!(
+                "port index={} name={} device={} mac={} steering={} steering_reason={} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={}",
+                p.port.index, p.port.name, p.port.device, p.port.mac, p.port.steering.as_str(),
+                p.port.steering_reason.replace(' ', "_"), c.rx_packets, c.rx_bytes, c.rx_missed, c.rx_errors,
+                c.tx_packets, c.tx_bytes, c.tx_errors, p.from_processes, p.from_processes_drops
+            ));
+            let e = port::counters(p.port.exception_id);
+            out.push(format!(
+                "exception port={} iface={} to_kernel={} to_kernel_drops={} from_kernel={} from_kernel_drops={} tap_rx_packets={} tap_tx_packets={}",
+                p.port.name, p.port.exception_name, p.to_kernel, p.to_kernel_drops, p.from_kernel,
+                p.from_kernel_drops, e.rx_packets, e.tx_packets
+            ));
+        }
+        for c in &self.clients {
+            if let Some(a) = &c.attached {
+                // SAFETY: rings live while the client is attached.
+                let queued: u32 =
+                    a.tx.iter()
+                        .map(|t| unsafe { sys::rte_ring_count(t.ring) })
+                        .sum();
+                out.push(format!(
+                    "process client={} pid={} uid={} lcore={} flows={} tx_queued={}",
+                    c.id,
+                    c.peer.pid,
+                    c.peer.uid,
+                    a.lcore,
+                    c.flows.len(),
+                    queued
+                ));
+            }
+        }
+        for (id, rec) in &self.flows {
+            let p = &self.ports[usize::from(rec.port)];
+            if let Some(f) = p.flows.get(rec.slot) {
+                // SAFETY: the ring lives while the flow is open.
+                let queued = unsafe { sys::rte_ring_count(f.ring) };
+                let remote = f.remote.map_or("any".to_string(), |r| r.to_string());
+                out.push(format!(
+                    "flow id={id} client={} port={} local={} remote={remote} ring={} rx_packets={} rx_bytes={} drops={} queued={queued}",
+                    rec.client, p.port.name, f.local, rec.ring_name, f.rx_packets, f.rx_bytes, f.drops
+                ));
+            }
+        }
+        out
+    }
+
+    /// Releases every process, closes ports (removing the TAPs) and frees the pool.
+    pub fn shutdown(mut self) {
+        for c in std::mem::take(&mut self.clients) {
+            self.release(c, "urdmad stopping");
+        }
+        for p in &self.ports {
+            p.port.close();
+        }
+        // SAFETY: no port or ring references the pool any more.
+        unsafe { sys::rte_mempool_free(self.pool) };
+    }
+}
+
+fn error(code: ErrorCode, message: &str) -> Response {
+    Response::Error {
+        code,
+        message: message.to_owned(),
+    }
+}

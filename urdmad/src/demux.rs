@@ -1,0 +1,312 @@
+//! Software steering: classifies received frames by destination IPv4 address and UDP port
+//! and hands each flow's frames to that flow's ring. Everything else belongs to the kernel.
+
+use dpdk_sys as sys;
+use std::net::SocketAddrV4;
+
+const NONE: u32 = u32::MAX;
+const ETH_HLEN: usize = 14;
+const ETHERTYPE_IPV4: u16 = 0x0800;
+const IPPROTO_UDP: u8 = 17;
+
+/// Where a received frame goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Index of the flow in its table.
+    Flow(u32),
+    /// Not a QP's packet: the kernel's, through the exception path.
+    Kernel,
+}
+
+/// Destination and source of an IPv4/UDP frame, or `None` for anything else (including IP
+/// fragments, options-bearing headers are fine). Never reads beyond `frame`.
+pub fn udp4_addresses(frame: &[u8]) -> Option<(SocketAddrV4, SocketAddrV4)> {
+    if frame.len() < ETH_HLEN + 20 + 8 {
+        return None;
+    }
+    if u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4 {
+        return None;
+    }
+    let ip = &frame[ETH_HLEN..];
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if ip[0] >> 4 != 4 || ihl < 20 || ip[9] != IPPROTO_UDP {
+        return None;
+    }
+    // More-fragments flag or a fragment offset: reassembly is the kernel's job.
+    if u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
+        return None;
+    }
+    let udp = ip.get(ihl..ihl + 8)?;
+    let src = SocketAddrV4::new(
+        [ip[12], ip[13], ip[14], ip[15]].into(),
+        u16::from_be_bytes([udp[0], udp[1]]),
+    );
+    let dst = SocketAddrV4::new(
+        [ip[16], ip[17], ip[18], ip[19]].into(),
+        u16::from_be_bytes([udp[2], udp[3]]),
+    );
+    Some((dst, src))
+}
+
+/// One open flow.
+pub struct Flow {
+    pub local: SocketAddrV4,
+    pub remote: Option<SocketAddrV4>,
+    pub ring: *mut sys::rte_ring,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    /// Frames dropped because the ring was full.
+    pub drops: u64,
+    next: u32,
+    live: bool,
+}
+
+/// The flows of one port, indexed by local UDP port so that classification costs one array
+/// read and a short chain walk whatever the number of flows.
+pub struct FlowTable {
+    heads: Box<[u32]>,
+    flows: Vec<Flow>,
+    free: Vec<u32>,
+}
+
+impl Default for FlowTable {
+    fn default() -> Self {
+        FlowTable {
+            heads: vec![NONE; 65536].into_boxed_slice(),
+            flows: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+}
+
+impl FlowTable {
+    /// Adds a flow; `None` when one with the same addresses exists.
+    pub fn insert(
+        &mut self,
+        local: SocketAddrV4,
+        remote: Option<SocketAddrV4>,
+        ring: *mut sys::rte_ring,
+    ) -> Option<u32> {
+        if self.chain(local.port()).any(|i| {
+            let f = &self.flows[i as usize];
+            f.local == local && f.remote == remote
+        }) {
+            return None;
+        }
+        let head = &mut self.heads[usize::from(local.port())];
+        let flow = Flow {
+            local,
+            remote,
+            ring,
+            rx_packets: 0,
+            rx_bytes: 0,
+            drops: 0,
+            next: *head,
+            live: true,
+        };
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.flows[i as usize] = flow;
+                i
+            }
+            None => {
+                self.flows.push(flow);
+                (self.flows.len() - 1) as u32
+            }
+        };
+        // Flows with a remote address are more specific: they go first in the chain.
+        if remote.is_some() || *head == NONE {
+            *head = idx;
+        } else {
+            self.flows[idx as usize].next = NONE;
+            let mut cur = *head;
+            while self.flows[cur as usize].next != NONE {
+                cur = self.flows[cur as usize].next;
+            }
+            self.flows[cur as usize].next = idx;
+        }
+        Some(idx)
+    }
+
+    /// Unlinks a flow and returns its ring.
+    pub fn remove(&mut self, idx: u32) -> Option<*mut sys::rte_ring> {
+        let f = self.flows.get(idx as usize).filter(|f| f.live)?;
+        let port = usize::from(f.local.port());
+        let next = f.next;
+        if self.heads[port] == idx {
+            self.heads[port] = next;
+        } else {
+            let mut cur = self.heads[port];
+            while cur != NONE {
+                if self.flows[cur as usize].next == idx {
+                    self.flows[cur as usize].next = next;
+                    break;
+                }
+                cur = self.flows[cur as usize].next;
+            }
+        }
+        let f = &mut self.flows[idx as usize];
+        f.live = false;
+        f.next = NONE;
+        self.free.push(idx);
+        Some(std::mem::replace(&mut f.ring, std::ptr::null_mut()))
+    }
+
+    pub fn get(&self, idx: u32) -> Option<&Flow> {
+        self.flows.get(idx as usize).filter(|f| f.live)
+    }
+
+    pub fn len(&self) -> usize {
+        self.flows.len() - self.free.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn chain(&self, port: u16) -> impl Iterator<Item = u32> + '_ {
+        let mut cur = self.heads[usize::from(port)];
+        std::iter::from_fn(move || {
+            if cur == NONE {
+                return None;
+            }
+            let i = cur;
+            cur = self.flows[i as usize].next;
+            Some(i)
+        })
+    }
+
+    /// The flow a frame belongs to.
+    pub fn classify(&self, frame: &[u8]) -> Verdict {
+        let Some((dst, src)) = udp4_addresses(frame) else {
+            return Verdict::Kernel;
+        };
+        for i in self.chain(dst.port()) {
+            let f = &self.flows[i as usize];
+            if f.local.ip() == dst.ip() && (f.remote.is_none() || f.remote == Some(src)) {
+                return Verdict::Flow(i);
+            }
+        }
+        Verdict::Kernel
+    }
+
+    /// Steers a burst: flows' frames go onto their rings (dropped and counted when a ring
+    /// is full); the kernel's are appended to `kernel`.
+    ///
+    /// # Safety
+    /// Every pointer in `burst` is a valid mbuf owned by the caller.
+    pub unsafe fn dispatch(
+        &mut self,
+        burst: &[*mut sys::rte_mbuf],
+        kernel: &mut Vec<*mut sys::rte_mbuf>,
+    ) {
+        for &m in burst {
+            let frame = std::slice::from_raw_parts(
+                sys::rte_pktmbuf_mtod::<u8>(m) as *const u8,
+                usize::from((*m).data_len),
+            );
+            match self.classify(frame) {
+                Verdict::Kernel => kernel.push(m),
+                Verdict::Flow(i) => {
+                    let f = &mut self.flows[i as usize];
+                    if sys::rte_ring_sp_enqueue(f.ring, m as *mut _) == 0 {
+                        f.rx_packets += 1;
+                        f.rx_bytes += u64::from((*m).pkt_len);
+                    } else {
+                        f.drops += 1;
+                        sys::rte_pktmbuf_free(m);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(dst: SocketAddrV4, src: SocketAddrV4) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 8 + 4];
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        f[14] = 0x45;
+        f[14 + 9] = 17;
+        f[26..30].copy_from_slice(&src.ip().octets());
+        f[30..34].copy_from_slice(&dst.ip().octets());
+        f[34..36].copy_from_slice(&src.port().to_be_bytes());
+        f[36..38].copy_from_slice(&dst.port().to_be_bytes());
+        f
+    }
+
+    fn a(s: &str) -> SocketAddrV4 {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn classification_by_address_port_and_remote() {
+        let mut t = FlowTable::default();
+        let any = t
+            .insert(a("10.0.0.1:5000"), None, std::ptr::null_mut())
+            .unwrap();
+        let one = t
+            .insert(
+                a("10.0.0.1:5000"),
+                Some(a("10.0.0.2:9")),
+                std::ptr::null_mut(),
+            )
+            .unwrap();
+        let other = t
+            .insert(a("10.0.0.1:5001"), None, std::ptr::null_mut())
+            .unwrap();
+        assert!(t
+            .insert(a("10.0.0.1:5001"), None, std::ptr::null_mut())
+            .is_none());
+        assert_eq!(
+            t.classify(&frame(a("10.0.0.1:5000"), a("10.0.0.2:9"))),
+            Verdict::Flow(one)
+        );
+        assert_eq!(
+            t.classify(&frame(a("10.0.0.1:5000"), a("10.0.0.3:9"))),
+            Verdict::Flow(any)
+        );
+        assert_eq!(
+            t.classify(&frame(a("10.0.0.1:5001"), a("10.0.0.3:9"))),
+            Verdict::Flow(other)
+        );
+        assert_eq!(
+            t.classify(&frame(a("10.0.0.9:5001"), a("10.0.0.3:9"))),
+            Verdict::Kernel
+        );
+        assert_eq!(
+            t.classify(&frame(a("10.0.0.1:5002"), a("10.0.0.3:9"))),
+            Verdict::Kernel
+        );
+        t.remove(one).unwrap();
+        assert_eq!(
+            t.classify(&frame(a("10.0.0.1:5000"), a("10.0.0.2:9"))),
+            Verdict::Flow(any)
+        );
+        t.remove(any).unwrap();
+        assert!(t.remove(any).is_none());
+        assert_eq!(
+            t.classify(&frame(a("10.0.0.1:5000"), a("10.0.0.2:9"))),
+            Verdict::Kernel
+        );
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn fragments_and_short_frames_go_to_the_kernel() {
+        let mut t = FlowTable::default();
+        t.insert(a("10.0.0.1:5000"), None, std::ptr::null_mut())
+            .unwrap();
+        let mut f = frame(a("10.0.0.1:5000"), a("10.0.0.2:9"));
+        f[14 + 6] = 0x20; // more fragments
+        assert_eq!(t.classify(&f), Verdict::Kernel);
+        let f = frame(a("10.0.0.1:5000"), a("10.0.0.2:9"));
+        for len in 0..f.len() {
+            let _ = t.classify(&f[..len]);
+        }
+        assert_eq!(t.classify(&f[..41]), Verdict::Kernel);
+    }
+}

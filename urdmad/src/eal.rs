@@ -1,0 +1,159 @@
+//! Bringing DPDK's EAL up as the primary process, the checks that must pass before it is
+//! touched (hugepages, another primary on the same prefix), and removing what it leaves on
+//! disk when urdmad stops.
+
+use crate::config::Config;
+use dpdk_sys as sys;
+use std::ffi::CString;
+use std::os::raw::c_char;
+use std::path::{Path, PathBuf};
+
+/// DPDK's runtime directory for a file prefix (config lock, multi-process socket).
+pub fn runtime_dir(prefix: &str) -> PathBuf {
+    Path::new("/var/run/dpdk").join(prefix)
+}
+
+/// Mount points of hugetlbfs, from /proc/mounts.
+pub fn hugetlbfs_mounts() -> Vec<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let _dev = f.next()?;
+            let dir = f.next()?;
+            (f.next()? == "hugetlbfs").then(|| PathBuf::from(dir))
+        })
+        .collect()
+}
+
+/// Free hugepage memory of the default page size, MiB.
+fn free_hugepage_mb() -> u64 {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    field("HugePages_Free:") * field("Hugepagesize:") / 1024
+}
+
+/// Refuses early, with a message saying what to do, when EAL could not get its memory.
+pub fn check_hugepages(memory_mb: u32) -> Result<(), String> {
+    if hugetlbfs_mounts().is_empty() {
+        return Err(
+            "no hugetlbfs is mounted (mount -t hugetlbfs nodev /dev/hugepages)".to_string(),
+        );
+    }
+    let free = free_hugepage_mb();
+    if free < u64::from(memory_mb) {
+        return Err(format!(
+            "not enough free hugepages: {memory_mb} MiB needed, {free} MiB free \
+             (reserve more: echo N > /proc/sys/vm/nr_hugepages)"
+        ));
+    }
+    Ok(())
+}
+
+/// EAL holds a write lock on `<runtime dir>/config` for the primary's whole life; finding it
+/// held means another primary uses this prefix. Checked before EAL so that the refusal does
+/// not depend on EAL's own messages and touches nothing.
+pub fn check_no_other_primary(prefix: &str) -> Result<(), String> {
+    let path = runtime_dir(prefix).join("config");
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+    else {
+        return Ok(());
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain fcntl on an fd we own, with a zeroed flock struct filled in below.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as i16;
+    lock.l_whence = libc::SEEK_SET as i16;
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut lock) };
+    if rc == 0 && lock.l_type != libc::F_UNLCK as i16 {
+        return Err(format!(
+            "another DPDK primary process (pid {}) is running with file prefix {prefix:?}",
+            lock.l_pid
+        ));
+    }
+    Ok(())
+}
+
+/// EAL arguments of the daemon.
+pub fn eal_args(cfg: &Config) -> Vec<String> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut args = vec![
+        "urdmad".to_string(),
+        "--proc-type=primary".into(),
+        format!("--file-prefix={}", cfg.daemon.file_prefix),
+        // Float over every CPU: small machines share their cores with the applications.
+        format!("--lcores=0@(0-{})", cpus - 1),
+        "-m".into(),
+        cfg.daemon.memory_mb.to_string(),
+    ];
+    let pci: Vec<&str> = cfg
+        .ports
+        .iter()
+        .map(|p| p.device.as_str())
+        .filter(|d| crate::port::is_pci(d))
+        .collect();
+    if pci.is_empty() {
+        args.push("--no-pci".into());
+    } else {
+        for d in pci {
+            args.push(format!("--allow={d}"));
+        }
+    }
+    args.extend(cfg.daemon.eal_args.iter().cloned());
+    args
+}
+
+/// Runs `rte_eal_init`. EAL keeps pointers into argv, so the strings are leaked on purpose.
+pub fn init(args: &[String]) -> Result<(), String> {
+    let cargs: Vec<CString> = args
+        .iter()
+        .map(|a| CString::new(a.as_str()).map_err(|_| format!("EAL argument {a:?} contains NUL")))
+        .collect::<Result<_, _>>()?;
+    let argv: &mut Vec<*mut c_char> = Box::leak(Box::new(
+        cargs.into_iter().map(|c| c.into_raw()).collect::<Vec<_>>(),
+    ));
+    // SAFETY: argv holds valid NUL-terminated strings that live for the whole process.
+    let rc = unsafe { sys::rte_eal_init(argv.len() as i32, argv.as_mut_ptr()) };
+    if rc < 0 {
+        return Err(format!(
+            "DPDK EAL initialisation failed: {}",
+            sys::rte_strerror_string(sys::rte_errno())
+        ));
+    }
+    Ok(())
+}
+
+/// Releases EAL and removes this primary's files: its hugepage backing files and its
+/// runtime directory. Only called by a primary that initialised EAL itself.
+pub fn cleanup(prefix: &str) {
+    // SAFETY: called once, after every port is closed.
+    unsafe {
+        sys::rte_eal_cleanup();
+    }
+    remove_files(prefix);
+}
+
+/// Removes hugepage files and the runtime directory of `prefix`.
+pub fn remove_files(prefix: &str) {
+    let marker = format!("{prefix}map_");
+    for dir in hugetlbfs_mounts() {
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&marker) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(runtime_dir(prefix));
+}

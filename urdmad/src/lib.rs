@@ -1,0 +1,27 @@
+//! urdmad, the DPDK primary process of urdma, as a library.
+//!
+//! [`proto`] (the control protocol) and [`client`] (its client side) need only `std` and are
+//! what other crates use: depend on `urdmad` with `default-features = false`. The daemon's
+//! modules need DPDK and are behind the `daemon` feature (on by default).
+
+pub mod client;
+pub mod proto;
+
+#[cfg(feature = "daemon")]
+pub mod access;
+#[cfg(feature = "daemon")]
+pub mod config;
+#[cfg(feature = "daemon")]
+pub mod daemon;
+#[cfg(feature = "daemon")]
+pub mod demux;
+#[cfg(feature = "daemon")]
+pub mod eal;
+#[cfg(feature = "daemon")]
+pub mod logging;
+#[cfg(feature = "daemon")]
+pub mod port;
+#[cfg(feature = "daemon")]
+pub mod secondary;
+#[cfg(feature = "daemon")]
+pub mod service;

@@ -1,0 +1,242 @@
+//! Attaching to urdmad as a DPDK secondary process and using what it hands out: a flow's
+//! RX ring and the process's TX ring. This is what the provider's data path does; the test
+//! client uses it as is.
+
+use crate::client::Connection;
+use crate::proto::{Attachment, FlowSpec, Request, Response};
+use dpdk_sys as sys;
+use std::ffi::CString;
+use std::net::SocketAddrV4;
+use std::os::raw::c_char;
+use std::sync::OnceLock;
+
+/// The EAL of this process, initialised by the first attachment (EAL cannot be initialised
+/// twice in one process).
+static EAL: OnceLock<Result<String, String>> = OnceLock::new();
+
+fn eal_init(a: &Attachment) -> Result<(), String> {
+    let r = EAL.get_or_init(|| {
+        let mut args = vec!["urdma-secondary".to_string()];
+        args.extend(a.eal_args());
+        args.push("--log-level=4".into());
+        let cargs: Vec<CString> = args
+            .iter()
+            .map(|s| CString::new(s.as_str()).unwrap_or_default())
+            .collect();
+        let argv: &mut Vec<*mut c_char> =
+            Box::leak(Box::new(cargs.into_iter().map(|c| c.into_raw()).collect()));
+        // SAFETY: argv holds NUL-terminated strings that live for the whole process.
+        let rc = unsafe { sys::rte_eal_init(argv.len() as i32, argv.as_mut_ptr()) };
+        if rc < 0 {
+            Err(format!(
+                "EAL secondary initialisation failed: {}",
+                sys::rte_strerror_string(sys::rte_errno())
+            ))
+        } else {
+            Ok(a.file_prefix.clone())
+        }
+    });
+    match r {
+        Ok(prefix) if *prefix == a.file_prefix => Ok(()),
+        Ok(prefix) => Err(format!(
+            "this process is already attached to prefix {prefix}"
+        )),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, String> {
+    let c = CString::new(name).map_err(|_| "ring name".to_string())?;
+    // SAFETY: valid C string.
+    let r = unsafe { sys::rte_ring_lookup(c.as_ptr()) };
+    if r.is_null() {
+        Err(format!("ring {name} not found in urdmad's memory"))
+    } else {
+        Ok(r)
+    }
+}
+
+/// An open flow: its id and RX ring.
+pub struct Flow {
+    pub id: u32,
+    pub spec: FlowSpec,
+    ring: *mut sys::rte_ring,
+}
+
+/// An attached process.
+pub struct Session {
+    conn: Connection,
+    pub attachment: Attachment,
+    pool: *mut sys::rte_mempool,
+    tx: Vec<*mut sys::rte_ring>,
+    pub flows: Vec<Flow>,
+}
+
+impl Session {
+    /// Sends `ATTACH`, initialises EAL as a secondary (once per process) and finds the pool
+    /// and TX rings.
+    pub fn attach(mut conn: Connection) -> Result<Session, String> {
+        let attachment = match conn.request(&Request::Attach)? {
+            Response::Attached(a) => a,
+            other => return Err(crate::client::refusal(other)),
+        };
+        eal_init(&attachment)?;
+        let pname = CString::new(attachment.pool.as_str()).map_err(|_| "pool name".to_string())?;
+        // SAFETY: valid C string.
+        let pool = unsafe { sys::rte_mempool_lookup(pname.as_ptr()) };
+        if pool.is_null() {
+            return Err(format!("mempool {} not found", attachment.pool));
+        }
+        let tx = attachment
+            .ports
+            .iter()
+            .map(|p| lookup_ring(&p.tx_ring))
+            .collect::<Result<_, _>>()?;
+        Ok(Session {
+            conn,
+            attachment,
+            pool,
+            tx,
+            flows: Vec::new(),
+        })
+    }
+
+    pub fn open(&mut self, spec: FlowSpec) -> Result<&Flow, String> {
+        match self.conn.request(&Request::Open(spec.clone()))? {
+            Response::Opened { flow, rx_ring } => {
+                let ring = lookup_ring(&rx_ring)?;
+                self.flows.push(Flow {
+                    id: flow,
+                    spec,
+                    ring,
+                });
+                Ok(self.flows.last().unwrap())
+            }
+            other => Err(crate::client::refusal(other)),
+        }
+    }
+
+    pub fn close(&mut self, flow: u32) -> Result<(), String> {
+        self.flows.retain(|f| f.id != flow);
+        match self.conn.request(&Request::Close { flow })? {
+            Response::Closed { .. } => Ok(()),
+            other => Err(crate::client::refusal(other)),
+        }
+    }
+
+    /// Takes one received frame of flow number `i` (in opening order), if any.
+    pub fn recv(&self, i: usize) -> Option<Vec<u8>> {
+        let f = self.flows.get(i)?;
+        let mut obj = std::ptr::null_mut();
+        // SAFETY: this process is the ring's only consumer; the mbuf is freed after copying.
+        unsafe {
+            if sys::rte_ring_sc_dequeue(f.ring, &mut obj) != 0 {
+                return None;
+            }
+            let m = obj as *mut sys::rte_mbuf;
+            let data = std::slice::from_raw_parts(
+                sys::rte_pktmbuf_mtod::<u8>(m) as *const u8,
+                usize::from((*m).data_len),
+            )
+            .to_vec();
+            sys::rte_pktmbuf_free(m);
+            Some(data)
+        }
+    }
+
+    /// Queues one frame for transmission on port `port`.
+    pub fn send(&self, port: usize, frame: &[u8]) -> Result<(), String> {
+        let ring = *self.tx.get(port).ok_or("no such port")?;
+        // SAFETY: the mbuf comes from urdmad's pool and is handed to the TX ring, whose only
+        // producer is this process.
+        unsafe {
+            let m = sys::rte_pktmbuf_alloc(self.pool);
+            if m.is_null() {
+                return Err("mbuf pool exhausted".into());
+            }
+            let dst = sys::rte_pktmbuf_append(m, frame.len() as u16) as *mut u8;
+            if dst.is_null() {
+                sys::rte_pktmbuf_free(m);
+                return Err("frame larger than an mbuf".into());
+            }
+            std::ptr::copy_nonoverlapping(frame.as_ptr(), dst, frame.len());
+            if sys::rte_ring_sp_enqueue(ring, m as *mut _) != 0 {
+                sys::rte_pktmbuf_free(m);
+                return Err("TX ring full".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops using the rings, then tells urdmad.
+    pub fn detach(mut self) -> Result<(), String> {
+        self.flows.clear();
+        match self.conn.request(&Request::Detach)? {
+            Response::Detached => Ok(()),
+            other => Err(crate::client::refusal(other)),
+        }
+    }
+}
+
+fn csum_add(mut sum: u32, data: &[u8]) -> u32 {
+    let mut chunks = data.chunks_exact(2);
+    for c in &mut chunks {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        sum += u32::from(*last) << 8;
+    }
+    sum
+}
+
+fn csum_fold(mut sum: u32) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An Ethernet/IPv4/UDP frame with valid IP and UDP checksums.
+pub fn udp_frame(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    payload: &[u8],
+) -> Vec<u8> {
+    let udp_len = 8 + payload.len();
+    let ip_len = 20 + udp_len;
+    let mut f = Vec::with_capacity(14 + ip_len);
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
+    ip[6] = 0x40; // don't fragment
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src.ip().octets());
+    ip[16..20].copy_from_slice(&dst.ip().octets());
+    let c = csum_fold(csum_add(0, &ip));
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&ip);
+    let mut udp = Vec::with_capacity(udp_len);
+    udp.extend_from_slice(&src.port().to_be_bytes());
+    udp.extend_from_slice(&dst.port().to_be_bytes());
+    udp.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    udp.extend_from_slice(&[0, 0]);
+    udp.extend_from_slice(payload);
+    let mut pseudo = Vec::with_capacity(12);
+    pseudo.extend_from_slice(&src.ip().octets());
+    pseudo.extend_from_slice(&dst.ip().octets());
+    pseudo.extend_from_slice(&[0, 17]);
+    pseudo.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    let mut c = csum_fold(csum_add(csum_add(0, &pseudo), &udp));
+    if c == 0 {
+        c = 0xffff;
+    }
+    udp[6..8].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&udp);
+    f
+}
