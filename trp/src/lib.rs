@@ -5,4 +5,21 @@
 //! and the current time in, and takes datagrams to send, completions and
 //! the next timer deadline out. Memory is reached through [`mr::Memory`].
 
+pub mod config;
+pub mod conn;
+pub mod mr;
+pub mod reliability;
+pub mod setup;
+pub mod state;
+pub mod time;
+pub mod verbs;
 pub mod wire;
+
+pub use config::Config;
+pub use conn::{Connection, Event, FailReason};
+pub use mr::{Access, Memory, Region, VecMemory};
+pub use setup::{ConnectOutcome, Connecting, Incoming, SetupError};
+pub use state::QpState;
+pub use time::Instant;
+pub use verbs::{Completion, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+pub mod sim;

@@ -1,0 +1,55 @@
+//! Per-connection settings.
+
+use core::time::Duration;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Protection domain of the QP: tagged access must name regions of it.
+    pub pd: u32,
+    /// Largest UDP payload we send or accept (path MTU minus IP and UDP
+    /// headers: 1472 for a 1500-byte IPv4 MTU). The smaller of both ends'
+    /// values is used.
+    pub max_datagram: u16,
+    /// PSNs beyond the cumulative ACK this end accepts and tracks.
+    pub recv_window: u16,
+    /// Upper bound of the congestion window, in segments.
+    pub max_cwnd: u32,
+    pub initial_cwnd: u32,
+    /// Longest time an ACK is held back waiting for a second segment.
+    pub ack_delay: Duration,
+    pub initial_rto: Duration,
+    pub min_rto: Duration,
+    pub max_rto: Duration,
+    /// Consecutive retransmission timeouts before the connection fails.
+    pub max_retries: u32,
+    /// Inbound RDMA Read Requests we serve concurrently.
+    pub ird: u16,
+    /// Outbound RDMA Read Requests we keep outstanding.
+    pub ord: u16,
+    pub max_send_wr: usize,
+    pub max_recv_wr: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            pd: 0,
+            max_datagram: 1472,
+            recv_window: 1024,
+            max_cwnd: 1024,
+            initial_cwnd: 16,
+            ack_delay: Duration::from_micros(200),
+            initial_rto: Duration::from_millis(10),
+            min_rto: Duration::from_millis(2),
+            max_rto: Duration::from_millis(500),
+            max_retries: 7,
+            ird: 16,
+            ord: 16,
+            max_send_wr: 4096,
+            max_recv_wr: 4096,
+        }
+    }
+}
+
+/// Smallest datagram that carries a header and some payload.
+pub const MIN_DATAGRAM: u16 = 128;

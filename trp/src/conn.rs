@@ -1,0 +1,1357 @@
+//! An established connection: the RDMAP/DDP engine on top of TRP.
+//!
+//! Inputs: datagrams (`handle_datagram`), time (`handle_timeout`), work
+//! requests (`post_send`, `post_recv`). Outputs: datagrams
+//! (`poll_transmit`), completions (`poll_completion`), connection events
+//! (`poll_event`) and the next deadline (`poll_timeout`). Payload is placed
+//! straight into the caller's memory through [`Memory`] after the
+//! protection checks; nothing is allocated per packet.
+
+use crate::config::Config;
+use crate::mr::{self, Access, Memory};
+use crate::reliability::{psn_lt, Arrival, Params, Receiver, Sender, SenderStats, Timeout};
+use crate::state::{self, QpState, State, Transition};
+use crate::time::Instant;
+use crate::verbs::{Completion, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use crate::wire::ddp::{self, BufferRef};
+use crate::wire::handshake;
+use crate::wire::rdmap::{
+    self, qn, term, HeaderCopy, Immediate, Layer, Opcode, ReadRequest, Terminate,
+};
+use crate::wire::segment::{self, Body};
+use crate::wire::trp::{self, SackRanges};
+use crate::wire::WireError;
+use std::collections::VecDeque;
+
+/// Why a connection failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailReason {
+    /// The peer stopped acknowledging within the retry limit.
+    RetryExceeded,
+    /// We detected an error and sent this Terminate.
+    TerminateSent(Terminate),
+    /// The peer sent this Terminate.
+    TerminateReceived(Terminate),
+    /// The local user aborted.
+    Aborted,
+    /// The peer aborted.
+    PeerAborted,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The peer closed its side gracefully.
+    PeerClosed,
+    /// Both sides closed gracefully; outstanding receives were flushed.
+    Closed,
+    /// The connection failed; outstanding work was completed with errors.
+    Failed(FailReason),
+}
+
+/// Counters for tests and statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub rx_packets: u64,
+    pub rx_malformed: u64,
+    pub rx_foreign: u64,
+    pub rx_duplicates: u64,
+    /// Out-of-order untagged segments dropped because their receive was
+    /// not posted yet (the sender retransmits them).
+    pub rx_deferred: u64,
+    pub tx_acks: u64,
+}
+
+/// Where a segment's payload comes from when it is (re)built.
+#[derive(Clone, Copy, Debug)]
+enum Src {
+    /// Bytes `off..off+len` of send queue entry `seq`'s scatter list.
+    Sq {
+        seq: u64,
+        off: u32,
+    },
+    /// Local memory already checked when the Read Request arrived.
+    Local {
+        addr: u64,
+    },
+    ReadReq(ReadRequest),
+    Imm(Immediate),
+    Term(Terminate),
+}
+
+/// What occupies one of our PSNs; enough to rebuild the packet.
+#[derive(Clone, Copy, Debug)]
+enum TxKind {
+    Accept,
+    Fin,
+    Seg {
+        hdr: segment::Repr,
+        src: Src,
+        len: u32,
+    },
+}
+
+#[derive(Debug)]
+struct SqEntry {
+    seq: u64,
+    wr_id: u64,
+    op: SendOp,
+    sges: Vec<Sge>,
+    signaled: bool,
+    len: u32,
+    off: u32,
+    msn: u32,
+    started: bool,
+    write_done: bool,
+    read_sge: usize,
+    reads_total: usize,
+    reads_done: usize,
+    issued: bool,
+    last_psn: u32,
+}
+
+#[derive(Debug)]
+struct RqEntry {
+    wr_id: u64,
+    sges: Vec<Sge>,
+    len: u64,
+}
+
+#[derive(Debug)]
+struct ReadJob {
+    src_addr: u64,
+    sink_stag: u32,
+    sink_to: u64,
+    size: u32,
+    off: u32,
+}
+
+/// Effect of a received PSN that must happen in PSN order.
+#[derive(Clone, Copy, Debug, Default)]
+enum RxEvent {
+    #[default]
+    None,
+    Recv {
+        invalidate: Option<u32>,
+        solicited: bool,
+        len: u32,
+        imm: Option<u32>,
+    },
+    ReadRequest {
+        msn: u32,
+        rr: ReadRequest,
+        hdr: Option<HeaderCopy>,
+    },
+    ReadResponseDone,
+    Terminate(Terminate),
+    Fail {
+        term: Terminate,
+        rq_status: Option<WcStatus>,
+    },
+    Fin,
+}
+
+/// What the acceptor must repeat until its Accept is acknowledged.
+#[derive(Debug)]
+pub(crate) struct AcceptBody {
+    pub private_data: Vec<u8>,
+}
+
+/// Parameters agreed in the handshake.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Negotiated {
+    pub local_conn: u32,
+    pub peer_conn: u32,
+    pub snd_first: u32,
+    pub rcv_first: u32,
+    pub peer_window: u16,
+    pub peer_ird: u16,
+    pub peer_max_datagram: u16,
+}
+
+#[derive(Debug)]
+pub struct Connection {
+    cfg: Config,
+    state: QpState,
+    local_conn: u32,
+    peer_conn: u32,
+    datagram: usize,
+    tx: Sender<TxKind>,
+    rx: Receiver,
+    rx_events: Vec<RxEvent>,
+    accept: Option<AcceptBody>,
+    accept_unsent: bool,
+    handshake_psn: Option<u32>,
+    sq: VecDeque<SqEntry>,
+    sq_head_seq: u64,
+    sq_next_seq: u64,
+    sq_cursor: usize,
+    rq: VecDeque<RqEntry>,
+    rq_msn: u32,
+    send_msn: [u32; 3],
+    rr_msn: u32,
+    reads_out: VecDeque<u64>,
+    ord: usize,
+    rjobs: VecDeque<ReadJob>,
+    cq: VecDeque<Completion>,
+    events: VecDeque<Event>,
+    fin_psn: Option<u32>,
+    peer_fin: bool,
+    term_pending: Option<Terminate>,
+    term_psn: Option<u32>,
+    abort_pending: bool,
+    stats: Stats,
+}
+
+fn wc_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send { .. } => WcOpcode::Send,
+        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+    }
+}
+
+/// Copies bytes `off..off+out.len()` of a scatter list out of memory.
+fn gather<M: Memory + ?Sized>(mem: &M, sges: &[Sge], mut off: u64, mut out: &mut [u8]) {
+    for s in sges {
+        if out.is_empty() {
+            return;
+        }
+        let l = u64::from(s.len);
+        if off >= l {
+            off -= l;
+            continue;
+        }
+        let n = ((l - off) as usize).min(out.len());
+        let (head, tail) = out.split_at_mut(n);
+        mem.read(s.addr + off, head);
+        out = tail;
+        off = 0;
+    }
+}
+
+/// Writes `data` at offset `off` of a scatter list.
+fn scatter<M: Memory + ?Sized>(mem: &mut M, sges: &[Sge], mut off: u64, mut data: &[u8]) {
+    for s in sges {
+        if data.is_empty() {
+            return;
+        }
+        let l = u64::from(s.len);
+        if off >= l {
+            off -= l;
+            continue;
+        }
+        let n = ((l - off) as usize).min(data.len());
+        mem.write(s.addr + off, &data[..n]);
+        data = &data[n..];
+        off = 0;
+    }
+}
+
+fn terminate(
+    layer: Layer,
+    etype: u8,
+    code: u8,
+    segment: &[u8],
+    rr: Option<ReadRequest>,
+) -> Terminate {
+    Terminate {
+        layer,
+        etype,
+        code,
+        ddp_header: HeaderCopy::from_segment(segment),
+        rdmap_header: rr,
+    }
+}
+
+/// The Terminate RFC 5040/5041 prescribe for a malformed segment.
+fn wire_error_term(e: WireError, segment: &[u8]) -> Terminate {
+    let tagged = segment.first().is_some_and(|b| b & 0x80 != 0);
+    let (layer, etype, code) = match e {
+        WireError::DdpVersion(_) if tagged => {
+            (Layer::Ddp, term::DDP_TAGGED, term::T_INVALID_DDP_VERSION)
+        }
+        WireError::DdpVersion(_) => (Layer::Ddp, term::DDP_UNTAGGED, term::U_INVALID_DDP_VERSION),
+        WireError::RdmapVersion(_) => (
+            Layer::Rdmap,
+            term::RDMAP_REMOTE_OPERATION,
+            term::INVALID_RDMAP_VERSION,
+        ),
+        WireError::QueueNumber { .. } => (Layer::Ddp, term::DDP_UNTAGGED, term::U_INVALID_QN),
+        WireError::RdmapOpcode(_)
+        | WireError::BufferModel { .. }
+        | WireError::NotLast { .. }
+        | WireError::BodyLen { .. } => (
+            Layer::Rdmap,
+            term::RDMAP_REMOTE_OPERATION,
+            term::UNEXPECTED_OPCODE,
+        ),
+        _ => (
+            Layer::Rdmap,
+            term::RDMAP_REMOTE_OPERATION,
+            term::UNSPECIFIED,
+        ),
+    };
+    terminate(layer, etype, code, segment, None)
+}
+
+impl Connection {
+    pub(crate) fn new(cfg: Config, n: Negotiated, accept: Option<AcceptBody>) -> Connection {
+        let params = Params {
+            initial_rto: cfg.initial_rto,
+            min_rto: cfg.min_rto,
+            max_rto: cfg.max_rto,
+            max_retries: cfg.max_retries,
+            initial_cwnd: cfg.initial_cwnd,
+            max_cwnd: cfg.max_cwnd.max(1),
+        };
+        let rx = Receiver::new(n.rcv_first, cfg.recv_window, cfg.ack_delay);
+        let datagram = usize::from(
+            cfg.max_datagram
+                .min(n.peer_max_datagram)
+                .max(crate::config::MIN_DATAGRAM),
+        );
+        let handshake_psn = accept.as_ref().map(|_| n.snd_first);
+        Connection {
+            state: QpState::Rts,
+            local_conn: n.local_conn,
+            peer_conn: n.peer_conn,
+            datagram,
+            tx: Sender::new(params, n.snd_first, u32::from(n.peer_window)),
+            rx_events: vec![RxEvent::None; usize::from(rx.window())],
+            rx,
+            accept_unsent: accept.is_some(),
+            accept,
+            handshake_psn,
+            sq: VecDeque::new(),
+            sq_head_seq: 0,
+            sq_next_seq: 0,
+            sq_cursor: 0,
+            rq: VecDeque::new(),
+            rq_msn: 1,
+            send_msn: [1; 3],
+            rr_msn: 1,
+            reads_out: VecDeque::new(),
+            ord: usize::from(cfg.ord.min(n.peer_ird)),
+            rjobs: VecDeque::new(),
+            cq: VecDeque::new(),
+            events: VecDeque::new(),
+            fin_psn: None,
+            peer_fin: false,
+            term_pending: None,
+            term_psn: None,
+            abort_pending: false,
+            stats: Stats::default(),
+            cfg,
+        }
+    }
+
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+    pub fn sender_stats(&self) -> SenderStats {
+        self.tx.stats
+    }
+    pub fn cwnd(&self) -> u32 {
+        self.tx.cwnd()
+    }
+    pub fn srtt(&self) -> Option<core::time::Duration> {
+        self.tx.srtt()
+    }
+    /// Size of the datagrams this connection sends; `poll_transmit` needs a
+    /// buffer at least this long.
+    pub fn max_datagram(&self) -> usize {
+        self.datagram
+    }
+    pub fn local_conn(&self) -> u32 {
+        self.local_conn
+    }
+    /// Effective ORD (ours, limited by the peer's IRD).
+    pub fn ord(&self) -> usize {
+        self.ord
+    }
+
+    fn goto<F: Transition<T>, T: State>(&mut self) {
+        debug_assert_eq!(self.state, F::STATE);
+        self.state = T::STATE;
+    }
+
+    pub(crate) fn request_ack(&mut self) {
+        self.rx.request_ack();
+    }
+
+    pub fn poll_completion(&mut self) -> Option<Completion> {
+        self.cq.pop_front()
+    }
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The earliest time `handle_timeout` has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.tx.rto_deadline(), self.rx.ack_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.rx.on_timeout(now);
+        if self.tx.on_timeout(now) == Timeout::RetryExceeded {
+            match self.state {
+                QpState::Rts | QpState::Closing => {
+                    self.fail(now, FailReason::RetryExceeded, None, None, true, None)
+                }
+                QpState::Error => {
+                    self.tx.clear();
+                    self.sq.clear();
+                    self.goto::<state::Error, state::Closed>();
+                }
+                QpState::Closed => {}
+            }
+        }
+    }
+
+    fn check_sges<M: Memory + ?Sized>(
+        &self,
+        mem: &M,
+        sges: &[Sge],
+        need: Access,
+    ) -> Result<u32, PostError> {
+        let mut total: u64 = 0;
+        for s in sges {
+            mr::check(mem, s.lkey, self.cfg.pd, s.addr, u64::from(s.len), need)
+                .map_err(PostError::LocalProtection)?;
+            total += u64::from(s.len);
+        }
+        if total > 1 << 31 {
+            return Err(PostError::TooLong);
+        }
+        Ok(total as u32)
+    }
+
+    /// Queues a send work request. In Error/Closed it completes at once
+    /// with `Flush`, as verbs specifies.
+    pub fn post_send<M: Memory + ?Sized>(
+        &mut self,
+        mem: &M,
+        wr: &SendWr<'_>,
+    ) -> Result<(), PostError> {
+        match self.state {
+            QpState::Rts => {}
+            QpState::Closing => return Err(PostError::State),
+            QpState::Error | QpState::Closed => {
+                self.cq.push_back(Completion {
+                    wr_id: wr.wr_id,
+                    queue: Queue::Send,
+                    status: WcStatus::Flush,
+                    opcode: wc_opcode(&wr.op),
+                    byte_len: 0,
+                    imm: None,
+                    invalidated: None,
+                    solicited: false,
+                });
+                return Ok(());
+            }
+        }
+        if self.sq.len() >= self.cfg.max_send_wr {
+            return Err(PostError::QueueFull);
+        }
+        let need = match wr.op {
+            SendOp::RdmaRead { .. } => Access::LOCAL_WRITE,
+            _ => Access::NONE,
+        };
+        let len = self.check_sges(mem, wr.sges, need)?;
+        let seq = self.sq_next_seq;
+        self.sq_next_seq += 1;
+        self.sq.push_back(SqEntry {
+            seq,
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sges: wr.sges.to_vec(),
+            signaled: wr.signaled,
+            len,
+            off: 0,
+            msn: 0,
+            started: false,
+            write_done: false,
+            read_sge: 0,
+            reads_total: wr.sges.len().max(1),
+            reads_done: 0,
+            issued: false,
+            last_psn: 0,
+        });
+        Ok(())
+    }
+
+    pub fn post_recv<M: Memory + ?Sized>(
+        &mut self,
+        mem: &M,
+        wr: &RecvWr<'_>,
+    ) -> Result<(), PostError> {
+        if matches!(self.state, QpState::Error | QpState::Closed) {
+            self.cq.push_back(Completion {
+                wr_id: wr.wr_id,
+                queue: Queue::Recv,
+                status: WcStatus::Flush,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+                invalidated: None,
+                solicited: false,
+            });
+            return Ok(());
+        }
+        if self.rq.len() >= self.cfg.max_recv_wr {
+            return Err(PostError::QueueFull);
+        }
+        let len = self.check_sges(mem, wr.sges, Access::LOCAL_WRITE)?;
+        self.rq.push_back(RqEntry {
+            wr_id: wr.wr_id,
+            sges: wr.sges.to_vec(),
+            len: u64::from(len),
+        });
+        Ok(())
+    }
+
+    /// Graceful close: outstanding work finishes, then FIN is exchanged.
+    pub fn close(&mut self) {
+        if self.state == QpState::Rts {
+            self.goto::<state::Rts, state::Closing>();
+        }
+    }
+
+    /// Abortive close: an Abort packet goes out, all work is flushed.
+    pub fn abort(&mut self, now: Instant) {
+        if matches!(self.state, QpState::Rts | QpState::Closing) {
+            self.abort_pending = true;
+            self.fail(now, FailReason::Aborted, None, None, false, None);
+        }
+    }
+
+    fn sq_entry(&self, seq: u64) -> Option<&SqEntry> {
+        self.sq.get(seq.wrapping_sub(self.sq_head_seq) as usize)
+    }
+
+    fn max_tagged(&self) -> u32 {
+        (self.datagram - trp::HEADER_LEN - ddp::TAGGED_HEADER_LEN) as u32
+    }
+    fn max_untagged(&self) -> u32 {
+        (self.datagram - trp::HEADER_LEN - ddp::UNTAGGED_HEADER_LEN) as u32
+    }
+
+    /// Chooses what the next new PSN carries.
+    fn next_new(&mut self) -> Option<TxKind> {
+        match self.state {
+            QpState::Closed => return None,
+            QpState::Error => {
+                let t = self.term_pending.take()?;
+                let msn = self.send_msn[2];
+                self.send_msn[2] = msn.wrapping_add(1);
+                let hdr = segment::Repr {
+                    opcode: Opcode::Terminate,
+                    last: true,
+                    buffer: BufferRef::Untagged {
+                        ulp_word: 0,
+                        qn: qn::TERMINATE,
+                        msn,
+                        mo: 0,
+                    },
+                };
+                return Some(TxKind::Seg {
+                    hdr,
+                    src: Src::Term(t),
+                    len: t.buffer_len() as u32,
+                });
+            }
+            QpState::Rts | QpState::Closing => {}
+        }
+        if self.accept_unsent {
+            self.accept_unsent = false;
+            return Some(TxKind::Accept);
+        }
+        if self.handshake_psn.is_some() {
+            return None;
+        }
+        let next_psn = self.tx.nxt();
+        let max_tagged = self.max_tagged();
+        let max_untagged = self.max_untagged();
+        if let Some(j) = self.rjobs.front_mut() {
+            let len = (j.size - j.off).min(max_tagged);
+            let last = j.off + len == j.size;
+            let hdr = segment::Repr {
+                opcode: Opcode::ReadResponse,
+                last,
+                buffer: BufferRef::Tagged {
+                    stag: j.sink_stag,
+                    to: j.sink_to.wrapping_add(u64::from(j.off)),
+                },
+            };
+            let src = Src::Local {
+                addr: j.src_addr + u64::from(j.off),
+            };
+            j.off += len;
+            if last {
+                // The IRD slot is free once the whole response is queued:
+                // retransmissions read the source memory directly.
+                self.rjobs.pop_front();
+            }
+            return Some(TxKind::Seg { hdr, src, len });
+        }
+        if let Some(e) = self.sq.get_mut(self.sq_cursor) {
+            let seq = e.seq;
+            let kind = match e.op {
+                SendOp::Send {
+                    invalidate,
+                    solicited,
+                } => {
+                    if !e.started {
+                        e.started = true;
+                        e.msn = self.send_msn[0];
+                        self.send_msn[0] = e.msn.wrapping_add(1);
+                    }
+                    let len = (e.len - e.off).min(max_untagged);
+                    let last = e.off + len == e.len;
+                    let opcode = match (invalidate.is_some(), solicited) {
+                        (false, false) => Opcode::Send,
+                        (true, false) => Opcode::SendInvalidate,
+                        (false, true) => Opcode::SendSe,
+                        (true, true) => Opcode::SendSeInvalidate,
+                    };
+                    let hdr = segment::Repr {
+                        opcode,
+                        last,
+                        buffer: BufferRef::Untagged {
+                            ulp_word: invalidate.unwrap_or(0),
+                            qn: qn::SEND,
+                            msn: e.msn,
+                            mo: e.off,
+                        },
+                    };
+                    let src = Src::Sq { seq, off: e.off };
+                    e.off += len;
+                    e.issued = last;
+                    TxKind::Seg { hdr, src, len }
+                }
+                SendOp::RdmaWrite { remote_addr, rkey }
+                | SendOp::RdmaWriteImm {
+                    remote_addr, rkey, ..
+                } if !e.write_done => {
+                    e.started = true;
+                    let len = (e.len - e.off).min(max_tagged);
+                    let last = e.off + len == e.len;
+                    let hdr = segment::Repr {
+                        opcode: Opcode::RdmaWrite,
+                        last,
+                        buffer: BufferRef::Tagged {
+                            stag: rkey,
+                            to: remote_addr.wrapping_add(u64::from(e.off)),
+                        },
+                    };
+                    let src = Src::Sq { seq, off: e.off };
+                    e.off += len;
+                    e.write_done = last;
+                    e.issued = last && matches!(e.op, SendOp::RdmaWrite { .. });
+                    TxKind::Seg { hdr, src, len }
+                }
+                // A plain write is issued with its last segment; never seen here.
+                SendOp::RdmaWrite { .. } => return None,
+                SendOp::RdmaWriteImm { imm, solicited, .. } => {
+                    let msn = self.send_msn[0];
+                    self.send_msn[0] = msn.wrapping_add(1);
+                    let hdr = segment::Repr {
+                        opcode: if solicited {
+                            Opcode::ImmediateDataSe
+                        } else {
+                            Opcode::ImmediateData
+                        },
+                        last: true,
+                        buffer: BufferRef::Untagged {
+                            ulp_word: 0,
+                            qn: qn::SEND,
+                            msn,
+                            mo: 0,
+                        },
+                    };
+                    e.issued = true;
+                    TxKind::Seg {
+                        hdr,
+                        src: Src::Imm(Immediate {
+                            imm,
+                            write_len: e.len,
+                        }),
+                        len: rdmap::IMMEDIATE_LEN as u32,
+                    }
+                }
+                SendOp::RdmaRead { remote_addr, rkey } => {
+                    if self.reads_out.len() >= self.ord {
+                        return None;
+                    }
+                    e.started = true;
+                    let (sink_stag, sink_to, size) = e
+                        .sges
+                        .get(e.read_sge)
+                        .map_or((0, 0, 0), |s| (s.lkey, s.addr, s.len));
+                    let rr = ReadRequest {
+                        sink_stag,
+                        sink_to,
+                        size,
+                        src_stag: rkey,
+                        src_to: remote_addr.wrapping_add(u64::from(e.off)),
+                    };
+                    e.off += size;
+                    e.read_sge += 1;
+                    e.issued = e.read_sge >= e.reads_total;
+                    let msn = self.send_msn[1];
+                    self.send_msn[1] = msn.wrapping_add(1);
+                    self.reads_out.push_back(seq);
+                    let hdr = segment::Repr {
+                        opcode: Opcode::ReadRequest,
+                        last: true,
+                        buffer: BufferRef::Untagged {
+                            ulp_word: 0,
+                            qn: qn::READ_REQUEST,
+                            msn,
+                            mo: 0,
+                        },
+                    };
+                    TxKind::Seg {
+                        hdr,
+                        src: Src::ReadReq(rr),
+                        len: rdmap::READ_REQUEST_LEN as u32,
+                    }
+                }
+            };
+            if e.issued {
+                e.last_psn = next_psn;
+                self.sq_cursor += 1;
+            }
+            return Some(kind);
+        }
+        if self.state == QpState::Closing
+            && self.fin_psn.is_none()
+            && self.sq.is_empty()
+            && self.rjobs.is_empty()
+        {
+            self.fin_psn = Some(next_psn);
+            return Some(TxKind::Fin);
+        }
+        None
+    }
+
+    /// Produces the next datagram to send into `buf` (at least
+    /// `max_datagram()` bytes) and returns its length.
+    pub fn poll_transmit<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        mem: &M,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if buf.len() < self.datagram {
+            debug_assert!(false, "transmit buffer smaller than max_datagram");
+            return None;
+        }
+        if self.abort_pending {
+            self.abort_pending = false;
+            return Some(self.emit_control(buf, trp::Opcode::Abort));
+        }
+        if self.state != QpState::Closed {
+            if let Some(psn) = self.tx.next_retransmit(now) {
+                let kind = *self.tx.seg(psn).expect("retransmit PSN is outstanding");
+                return Some(self.emit(mem, buf, psn, kind, true));
+            }
+            if self.tx.can_send_new() {
+                if let Some(kind) = self.next_new() {
+                    let psn = self.tx.push(kind, now);
+                    if matches!(
+                        kind,
+                        TxKind::Seg {
+                            src: Src::Term(_),
+                            ..
+                        }
+                    ) {
+                        self.term_psn = Some(psn);
+                    }
+                    return Some(self.emit(mem, buf, psn, kind, false));
+                }
+            }
+        }
+        if self.rx.ack_due() {
+            let sack = self.rx.sack_ranges();
+            let op = if sack.is_empty() {
+                trp::Opcode::Ack
+            } else {
+                trp::Opcode::Sack
+            };
+            self.stats.tx_acks += 1;
+            return Some(self.emit_header(buf, op, self.tx.nxt(), 0, sack));
+        }
+        None
+    }
+
+    fn emit_header(
+        &mut self,
+        buf: &mut [u8],
+        opcode: trp::Opcode,
+        psn: u32,
+        flags: u8,
+        sack: SackRanges,
+    ) -> usize {
+        let h = trp::Repr {
+            opcode,
+            flags,
+            dst_conn: self.peer_conn,
+            psn,
+            ack_psn: self.rx.nxt(),
+            window: self.rx.window(),
+            sack,
+        };
+        h.emit(buf);
+        self.rx.ack_sent();
+        h.buffer_len()
+    }
+
+    fn emit_control(&mut self, buf: &mut [u8], op: trp::Opcode) -> usize {
+        let psn = self.tx.nxt();
+        self.emit_header(buf, op, psn, 0, SackRanges::new())
+    }
+
+    fn emit<M: Memory + ?Sized>(
+        &mut self,
+        mem: &M,
+        buf: &mut [u8],
+        psn: u32,
+        kind: TxKind,
+        retransmit: bool,
+    ) -> usize {
+        let at = trp::HEADER_LEN;
+        let mut flags = if retransmit { trp::FLAG_ACK_REQUEST } else { 0 };
+        let (opcode, end) = match kind {
+            TxKind::Accept => {
+                let pd = self
+                    .accept
+                    .as_ref()
+                    .map_or(&[][..], |a| &a.private_data[..]);
+                let body = handshake::Repr {
+                    version: handshake::PROTOCOL_VERSION,
+                    ird: self.cfg.ird,
+                    ord: self.cfg.ord,
+                    src_conn: self.local_conn,
+                    initial_psn: psn,
+                    max_payload: self.cfg.max_datagram,
+                    private_data: pd,
+                };
+                body.emit(&mut buf[at..]);
+                flags = trp::FLAG_ACK_REQUEST;
+                (trp::Opcode::Accept, at + body.buffer_len())
+            }
+            TxKind::Fin => {
+                flags = trp::FLAG_ACK_REQUEST;
+                (trp::Opcode::Fin, at)
+            }
+            TxKind::Seg { hdr, src, len } => {
+                if hdr.last {
+                    flags = trp::FLAG_ACK_REQUEST;
+                }
+                hdr.emit(&mut buf[at..]);
+                let p = at + hdr.header_len();
+                let body = &mut buf[p..p + len as usize];
+                match src {
+                    Src::Sq { seq, off } => {
+                        if let Some(e) = self.sq_entry(seq) {
+                            gather(mem, &e.sges, u64::from(off), body);
+                        }
+                    }
+                    Src::Local { addr } => mem.read(addr, body),
+                    Src::ReadReq(r) => r.emit(body),
+                    Src::Imm(i) => i.emit(body),
+                    Src::Term(t) => t.emit(body),
+                }
+                (trp::Opcode::Data, p + len as usize)
+            }
+        };
+        self.emit_header(buf, opcode, psn, flags, SackRanges::new());
+        end
+    }
+
+    /// Processes one received datagram (the UDP payload). Malformed or
+    /// foreign datagrams are counted and dropped; they never panic.
+    pub fn handle_datagram<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        mem: &mut M,
+        bytes: &[u8],
+    ) -> Result<(), WireError> {
+        self.stats.rx_packets += 1;
+        let pkt = trp::Packet::new_checked(bytes).inspect_err(|_| self.stats.rx_malformed += 1)?;
+        let h = trp::Repr::parse(&pkt).inspect_err(|_| self.stats.rx_malformed += 1)?;
+        if h.opcode == trp::Opcode::ConnectRequest {
+            // The requester did not get our Accept: repeat it now.
+            if let (Some(psn), Ok(body)) =
+                (self.handshake_psn, handshake::Repr::parse(pkt.payload()))
+            {
+                if h.dst_conn == 0 && body.src_conn == self.peer_conn {
+                    self.tx.mark_lost(psn);
+                }
+            }
+            return Ok(());
+        }
+        if h.dst_conn != self.local_conn {
+            self.stats.rx_foreign += 1;
+            return Ok(());
+        }
+        match h.opcode {
+            trp::Opcode::Reject => return Ok(()),
+            trp::Opcode::Abort => {
+                self.fail(now, FailReason::PeerAborted, None, None, false, None);
+                return Ok(());
+            }
+            _ => {}
+        }
+        if self.state == QpState::Closed {
+            if h.opcode.consumes_psn() {
+                self.rx.request_ack();
+            }
+            return Ok(());
+        }
+        self.tx.on_ack(now, h.ack_psn, &h.sack);
+        self.tx.set_peer_window(u32::from(h.window));
+        if self.handshake_psn.is_some_and(|p| psn_lt(p, self.tx.una())) {
+            self.handshake_psn = None;
+            self.accept = None;
+        }
+        if h.opcode.consumes_psn() {
+            let arrival = self.rx.classify(h.psn);
+            match arrival {
+                Arrival::New { in_order } if self.state != QpState::Error => {
+                    let ev = match h.opcode {
+                        trp::Opcode::Data => self.place(mem, in_order, pkt.payload()),
+                        trp::Opcode::Fin => Some(RxEvent::Fin),
+                        _ => Some(RxEvent::None),
+                    };
+                    let Some(ev) = ev else {
+                        self.stats.rx_deferred += 1;
+                        return Ok(());
+                    };
+                    self.rx.mark(h.psn);
+                    let slot = self.rx.slot(h.psn);
+                    self.rx_events[slot] = ev;
+                    self.rx
+                        .on_packet(now, arrival, h.flags & trp::FLAG_ACK_REQUEST != 0);
+                    self.deliver(now, mem);
+                }
+                Arrival::New { .. } => {}
+                _ => {
+                    self.stats.rx_duplicates += 1;
+                    self.rx.on_packet(now, arrival, false);
+                }
+            }
+        }
+        self.progress();
+        Ok(())
+    }
+
+    /// Places a new segment's payload (any order) and returns what must
+    /// happen when its PSN is delivered in order. `None`: drop it unseen.
+    fn place<M: Memory + ?Sized>(
+        &mut self,
+        mem: &mut M,
+        in_order: bool,
+        payload: &[u8],
+    ) -> Option<RxEvent> {
+        let (seg, body) = match segment::Repr::parse(payload) {
+            Ok(x) => x,
+            Err(e) => {
+                return Some(RxEvent::Fail {
+                    term: wire_error_term(e, payload),
+                    rq_status: None,
+                })
+            }
+        };
+        let pd = self.cfg.pd;
+        match (seg.buffer, body) {
+            (BufferRef::Tagged { stag, to }, Body::Data(data)) => {
+                let response = seg.opcode == Opcode::ReadResponse;
+                if response && self.reads_out.is_empty() {
+                    let term = terminate(
+                        Layer::Rdmap,
+                        term::RDMAP_REMOTE_OPERATION,
+                        term::UNEXPECTED_OPCODE,
+                        payload,
+                        None,
+                    );
+                    return Some(RxEvent::Fail {
+                        term,
+                        rq_status: None,
+                    });
+                }
+                let need = if response {
+                    Access::LOCAL_WRITE
+                } else {
+                    Access::REMOTE_WRITE
+                };
+                match mr::check(mem, stag, pd, to, data.len() as u64, need) {
+                    Err(e) => {
+                        let (l, t, c) = e.tagged_term();
+                        Some(RxEvent::Fail {
+                            term: terminate(l, t, c, payload, None),
+                            rq_status: None,
+                        })
+                    }
+                    Ok(()) => {
+                        mem.write(to, data);
+                        Some(if response && seg.last {
+                            RxEvent::ReadResponseDone
+                        } else {
+                            RxEvent::None
+                        })
+                    }
+                }
+            }
+            (
+                BufferRef::Untagged {
+                    ulp_word, msn, mo, ..
+                },
+                body @ (Body::Data(_) | Body::Immediate(_)),
+            ) => {
+                let d = msn.wrapping_sub(self.rq_msn);
+                if d as usize >= self.rq.len() {
+                    if !in_order && d < 1 << 16 {
+                        return None;
+                    }
+                    let code = if d < 1 << 16 {
+                        term::U_NO_BUFFER
+                    } else {
+                        term::U_MSN_RANGE
+                    };
+                    let term = terminate(Layer::Ddp, term::DDP_UNTAGGED, code, payload, None);
+                    return Some(RxEvent::Fail {
+                        term,
+                        rq_status: None,
+                    });
+                }
+                let e = &self.rq[d as usize];
+                match body {
+                    Body::Immediate(i) => Some(RxEvent::Recv {
+                        invalidate: None,
+                        solicited: seg.opcode.solicited(),
+                        len: i.write_len,
+                        imm: Some(i.imm),
+                    }),
+                    Body::Data(data) => {
+                        let end = u64::from(mo) + data.len() as u64;
+                        if end > e.len {
+                            let term = terminate(
+                                Layer::Ddp,
+                                term::DDP_UNTAGGED,
+                                term::U_TOO_LONG,
+                                payload,
+                                None,
+                            );
+                            return Some(RxEvent::Fail {
+                                term,
+                                rq_status: Some(WcStatus::LocalLength),
+                            });
+                        }
+                        let sges = std::mem::take(&mut self.rq[d as usize].sges);
+                        scatter(mem, &sges, u64::from(mo), data);
+                        self.rq[d as usize].sges = sges;
+                        Some(if seg.last {
+                            RxEvent::Recv {
+                                invalidate: seg.opcode.invalidates().then_some(ulp_word),
+                                solicited: seg.opcode.solicited(),
+                                len: end as u32,
+                                imm: None,
+                            }
+                        } else {
+                            RxEvent::None
+                        })
+                    }
+                    _ => None,
+                }
+            }
+            (BufferRef::Untagged { msn, .. }, Body::ReadRequest(rr)) => {
+                Some(RxEvent::ReadRequest {
+                    msn,
+                    rr,
+                    hdr: HeaderCopy::from_segment(payload),
+                })
+            }
+            (_, Body::Terminate(t)) => Some(RxEvent::Terminate(t)),
+            _ => {
+                let term = terminate(
+                    Layer::Rdmap,
+                    term::RDMAP_REMOTE_OPERATION,
+                    term::UNEXPECTED_OPCODE,
+                    payload,
+                    None,
+                );
+                Some(RxEvent::Fail {
+                    term,
+                    rq_status: None,
+                })
+            }
+        }
+    }
+
+    /// Applies in-order effects of every PSN that is now contiguous.
+    fn deliver<M: Memory + ?Sized>(&mut self, now: Instant, mem: &mut M) {
+        while let Some(psn) = self.rx.pop_in_order() {
+            let slot = self.rx.slot(psn);
+            let ev = std::mem::take(&mut self.rx_events[slot]);
+            if !matches!(self.state, QpState::Rts | QpState::Closing) {
+                continue;
+            }
+            match ev {
+                RxEvent::None => {}
+                RxEvent::Recv {
+                    invalidate,
+                    solicited,
+                    len,
+                    imm,
+                } => {
+                    if let Some(stag) = invalidate {
+                        if mem.invalidate(stag, self.cfg.pd).is_err() {
+                            let t = Terminate {
+                                layer: Layer::Rdmap,
+                                etype: term::RDMAP_REMOTE_OPERATION,
+                                code: term::STAG_CANNOT_INVALIDATE,
+                                ddp_header: None,
+                                rdmap_header: None,
+                            };
+                            self.fail(
+                                now,
+                                FailReason::TerminateSent(t),
+                                None,
+                                None,
+                                false,
+                                Some(t),
+                            );
+                            continue;
+                        }
+                    }
+                    let e = self
+                        .rq
+                        .pop_front()
+                        .expect("placement checked the receive exists");
+                    self.rq_msn = self.rq_msn.wrapping_add(1);
+                    self.cq.push_back(Completion {
+                        wr_id: e.wr_id,
+                        queue: Queue::Recv,
+                        status: WcStatus::Success,
+                        opcode: if imm.is_some() {
+                            WcOpcode::RecvRdmaWithImm
+                        } else {
+                            WcOpcode::Recv
+                        },
+                        byte_len: len,
+                        imm,
+                        invalidated: invalidate,
+                        solicited,
+                    });
+                }
+                RxEvent::ReadRequest { msn, rr, hdr } => {
+                    let mut t = Terminate {
+                        layer: Layer::Ddp,
+                        etype: term::DDP_UNTAGGED,
+                        code: 0,
+                        ddp_header: hdr,
+                        rdmap_header: Some(rr),
+                    };
+                    if msn != self.rr_msn {
+                        t.code = term::U_MSN_RANGE;
+                    } else if self.rjobs.len() >= usize::from(self.cfg.ird) {
+                        t.code = term::U_NO_BUFFER;
+                    } else if let Err(e) = mr::check(
+                        mem,
+                        rr.src_stag,
+                        self.cfg.pd,
+                        rr.src_to,
+                        u64::from(rr.size),
+                        Access::REMOTE_READ,
+                    ) {
+                        (t.layer, t.etype, t.code) = e.read_term();
+                    } else {
+                        self.rr_msn = self.rr_msn.wrapping_add(1);
+                        self.rjobs.push_back(ReadJob {
+                            src_addr: rr.src_to,
+                            sink_stag: rr.sink_stag,
+                            sink_to: rr.sink_to,
+                            size: rr.size,
+                            off: 0,
+                        });
+                        continue;
+                    }
+                    self.fail(
+                        now,
+                        FailReason::TerminateSent(t),
+                        None,
+                        None,
+                        false,
+                        Some(t),
+                    );
+                }
+                RxEvent::ReadResponseDone => {
+                    if let Some(seq) = self.reads_out.pop_front() {
+                        let i = seq.wrapping_sub(self.sq_head_seq) as usize;
+                        if let Some(e) = self.sq.get_mut(i) {
+                            e.reads_done += 1;
+                        }
+                    }
+                }
+                RxEvent::Terminate(t) => {
+                    let protection = (t.layer == Layer::Rdmap
+                        && t.etype == term::RDMAP_REMOTE_PROTECTION)
+                        || (t.layer == Layer::Ddp && t.etype == term::DDP_TAGGED);
+                    let status = if protection {
+                        WcStatus::RemoteAccess
+                    } else {
+                        WcStatus::RemoteOperation
+                    };
+                    self.fail(
+                        now,
+                        FailReason::TerminateReceived(t),
+                        Some(status),
+                        None,
+                        false,
+                        None,
+                    );
+                }
+                RxEvent::Fail { term, rq_status } => {
+                    self.fail(
+                        now,
+                        FailReason::TerminateSent(term),
+                        None,
+                        rq_status,
+                        false,
+                        Some(term),
+                    );
+                }
+                RxEvent::Fin => {
+                    self.peer_fin = true;
+                    self.events.push_back(Event::PeerClosed);
+                    if self.state == QpState::Rts {
+                        self.goto::<state::Rts, state::Closing>();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Completes finished send work in order and finishes closes.
+    fn progress(&mut self) {
+        let una = self.tx.una();
+        if matches!(self.state, QpState::Rts | QpState::Closing) {
+            while let Some(e) = self.sq.front() {
+                let done = e.issued
+                    && match e.op {
+                        SendOp::RdmaRead { .. } => e.reads_done >= e.reads_total,
+                        _ => psn_lt(e.last_psn, una),
+                    };
+                if !done {
+                    break;
+                }
+                let e = self.sq.pop_front().expect("front exists");
+                self.sq_head_seq += 1;
+                self.sq_cursor -= 1;
+                if e.signaled {
+                    self.cq.push_back(Completion {
+                        wr_id: e.wr_id,
+                        queue: Queue::Send,
+                        status: WcStatus::Success,
+                        opcode: wc_opcode(&e.op),
+                        byte_len: e.len,
+                        imm: None,
+                        invalidated: None,
+                        solicited: false,
+                    });
+                }
+            }
+        }
+        match self.state {
+            QpState::Closing if self.peer_fin && self.fin_psn.is_some_and(|p| psn_lt(p, una)) => {
+                self.goto::<state::Closing, state::Closed>();
+                self.flush_rq(None);
+                self.events.push_back(Event::Closed);
+            }
+            QpState::Error if self.term_psn.is_some_and(|p| psn_lt(p, una)) => {
+                self.tx.clear();
+                self.sq.clear();
+                self.goto::<state::Error, state::Closed>();
+            }
+            _ => {}
+        }
+    }
+
+    fn flush_rq(&mut self, first: Option<WcStatus>) {
+        let mut first = first;
+        while let Some(e) = self.rq.pop_front() {
+            self.cq.push_back(Completion {
+                wr_id: e.wr_id,
+                queue: Queue::Recv,
+                status: first.take().unwrap_or(WcStatus::Flush),
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+                invalidated: None,
+                solicited: false,
+            });
+        }
+    }
+
+    /// Moves to Error: completes all outstanding work (the first send with
+    /// `sq_first`, the first receive with `rq_first`, transmitted sends with
+    /// RetryExceeded when `retry`, everything else Flush) and, if given,
+    /// queues a Terminate for the peer.
+    fn fail(
+        &mut self,
+        _now: Instant,
+        reason: FailReason,
+        sq_first: Option<WcStatus>,
+        rq_first: Option<WcStatus>,
+        retry: bool,
+        term: Option<Terminate>,
+    ) {
+        match self.state {
+            QpState::Rts => self.goto::<state::Rts, state::Error>(),
+            QpState::Closing => self.goto::<state::Closing, state::Error>(),
+            QpState::Error | QpState::Closed => return,
+        }
+        let mut first = sq_first;
+        for e in &self.sq {
+            let status = first.take().unwrap_or(if retry && e.started {
+                WcStatus::RetryExceeded
+            } else {
+                WcStatus::Flush
+            });
+            self.cq.push_back(Completion {
+                wr_id: e.wr_id,
+                queue: Queue::Send,
+                status,
+                opcode: wc_opcode(&e.op),
+                byte_len: 0,
+                imm: None,
+                invalidated: None,
+                solicited: false,
+            });
+        }
+        // Entries stay (without further completions) while earlier segments
+        // that reference them may still be retransmitted before the
+        // Terminate; they are dropped when the connection is Closed.
+        self.sq_cursor = self.sq.len();
+        self.flush_rq(rq_first);
+        self.reads_out.clear();
+        self.rjobs.clear();
+        self.events.push_back(Event::Failed(reason));
+        match term {
+            Some(t) => self.term_pending = Some(t),
+            None => {
+                self.tx.clear();
+                self.sq.clear();
+                self.goto::<state::Error, state::Closed>();
+            }
+        }
+    }
+}

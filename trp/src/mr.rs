@@ -1,0 +1,262 @@
+//! Memory regions and the protection checks that run before any byte moves.
+//!
+//! The table and the memory belong to the caller (liburdma: registered
+//! application memory; tests: plain vectors). The core only asks questions
+//! through [`Memory`] and reads or writes ranges it has checked first.
+
+use crate::wire::rdmap::{term, Layer};
+
+/// Access rights of a region (a subset of `ibv_access_flags`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Access(u8);
+
+impl Access {
+    pub const NONE: Access = Access(0);
+    pub const LOCAL_WRITE: Access = Access(1);
+    pub const REMOTE_WRITE: Access = Access(2);
+    pub const REMOTE_READ: Access = Access(4);
+    pub const ALL: Access = Access(7);
+
+    pub const fn union(self, o: Access) -> Access {
+        Access(self.0 | o.0)
+    }
+    pub const fn contains(self, o: Access) -> bool {
+        self.0 & o.0 == o.0
+    }
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+    pub const fn from_bits(b: u8) -> Access {
+        Access(b & 7)
+    }
+}
+
+impl core::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, o: Access) -> Access {
+        self.union(o)
+    }
+}
+
+/// What the table knows about one STag. Tagged offsets are virtual
+/// addresses: a region covers `[base, base + len)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub pd: u32,
+    pub base: u64,
+    pub len: u64,
+    pub access: Access,
+    pub valid: bool,
+}
+
+/// Why an STag cannot be invalidated by a remote Send with Invalidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InvalidateError {
+    Unknown,
+    NotInvalidatable,
+}
+
+/// The caller's memory and its region table.
+///
+/// `write` and `read` are only called for ranges that passed [`check`]
+/// (or local SGEs validated when posted), so implementations may treat an
+/// out-of-range call as a bug.
+pub trait Memory {
+    fn region(&self, stag: u32) -> Option<Region>;
+    /// Marks the STag invalid in response to a remote Send with Invalidate.
+    fn invalidate(&mut self, stag: u32, pd: u32) -> Result<(), InvalidateError>;
+    fn write(&mut self, addr: u64, data: &[u8]);
+    fn read(&self, addr: u64, out: &mut [u8]);
+}
+
+/// A failed protection check, in the order the checks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProtectionError {
+    /// No region has this STag.
+    UnknownStag,
+    /// The region was invalidated or deregistered.
+    Invalidated,
+    /// The region belongs to another protection domain.
+    WrongPd,
+    /// `to + len` overflows 64 bits.
+    Wrap,
+    /// The range is not inside the region.
+    Bounds,
+    /// The region lacks the needed right.
+    Access,
+}
+
+impl core::fmt::Display for ProtectionError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            ProtectionError::UnknownStag => "unknown STag",
+            ProtectionError::Invalidated => "STag invalidated",
+            ProtectionError::WrongPd => "STag belongs to another protection domain",
+            ProtectionError::Wrap => "tagged offset wraps",
+            ProtectionError::Bounds => "range outside the region",
+            ProtectionError::Access => "access right missing",
+        })
+    }
+}
+
+impl std::error::Error for ProtectionError {}
+
+/// Checks that `[to, to + len)` of `stag` may be accessed with `need` by a
+/// QP in protection domain `pd`. A zero-length range still needs a valid
+/// STag of the right PD and rights, and an offset inside the region.
+pub fn check<M: Memory + ?Sized>(
+    mem: &M,
+    stag: u32,
+    pd: u32,
+    to: u64,
+    len: u64,
+    need: Access,
+) -> Result<(), ProtectionError> {
+    let r = mem.region(stag).ok_or(ProtectionError::UnknownStag)?;
+    if !r.valid {
+        return Err(ProtectionError::Invalidated);
+    }
+    if r.pd != pd {
+        return Err(ProtectionError::WrongPd);
+    }
+    let end = to.checked_add(len).ok_or(ProtectionError::Wrap)?;
+    let rend = r.base.checked_add(r.len).ok_or(ProtectionError::Bounds)?;
+    if to < r.base || end > rend {
+        return Err(ProtectionError::Bounds);
+    }
+    if !r.access.contains(need) {
+        return Err(ProtectionError::Access);
+    }
+    Ok(())
+}
+
+impl ProtectionError {
+    /// Terminate (layer, etype, code) for a failed tagged placement
+    /// (RDMA Write, Read Response): DDP tagged buffer errors, except
+    /// missing rights which RFC 5040 reports at the RDMAP layer.
+    pub fn tagged_term(self) -> (Layer, u8, u8) {
+        let code = match self {
+            ProtectionError::UnknownStag | ProtectionError::Invalidated => term::T_INVALID_STAG,
+            ProtectionError::WrongPd => term::T_STAG_NOT_ASSOCIATED,
+            ProtectionError::Wrap => term::T_TO_WRAP,
+            ProtectionError::Bounds => term::T_BASE_BOUNDS,
+            ProtectionError::Access => {
+                return (
+                    Layer::Rdmap,
+                    term::RDMAP_REMOTE_PROTECTION,
+                    term::ACCESS_RIGHTS,
+                )
+            }
+        };
+        (Layer::Ddp, term::DDP_TAGGED, code)
+    }
+
+    /// Terminate (layer, etype, code) for a failed Read Request source
+    /// check: RDMAP remote protection errors.
+    pub fn read_term(self) -> (Layer, u8, u8) {
+        let code = match self {
+            ProtectionError::UnknownStag | ProtectionError::Invalidated => term::INVALID_STAG,
+            ProtectionError::WrongPd => term::STAG_NOT_ASSOCIATED,
+            ProtectionError::Wrap => term::TO_WRAP,
+            ProtectionError::Bounds => term::BASE_BOUNDS,
+            ProtectionError::Access => term::ACCESS_RIGHTS,
+        };
+        (Layer::Rdmap, term::RDMAP_REMOTE_PROTECTION, code)
+    }
+}
+
+/// A plain in-memory implementation: one flat byte array addressed from 0
+/// and a region table. Used by tests, the simulator and benchmarks.
+#[derive(Clone, Debug, Default)]
+pub struct VecMemory {
+    pub bytes: Vec<u8>,
+    regions: std::collections::HashMap<u32, (Region, bool)>,
+}
+
+impl VecMemory {
+    pub fn new(size: usize) -> Self {
+        VecMemory {
+            bytes: vec![0; size],
+            regions: Default::default(),
+        }
+    }
+    /// Registers a region; `invalidatable` says whether a remote Send with
+    /// Invalidate may invalidate it.
+    pub fn register(&mut self, stag: u32, region: Region, invalidatable: bool) {
+        self.regions.insert(stag, (region, invalidatable));
+    }
+    pub fn deregister(&mut self, stag: u32) {
+        self.regions.remove(&stag);
+    }
+}
+
+impl Memory for VecMemory {
+    fn region(&self, stag: u32) -> Option<Region> {
+        self.regions.get(&stag).map(|r| r.0)
+    }
+    fn invalidate(&mut self, stag: u32, pd: u32) -> Result<(), InvalidateError> {
+        match self.regions.get_mut(&stag) {
+            None => Err(InvalidateError::Unknown),
+            Some((r, inv)) if !*inv || r.pd != pd => Err(InvalidateError::NotInvalidatable),
+            Some((r, _)) => {
+                r.valid = false;
+                Ok(())
+            }
+        }
+    }
+    fn write(&mut self, addr: u64, data: &[u8]) {
+        let a = addr as usize;
+        self.bytes[a..a + data.len()].copy_from_slice(data);
+    }
+    fn read(&self, addr: u64, out: &mut [u8]) {
+        let a = addr as usize;
+        out.copy_from_slice(&self.bytes[a..a + out.len()]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem() -> VecMemory {
+        let mut m = VecMemory::new(4096);
+        m.register(
+            1,
+            Region {
+                pd: 7,
+                base: 1000,
+                len: 100,
+                access: Access::REMOTE_WRITE,
+                valid: true,
+            },
+            true,
+        );
+        m
+    }
+
+    #[test]
+    fn checks_in_order() {
+        let m = mem();
+        let w = Access::REMOTE_WRITE;
+        assert_eq!(check(&m, 1, 7, 1000, 100, w), Ok(()));
+        assert_eq!(check(&m, 1, 7, 1100, 0, w), Ok(()));
+        assert_eq!(
+            check(&m, 2, 7, 1000, 1, w),
+            Err(ProtectionError::UnknownStag)
+        );
+        assert_eq!(check(&m, 1, 8, 1000, 1, w), Err(ProtectionError::WrongPd));
+        assert_eq!(check(&m, 1, 7, 999, 1, w), Err(ProtectionError::Bounds));
+        assert_eq!(check(&m, 1, 7, 1001, 100, w), Err(ProtectionError::Bounds));
+        assert_eq!(check(&m, 1, 7, u64::MAX, 2, w), Err(ProtectionError::Wrap));
+        assert_eq!(
+            check(&m, 1, 7, 1000, 1, Access::REMOTE_READ),
+            Err(ProtectionError::Access)
+        );
+        let mut m = m;
+        m.invalidate(1, 7).unwrap();
+        assert_eq!(
+            check(&m, 1, 7, 1000, 1, w),
+            Err(ProtectionError::Invalidated)
+        );
+    }
+}

@@ -1,0 +1,672 @@
+//! TRP reliability: PSN bookkeeping, acknowledgements, loss recovery,
+//! RTT estimation (RFC 6298) and congestion control (AIMD), independent of
+//! what the segments carry.
+
+use crate::time::Instant;
+use crate::wire::trp::SackRanges;
+use core::time::Duration;
+use std::collections::VecDeque;
+
+/// `a < b` in 32-bit serial arithmetic.
+pub fn psn_lt(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+/// `a <= b` in 32-bit serial arithmetic.
+pub fn psn_le(a: u32, b: u32) -> bool {
+    !psn_lt(b, a)
+}
+
+/// Segments sent after a segment that must be delivered before it is
+/// declared lost: tolerates this much reordering without a retransmission.
+const REORDER_SEGMENTS: u64 = 3;
+/// RFC 6298 clock granularity G.
+const GRANULARITY: u64 = 1_000;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Params {
+    pub initial_rto: Duration,
+    pub min_rto: Duration,
+    pub max_rto: Duration,
+    pub max_retries: u32,
+    pub initial_cwnd: u32,
+    pub max_cwnd: u32,
+}
+
+#[derive(Debug)]
+struct Seg<K> {
+    kind: K,
+    sent_at: Instant,
+    xmit: u64,
+    retrans: u16,
+    sacked: bool,
+    lost: bool,
+}
+
+/// Sender half: every PSN from `una` to `nxt` with what it carries.
+#[derive(Debug)]
+pub struct Sender<K> {
+    p: Params,
+    una: u32,
+    nxt: u32,
+    segs: VecDeque<Seg<K>>,
+    lost_q: VecDeque<u32>,
+    sacked: u32,
+    lost: u32,
+    xmit_count: u64,
+    delivered_xmit: u64,
+    cwnd: u32,
+    cwnd_acc: u32,
+    ssthresh: u32,
+    recovery_end: Option<u32>,
+    peer_window: u32,
+    srtt: Option<u64>,
+    rttvar: u64,
+    rto: u64,
+    retries: u32,
+    rto_deadline: Option<Instant>,
+    /// Counters for tests and statistics.
+    pub stats: SenderStats,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SenderStats {
+    pub sent: u64,
+    pub retransmitted: u64,
+    pub timeouts: u64,
+    pub fast_recoveries: u64,
+    pub max_in_flight: u32,
+}
+
+/// What a timeout did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timeout {
+    None,
+    Retransmit,
+    RetryExceeded,
+}
+
+impl<K> Sender<K> {
+    pub fn new(p: Params, first_psn: u32, peer_window: u32) -> Self {
+        let cwnd = p.initial_cwnd.max(1);
+        Sender {
+            una: first_psn,
+            nxt: first_psn,
+            segs: VecDeque::new(),
+            lost_q: VecDeque::new(),
+            sacked: 0,
+            lost: 0,
+            xmit_count: 0,
+            delivered_xmit: 0,
+            cwnd,
+            cwnd_acc: 0,
+            ssthresh: p.max_cwnd,
+            recovery_end: None,
+            peer_window: peer_window.max(1),
+            srtt: None,
+            rttvar: 0,
+            rto: p.initial_rto.as_nanos() as u64,
+            retries: 0,
+            rto_deadline: None,
+            stats: SenderStats::default(),
+            p,
+        }
+    }
+
+    pub fn una(&self) -> u32 {
+        self.una
+    }
+    pub fn nxt(&self) -> u32 {
+        self.nxt
+    }
+    pub fn outstanding(&self) -> u32 {
+        self.nxt.wrapping_sub(self.una)
+    }
+    pub fn cwnd(&self) -> u32 {
+        self.cwnd
+    }
+    pub fn srtt(&self) -> Option<Duration> {
+        self.srtt.map(Duration::from_nanos)
+    }
+    pub fn rto(&self) -> Duration {
+        Duration::from_nanos(self.rto)
+    }
+    pub fn rto_deadline(&self) -> Option<Instant> {
+        self.rto_deadline
+    }
+    /// Segments believed to be in the network (RFC 6675 "pipe").
+    pub fn pipe(&self) -> u32 {
+        self.outstanding() - self.sacked - self.lost
+    }
+    pub fn set_peer_window(&mut self, w: u32) {
+        self.peer_window = w.max(1);
+    }
+
+    /// Whether a new PSN may be sent now: inside the peer's receive window
+    /// and the congestion window.
+    pub fn can_send_new(&self) -> bool {
+        self.outstanding() < self.peer_window.min(self.p.max_cwnd) && self.pipe() < self.cwnd
+    }
+
+    pub fn seg(&self, psn: u32) -> Option<&K> {
+        let i = psn.wrapping_sub(self.una) as usize;
+        self.segs.get(i).map(|s| &s.kind)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &K> {
+        self.segs.iter().map(|s| &s.kind)
+    }
+
+    fn arm(&mut self, now: Instant) {
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + Duration::from_nanos(self.rto));
+        }
+    }
+
+    /// Sends a new PSN carrying `kind`; returns the PSN.
+    pub fn push(&mut self, kind: K, now: Instant) -> u32 {
+        let psn = self.nxt;
+        self.xmit_count += 1;
+        self.segs.push_back(Seg {
+            kind,
+            sent_at: now,
+            xmit: self.xmit_count,
+            retrans: 0,
+            sacked: false,
+            lost: false,
+        });
+        self.nxt = self.nxt.wrapping_add(1);
+        self.stats.sent += 1;
+        self.stats.max_in_flight = self.stats.max_in_flight.max(self.outstanding());
+        self.arm(now);
+        psn
+    }
+
+    /// The next PSN to retransmit, if any is marked lost and the congestion
+    /// window allows it.
+    pub fn next_retransmit(&mut self, now: Instant) -> Option<u32> {
+        while let Some(&psn) = self.lost_q.front() {
+            let i = psn.wrapping_sub(self.una) as usize;
+            let live = psn_le(self.una, psn)
+                && psn_lt(psn, self.nxt)
+                && self.segs.get(i).is_some_and(|s| s.lost && !s.sacked);
+            if !live {
+                self.lost_q.pop_front();
+                continue;
+            }
+            if self.pipe() >= self.cwnd {
+                return None;
+            }
+            self.lost_q.pop_front();
+            self.xmit_count += 1;
+            let s = &mut self.segs[i];
+            s.lost = false;
+            s.retrans = s.retrans.saturating_add(1);
+            s.sent_at = now;
+            s.xmit = self.xmit_count;
+            self.lost -= 1;
+            self.stats.retransmitted += 1;
+            self.arm(now);
+            return Some(psn);
+        }
+        None
+    }
+
+    /// Marks a PSN for immediate retransmission (e.g. the peer repeated a
+    /// handshake packet because our answer was lost).
+    pub fn mark_lost(&mut self, psn: u32) {
+        let i = psn.wrapping_sub(self.una) as usize;
+        if let Some(s) = self.segs.get_mut(i) {
+            if !s.lost && !s.sacked {
+                s.lost = true;
+                self.lost += 1;
+                self.lost_q.push_front(psn);
+            }
+        }
+    }
+
+    fn on_delivered(&mut self) {
+        if self.recovery_end.is_some() {
+            return;
+        }
+        if self.cwnd < self.ssthresh {
+            self.cwnd += 1;
+        } else {
+            self.cwnd_acc += 1;
+            if self.cwnd_acc >= self.cwnd {
+                self.cwnd_acc = 0;
+                self.cwnd += 1;
+            }
+        }
+        self.cwnd = self.cwnd.min(self.p.max_cwnd);
+    }
+
+    fn rtt_sample(&mut self, r: u64) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            Some(srtt) => {
+                self.rttvar = (3 * self.rttvar + srtt.abs_diff(r)) / 4;
+                self.srtt = Some((7 * srtt + r) / 8);
+            }
+        }
+        let rto = self.srtt.unwrap_or(r) + (4 * self.rttvar).max(GRANULARITY);
+        self.rto = rto.clamp(
+            self.p.min_rto.as_nanos() as u64,
+            self.p.max_rto.as_nanos() as u64,
+        );
+    }
+
+    /// Processes a cumulative ACK and SACK ranges. Returns the number of
+    /// PSNs newly acknowledged cumulatively.
+    pub fn on_ack(&mut self, now: Instant, ack: u32, sack: &SackRanges) -> u32 {
+        if !(psn_le(self.una, ack) && psn_le(ack, self.nxt)) {
+            return 0;
+        }
+        let mut newest_clean: Option<(u64, Instant)> = None;
+        let mut acked = 0;
+        let delivered_before = self.delivered_xmit;
+        while self.una != ack {
+            let s = self.segs.pop_front().expect("una < nxt has a segment");
+            self.una = self.una.wrapping_add(1);
+            acked += 1;
+            if s.sacked {
+                self.sacked -= 1;
+            } else {
+                if s.lost {
+                    self.lost -= 1;
+                }
+                self.on_delivered();
+            }
+            self.delivered_xmit = self.delivered_xmit.max(s.xmit);
+            if s.retrans == 0 && newest_clean.is_none_or(|(x, _)| s.xmit > x) {
+                newest_clean = Some((s.xmit, s.sent_at));
+            }
+        }
+        let mut highest_sacked = None;
+        for &(start, end) in sack.as_slice() {
+            let mut psn = if psn_lt(start, self.una) {
+                self.una
+            } else {
+                start
+            };
+            let end = if psn_lt(self.nxt, end) { self.nxt } else { end };
+            while psn_lt(psn, end) {
+                let i = psn.wrapping_sub(self.una) as usize;
+                let s = &mut self.segs[i];
+                if !s.sacked {
+                    s.sacked = true;
+                    self.sacked += 1;
+                    if s.lost {
+                        s.lost = false;
+                        self.lost -= 1;
+                    }
+                    self.delivered_xmit = self.delivered_xmit.max(s.xmit);
+                    if s.retrans == 0 && newest_clean.is_none_or(|(x, _)| s.xmit > x) {
+                        newest_clean = Some((s.xmit, s.sent_at));
+                    }
+                    self.on_delivered();
+                }
+                psn = psn.wrapping_add(1);
+            }
+            if psn_lt(start, end) && psn_le(self.una, psn) {
+                highest_sacked = Some(match highest_sacked {
+                    Some(h) if psn_lt(psn, h) => h,
+                    _ => psn,
+                });
+            }
+        }
+        if let Some((_, sent_at)) = newest_clean {
+            self.rtt_sample(now.0.saturating_sub(sent_at.0));
+        }
+        if let Some(end) = self.recovery_end {
+            if psn_le(end, self.una) {
+                self.recovery_end = None;
+            }
+        }
+        if let Some(h) = highest_sacked {
+            self.detect_losses(h);
+        }
+        // Any newly delivered segment proves the peer alive: the retry
+        // limit counts consecutive timeouts without such evidence.
+        if acked > 0 || self.delivered_xmit != delivered_before {
+            self.retries = 0;
+            self.rto_deadline = None;
+        }
+        if self.outstanding() > 0 {
+            self.arm(now);
+        } else {
+            self.rto_deadline = None;
+        }
+        acked
+    }
+
+    /// A segment is lost once a segment sent REORDER_SEGMENTS transmissions
+    /// after it has been delivered (a packet-count form of RACK, which also
+    /// catches lost retransmissions).
+    fn detect_losses(&mut self, highest_sacked: u32) {
+        let n = highest_sacked.wrapping_sub(self.una) as usize;
+        let mut first_loss = None;
+        for i in 0..n.min(self.segs.len()) {
+            let s = &mut self.segs[i];
+            if !s.sacked && !s.lost && s.xmit + REORDER_SEGMENTS <= self.delivered_xmit {
+                s.lost = true;
+                self.lost += 1;
+                let psn = self.una.wrapping_add(i as u32);
+                self.lost_q.push_back(psn);
+                first_loss.get_or_insert(psn);
+            }
+        }
+        if first_loss.is_some() && self.recovery_end.is_none() {
+            self.ssthresh = (self.cwnd / 2).max(2);
+            self.cwnd = self.ssthresh;
+            self.cwnd_acc = 0;
+            self.recovery_end = Some(self.nxt);
+            self.stats.fast_recoveries += 1;
+        }
+    }
+
+    /// Runs the retransmission timer.
+    pub fn on_timeout(&mut self, now: Instant) -> Timeout {
+        match self.rto_deadline {
+            Some(d) if d <= now => {}
+            _ => return Timeout::None,
+        }
+        self.rto_deadline = None;
+        if self.outstanding() == 0 {
+            return Timeout::None;
+        }
+        self.retries += 1;
+        self.stats.timeouts += 1;
+        if self.retries > self.p.max_retries {
+            return Timeout::RetryExceeded;
+        }
+        self.rto = (self.rto * 2).min(self.p.max_rto.as_nanos() as u64);
+        self.ssthresh = (self.pipe() / 2).max(2);
+        // Loss window of two (RFC 5681 uses one): on a very lossy path one
+        // probe and its ACK both survive too rarely.
+        self.cwnd = 2;
+        self.cwnd_acc = 0;
+        self.recovery_end = Some(self.nxt);
+        self.lost_q.clear();
+        for (i, s) in self.segs.iter_mut().enumerate() {
+            if !s.sacked {
+                if !s.lost {
+                    s.lost = true;
+                    self.lost += 1;
+                }
+                self.lost_q.push_back(self.una.wrapping_add(i as u32));
+            }
+        }
+        self.arm(now);
+        Timeout::Retransmit
+    }
+
+    /// Forgets everything outstanding (the connection failed).
+    pub fn clear(&mut self) {
+        self.segs.clear();
+        self.lost_q.clear();
+        self.una = self.nxt;
+        self.sacked = 0;
+        self.lost = 0;
+        self.rto_deadline = None;
+    }
+}
+
+/// Receiver half: which PSNs in the window have arrived, and when to ACK.
+#[derive(Debug)]
+pub struct Receiver {
+    nxt: u32,
+    cap: u32,
+    bits: Vec<u64>,
+    highest: u32,
+    unacked: u32,
+    ack_now: bool,
+    ack_deadline: Option<Instant>,
+    ack_delay: Duration,
+}
+
+/// How a PSN relates to the receive window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// Already received (or below the window).
+    Duplicate,
+    /// Beyond the window: the sender ignored it.
+    OutOfWindow,
+    /// New; `in_order` if it is the next expected PSN.
+    New { in_order: bool },
+}
+
+impl Receiver {
+    pub fn new(first_psn: u32, window: u16, ack_delay: Duration) -> Self {
+        let cap = u32::from(window.max(1));
+        Receiver {
+            nxt: first_psn,
+            cap,
+            bits: vec![0; cap.div_ceil(64) as usize],
+            highest: first_psn,
+            unacked: 0,
+            ack_now: false,
+            ack_deadline: None,
+            ack_delay,
+        }
+    }
+
+    pub fn nxt(&self) -> u32 {
+        self.nxt
+    }
+    pub fn window(&self) -> u16 {
+        self.cap.min(u16::MAX as u32) as u16
+    }
+    pub fn slot(&self, psn: u32) -> usize {
+        (psn % self.cap) as usize
+    }
+    fn bit(&self, psn: u32) -> bool {
+        let s = self.slot(psn);
+        self.bits[s / 64] & (1 << (s % 64)) != 0
+    }
+    fn set(&mut self, psn: u32, v: bool) {
+        let s = self.slot(psn);
+        if v {
+            self.bits[s / 64] |= 1 << (s % 64);
+        } else {
+            self.bits[s / 64] &= !(1 << (s % 64));
+        }
+    }
+
+    pub fn classify(&self, psn: u32) -> Arrival {
+        let d = psn.wrapping_sub(self.nxt);
+        if psn_lt(psn, self.nxt) {
+            Arrival::Duplicate
+        } else if d >= self.cap {
+            Arrival::OutOfWindow
+        } else if self.bit(psn) {
+            Arrival::Duplicate
+        } else {
+            Arrival::New { in_order: d == 0 }
+        }
+    }
+
+    /// Records a new PSN (after `classify` said New).
+    pub fn mark(&mut self, psn: u32) {
+        self.set(psn, true);
+        if psn_lt(self.highest, psn) {
+            self.highest = psn;
+        }
+    }
+
+    /// Takes the next in-order PSN if it has arrived.
+    pub fn pop_in_order(&mut self) -> Option<u32> {
+        if !self.bit(self.nxt) {
+            return None;
+        }
+        let psn = self.nxt;
+        self.set(psn, false);
+        self.nxt = self.nxt.wrapping_add(1);
+        if psn_lt(self.highest, self.nxt) {
+            self.highest = self.nxt;
+        }
+        Some(psn)
+    }
+
+    /// Whether PSNs above a gap are held.
+    pub fn has_gap(&self) -> bool {
+        psn_lt(self.nxt, self.highest)
+    }
+
+    /// Up to four ranges of PSNs received above the cumulative ACK, lowest
+    /// first (the holes the sender most needs to fill).
+    pub fn sack_ranges(&self) -> SackRanges {
+        let mut r = SackRanges::new();
+        let n = self
+            .highest
+            .wrapping_sub(self.nxt)
+            .wrapping_add(1)
+            .min(self.cap);
+        let mut start = None;
+        for d in 1..=n {
+            let psn = self.nxt.wrapping_add(d);
+            let have = d < n && self.bit(psn);
+            match (have, start) {
+                (true, None) => start = Some(psn),
+                (false, Some(s)) => {
+                    if !r.push(s, psn) {
+                        return r;
+                    }
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        r
+    }
+
+    /// Schedules an acknowledgement after receiving a packet.
+    pub fn on_packet(&mut self, now: Instant, arrival: Arrival, ack_request: bool) {
+        match arrival {
+            Arrival::New { in_order: true } if !self.has_gap() => {
+                self.unacked += 1;
+                if self.unacked >= 2 || ack_request {
+                    self.ack_now = true;
+                } else if self.ack_deadline.is_none() {
+                    self.ack_deadline = Some(now + self.ack_delay);
+                }
+            }
+            _ => self.ack_now = true,
+        }
+    }
+
+    pub fn request_ack(&mut self) {
+        self.ack_now = true;
+    }
+
+    pub fn ack_deadline(&self) -> Option<Instant> {
+        if self.ack_now {
+            None
+        } else {
+            self.ack_deadline
+        }
+    }
+
+    pub fn on_timeout(&mut self, now: Instant) {
+        if self.ack_deadline.is_some_and(|d| d <= now) {
+            self.ack_now = true;
+        }
+    }
+
+    pub fn ack_due(&self) -> bool {
+        self.ack_now
+    }
+
+    /// Every packet we send carries the cumulative ACK.
+    pub fn ack_sent(&mut self) {
+        self.ack_now = false;
+        self.ack_deadline = None;
+        self.unacked = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> Params {
+        Params {
+            initial_rto: Duration::from_millis(10),
+            min_rto: Duration::from_millis(1),
+            max_rto: Duration::from_millis(100),
+            max_retries: 3,
+            initial_cwnd: 4,
+            max_cwnd: 64,
+        }
+    }
+
+    #[test]
+    fn rtt_and_karn() {
+        let mut s: Sender<()> = Sender::new(params(), 100, 64);
+        s.push((), Instant(0));
+        s.on_ack(Instant(2_000_000), 101, &SackRanges::new());
+        assert_eq!(s.srtt(), Some(Duration::from_millis(2)));
+        assert_eq!(s.rto(), Duration::from_millis(6));
+        s.push((), Instant(3_000_000));
+        assert_eq!(s.on_timeout(Instant(9_000_000)), Timeout::Retransmit);
+        assert_eq!(s.rto(), Duration::from_millis(12));
+        assert_eq!(s.next_retransmit(Instant(9_000_000)), Some(101));
+        // The retransmitted segment gives no sample (Karn).
+        s.on_ack(Instant(50_000_000), 102, &SackRanges::new());
+        assert_eq!(s.srtt(), Some(Duration::from_millis(2)));
+    }
+
+    #[test]
+    fn retry_limit() {
+        let mut s: Sender<()> = Sender::new(params(), 0, 64);
+        s.push((), Instant(0));
+        let mut now = Instant(0);
+        let mut outcome = Timeout::None;
+        for _ in 0..10 {
+            now = s.rto_deadline().unwrap();
+            outcome = s.on_timeout(now);
+            if outcome == Timeout::RetryExceeded {
+                break;
+            }
+            s.next_retransmit(now);
+        }
+        assert_eq!(outcome, Timeout::RetryExceeded);
+        assert!(now < Instant(1_000_000_000));
+    }
+
+    #[test]
+    fn sack_marks_losses_and_halves_cwnd() {
+        let mut s: Sender<()> = Sender::new(params(), 0, 64);
+        for _ in 0..4 {
+            s.push((), Instant(0));
+        }
+        let mut sack = SackRanges::new();
+        sack.push(1, 4);
+        s.on_ack(Instant(1000), 0, &sack);
+        assert_eq!(s.cwnd(), 3);
+        assert_eq!(s.next_retransmit(Instant(1000)), Some(0));
+        s.on_ack(Instant(2000), 4, &SackRanges::new());
+        assert_eq!(s.outstanding(), 0);
+    }
+
+    #[test]
+    fn receiver_sacks() {
+        let mut r = Receiver::new(10, 64, Duration::from_micros(100));
+        for p in [12, 13, 15, 20] {
+            assert_eq!(r.classify(p), Arrival::New { in_order: false });
+            r.mark(p);
+        }
+        assert_eq!(r.classify(12), Arrival::Duplicate);
+        assert_eq!(r.classify(74), Arrival::OutOfWindow);
+        assert_eq!(r.sack_ranges().as_slice(), &[(12, 14), (15, 16), (20, 21)]);
+        assert_eq!(r.pop_in_order(), None);
+        r.mark(10);
+        r.mark(11);
+        let got: Vec<u32> = std::iter::from_fn(|| r.pop_in_order()).collect();
+        assert_eq!(got, vec![10, 11, 12, 13]);
+        assert_eq!(r.sack_ranges().as_slice(), &[(15, 16), (20, 21)]);
+    }
+}

@@ -1,0 +1,128 @@
+//! Work requests and completions, with the meaning libibverbs gives them.
+
+/// One scatter/gather element: local memory named by its lkey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+/// What a send work request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// Send; `invalidate` names the peer's STag to invalidate (Send with
+    /// Invalidate); `solicited` asks for a solicited event.
+    Send {
+        invalidate: Option<u32>,
+        solicited: bool,
+    },
+    RdmaWrite {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    /// RDMA Write followed by RFC 7306 Immediate Data, which consumes a
+    /// receive at the peer.
+    RdmaWriteImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+        solicited: bool,
+    },
+    RdmaRead {
+        remote_addr: u64,
+        rkey: u32,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SendWr<'a> {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub sges: &'a [Sge],
+    /// Whether a successful completion is reported (errors always are).
+    pub signaled: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct RecvWr<'a> {
+    pub wr_id: u64,
+    pub sges: &'a [Sge],
+}
+
+/// Completion status, mapped one-to-one onto `ibv_wc_status` by the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcStatus {
+    Success,
+    /// The peer reported a protection error (Terminate): IBV_WC_REM_ACCESS_ERR.
+    RemoteAccess,
+    /// The peer reported another error (Terminate): IBV_WC_REM_OP_ERR.
+    RemoteOperation,
+    /// Incoming data did not fit the receive buffer: IBV_WC_LOC_LEN_ERR.
+    LocalLength,
+    /// A local protection check failed on incoming data: IBV_WC_LOC_PROT_ERR.
+    LocalProtection,
+    /// The peer stopped acknowledging: IBV_WC_RETRY_EXC_ERR.
+    RetryExceeded,
+    /// The QP went to error before this request ran: IBV_WC_WR_FLUSH_ERR.
+    Flush,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcOpcode {
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    Recv,
+    RecvRdmaWithImm,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Queue {
+    Send,
+    Recv,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub queue: Queue,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    /// Bytes received (receive completions; for RecvRdmaWithImm the length
+    /// of the RDMA Write) or bytes of the request (send completions).
+    pub byte_len: u32,
+    pub imm: Option<u32>,
+    /// STag invalidated by a received Send with Invalidate.
+    pub invalidated: Option<u32>,
+    /// The message asked for a solicited event.
+    pub solicited: bool,
+}
+
+/// Why a post was refused before anything was queued (the verbs call
+/// returns an errno; nothing is completed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostError {
+    /// The QP is not in a state that accepts this request (EINVAL).
+    State,
+    /// The queue is full (ENOMEM).
+    QueueFull,
+    /// An SGE names an invalid lkey, lies outside its region or lacks local
+    /// write where needed (EINVAL).
+    LocalProtection(crate::mr::ProtectionError),
+    /// The total length exceeds 2^31 bytes (EINVAL).
+    TooLong,
+}
+
+impl core::fmt::Display for PostError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PostError::State => f.write_str("QP does not accept work requests in this state"),
+            PostError::QueueFull => f.write_str("work queue full"),
+            PostError::LocalProtection(e) => write!(f, "local protection error: {e}"),
+            PostError::TooLong => f.write_str("message longer than 2^31 bytes"),
+        }
+    }
+}
+
+impl std::error::Error for PostError {}

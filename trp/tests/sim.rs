@@ -1,0 +1,501 @@
+//! Randomised workloads through the deterministic simulator, checked
+//! against a reference model.
+//!
+//! A failing case prints its seed and loss rate; replay it with
+//! `TRP_SIM_SEED=<seed> TRP_SIM_LOSS=<percent> cargo test -p trp --test sim`.
+//! `TRP_SIM_SOAK=<n>` runs n seeds per loss rate instead of the CI default.
+
+use trp::sim::{LinkConfig, Pair, Rng};
+use trp::{
+    Access, Completion, Config, Memory, Queue, RecvWr, Region, SendOp, SendWr, Sge, VecMemory,
+    WcOpcode, WcStatus,
+};
+
+const LKEY: u32 = 0x100;
+const RKEY: u32 = 0x200;
+const PD: u32 = 3;
+
+/// Bump allocator over one endpoint's flat memory.
+struct Arena {
+    next: u64,
+    end: u64,
+}
+
+impl Arena {
+    fn alloc(&mut self, rng: &mut Rng, len: u64) -> u64 {
+        let gap = rng.below(64);
+        let at = self.next + gap;
+        self.next = at + len;
+        assert!(self.next <= self.end, "arena exhausted");
+        at
+    }
+}
+
+fn memory(size: u64) -> VecMemory {
+    let mut m = VecMemory::new(size as usize);
+    m.register(
+        LKEY,
+        Region {
+            pd: PD,
+            base: 0,
+            len: size / 2,
+            access: Access::LOCAL_WRITE,
+            valid: true,
+        },
+        false,
+    );
+    m.register(
+        RKEY,
+        Region {
+            pd: PD,
+            base: size / 2,
+            len: size / 2,
+            access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+            valid: true,
+        },
+        false,
+    );
+    m
+}
+
+#[derive(Debug, Clone)]
+enum Check {
+    /// `len` bytes at `dst` on the receiving side equal `src` pieces.
+    Bytes {
+        src: Vec<(u64, u32)>,
+        dst: Vec<(u64, u32)>,
+        src_side: usize,
+    },
+    Invalidated {
+        stag: u32,
+    },
+}
+
+struct Side {
+    local: Arena,
+    remote: Arena,
+    next_stag: u32,
+}
+
+struct Expect {
+    /// Expected completions per side, in order.
+    cq: [Vec<Completion>; 2],
+    checks: Vec<(usize, Check)>,
+}
+
+fn split(rng: &mut Rng, arena: &mut Arena, len: u64) -> Vec<Sge> {
+    let pieces = if len >= 3 { 1 + rng.below(3) } else { 1 };
+    let mut out = Vec::new();
+    let mut left = len;
+    for i in 0..pieces {
+        let l = if i + 1 == pieces {
+            left
+        } else {
+            rng.below(left + 1)
+        };
+        left -= l;
+        out.push(Sge {
+            addr: arena.alloc(rng, l),
+            len: l as u32,
+            lkey: LKEY,
+        });
+    }
+    out
+}
+
+fn size(rng: &mut Rng, budget: &mut u64) -> u64 {
+    let s = match rng.below(100) {
+        0..50 => rng.below(257),
+        50..85 => rng.below(16 * 1024 + 1),
+        85..98 => rng.below(256 * 1024 + 1),
+        _ => rng.below(4 * 1024 * 1024 + 1),
+    };
+    let s = s.min(*budget);
+    *budget -= s;
+    s
+}
+
+fn recv_completion(
+    wr_id: u64,
+    op: WcOpcode,
+    len: u32,
+    imm: Option<u32>,
+    inv: Option<u32>,
+    sol: bool,
+) -> Completion {
+    Completion {
+        wr_id,
+        queue: Queue::Recv,
+        status: WcStatus::Success,
+        opcode: op,
+        byte_len: len,
+        imm,
+        invalidated: inv,
+        solicited: sol,
+    }
+}
+
+/// Posts `ops` random operations in each direction; returns what must happen.
+fn post_workload(p: &mut Pair, rng: &mut Rng, ops: usize, budget: u64, mem_size: u64) -> Expect {
+    let mut sides = [0, 1].map(|_| Side {
+        local: Arena {
+            next: 4096,
+            end: mem_size / 2,
+        },
+        remote: Arena {
+            next: mem_size / 2,
+            end: mem_size,
+        },
+        next_stag: 0x1000,
+    });
+    let mut exp = Expect {
+        cq: [Vec::new(), Vec::new()],
+        checks: Vec::new(),
+    };
+    let mut budgets = [budget, budget];
+    let mut wr_id = 1u64;
+    for i in 0..ops * 2 {
+        let x = i % 2;
+        let y = 1 - x;
+        let len = size(rng, &mut budgets[x]);
+        let kind = rng.below(100);
+        let signaled = rng.chance(0.8) || i + 2 >= ops * 2;
+        let src_sges = split(rng, &mut sides[x].local, len);
+        for s in &src_sges {
+            let (xe, _) = ends(p, x);
+            let mut data = vec![0u8; s.len as usize];
+            rng.fill(&mut data);
+            xe.write(s.addr, &data);
+        }
+        let id = wr_id;
+        wr_id += 2;
+        let (op, wc) = match kind {
+            0..30 => {
+                let invalidate = if rng.chance(0.2) {
+                    let stag = sides[y].next_stag;
+                    sides[y].next_stag += 1;
+                    let (_, ye) = ends(p, x);
+                    ye.register(
+                        stag,
+                        Region {
+                            pd: PD,
+                            base: 0,
+                            len: 1,
+                            access: Access::REMOTE_WRITE,
+                            valid: true,
+                        },
+                        true,
+                    );
+                    exp.checks.push((y, Check::Invalidated { stag }));
+                    Some(stag)
+                } else {
+                    None
+                };
+                let solicited = rng.chance(0.3);
+                let extra = rng.below(64);
+                let rsges = split(rng, &mut sides[y].local, len + extra);
+                post_recv(p, y, id + 1, &rsges);
+                exp.cq[y].push(recv_completion(
+                    id + 1,
+                    WcOpcode::Recv,
+                    len as u32,
+                    None,
+                    invalidate,
+                    solicited,
+                ));
+                exp.checks.push((
+                    y,
+                    Check::Bytes {
+                        src: pieces(&src_sges),
+                        dst: pieces(&rsges),
+                        src_side: x,
+                    },
+                ));
+                (
+                    SendOp::Send {
+                        invalidate,
+                        solicited,
+                    },
+                    WcOpcode::Send,
+                )
+            }
+            30..70 => {
+                let dst = sides[y].remote.alloc(rng, len);
+                let dst_piece = vec![(dst, len as u32)];
+                exp.checks.push((
+                    y,
+                    Check::Bytes {
+                        src: pieces(&src_sges),
+                        dst: dst_piece,
+                        src_side: x,
+                    },
+                ));
+                if kind < 55 {
+                    (
+                        SendOp::RdmaWrite {
+                            remote_addr: dst,
+                            rkey: RKEY,
+                        },
+                        WcOpcode::RdmaWrite,
+                    )
+                } else {
+                    let imm = rng.next_u64() as u32;
+                    let solicited = rng.chance(0.3);
+                    let rsges = if rng.chance(0.5) {
+                        vec![]
+                    } else {
+                        split(rng, &mut sides[y].local, 8)
+                    };
+                    post_recv(p, y, id + 1, &rsges);
+                    exp.cq[y].push(recv_completion(
+                        id + 1,
+                        WcOpcode::RecvRdmaWithImm,
+                        len as u32,
+                        Some(imm),
+                        None,
+                        solicited,
+                    ));
+                    (
+                        SendOp::RdmaWriteImm {
+                            remote_addr: dst,
+                            rkey: RKEY,
+                            imm,
+                            solicited,
+                        },
+                        WcOpcode::RdmaWrite,
+                    )
+                }
+            }
+            _ => {
+                // Read: y's remote area is the source, x's scatter list the sink.
+                let src = sides[y].remote.alloc(rng, len);
+                let mut data = vec![0u8; len as usize];
+                rng.fill(&mut data);
+                let (_, ye) = ends(p, x);
+                ye.write(src, &data);
+                exp.checks.push((
+                    x,
+                    Check::Bytes {
+                        src: vec![(src, len as u32)],
+                        dst: pieces(&src_sges),
+                        src_side: y,
+                    },
+                ));
+                (
+                    SendOp::RdmaRead {
+                        remote_addr: src,
+                        rkey: RKEY,
+                    },
+                    WcOpcode::RdmaRead,
+                )
+            }
+        };
+        let wr = SendWr {
+            wr_id: id,
+            op,
+            sges: &src_sges,
+            signaled,
+        };
+        let e = if x == 0 { &mut p.a } else { &mut p.b };
+        e.conn.post_send(&e.mem, &wr).expect("post_send");
+        if signaled {
+            exp.cq[x].push(Completion {
+                wr_id: id,
+                queue: Queue::Send,
+                status: WcStatus::Success,
+                opcode: wc,
+                byte_len: len as u32,
+                imm: None,
+                invalidated: None,
+                solicited: false,
+            });
+        }
+    }
+    exp
+}
+
+fn pieces(s: &[Sge]) -> Vec<(u64, u32)> {
+    s.iter().map(|s| (s.addr, s.len)).collect()
+}
+
+/// (x's memory, y's memory)
+fn ends(p: &mut Pair, x: usize) -> (&mut VecMemory, &mut VecMemory) {
+    if x == 0 {
+        (&mut p.a.mem, &mut p.b.mem)
+    } else {
+        (&mut p.b.mem, &mut p.a.mem)
+    }
+}
+
+fn post_recv(p: &mut Pair, y: usize, wr_id: u64, sges: &[Sge]) {
+    let e = if y == 0 { &mut p.a } else { &mut p.b };
+    e.conn
+        .post_recv(&e.mem, &RecvWr { wr_id, sges })
+        .expect("post_recv");
+}
+
+fn collect(bytes: &VecMemory, pieces: &[(u64, u32)]) -> Vec<u8> {
+    let mut v = Vec::new();
+    for &(a, l) in pieces {
+        v.extend_from_slice(&bytes.bytes[a as usize..a as usize + l as usize]);
+    }
+    v
+}
+
+fn config() -> Config {
+    Config {
+        pd: PD,
+        ..Config::default()
+    }
+}
+
+struct Outcome {
+    virtual_ns: u64,
+    bytes: u64,
+    stats: trp::reliability::SenderStats,
+}
+
+fn run(seed: u64, loss: f64, ops: usize, budget: u64) -> Result<Outcome, String> {
+    let mem_size = 2 * (budget * 2 + ops as u64 * 2 * 400 + (1 << 20));
+    let mut rng = Rng::new(seed);
+    let link = LinkConfig::lossy(loss);
+    let mut p = Pair::connect(
+        config(),
+        config(),
+        link,
+        rng.next_u64(),
+        memory(mem_size),
+        memory(mem_size),
+    )?;
+    let start = p.now;
+    let exp = post_workload(&mut p, &mut rng, ops, budget, mem_size);
+    let mut got: [Vec<Completion>; 2] = [Vec::new(), Vec::new()];
+    let want = [exp.cq[0].len(), exp.cq[1].len()];
+    let limit = trp::Instant(start.0 + 600_000_000_000);
+    let finished = p.run_until(limit, |p| {
+        while let Some(c) = p.a.conn.poll_completion() {
+            got[0].push(c);
+        }
+        while let Some(c) = p.b.conn.poll_completion() {
+            got[1].push(c);
+        }
+        got[0].len() >= want[0] && got[1].len() >= want[1]
+    });
+    let elapsed = p.now.0 - start.0;
+    if !finished {
+        return Err(format!(
+            "did not finish in virtual time: got {}/{} and {}/{} completions, states {:?}/{:?}, events {:?}/{:?}",
+            got[0].len(), want[0], got[1].len(), want[1], p.a.conn.state(), p.b.conn.state(),
+            p.a.conn.poll_event(), p.b.conn.poll_event()
+        ));
+    }
+    // Run on a little: nothing more may complete.
+    let until = trp::Instant(p.now.0 + 50_000_000);
+    p.run_until(until, |_| false);
+    for (side, got) in got.iter_mut().enumerate() {
+        let e = if side == 0 { &mut p.a } else { &mut p.b };
+        while let Some(c) = e.conn.poll_completion() {
+            got.push(c);
+        }
+        // Send completions are in posting order; receive completions in
+        // message order. Compare each queue on its own.
+        for q in [Queue::Send, Queue::Recv] {
+            let g: Vec<_> = got.iter().filter(|c| c.queue == q).collect();
+            let w: Vec<_> = exp.cq[side].iter().filter(|c| c.queue == q).collect();
+            if g != w {
+                let i = g
+                    .iter()
+                    .zip(&w)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(g.len().min(w.len()));
+                return Err(format!(
+                    "side {side} {q:?} completions differ at {i}: got {:?}, want {:?} ({} vs {})",
+                    g.get(i),
+                    w.get(i),
+                    g.len(),
+                    w.len()
+                ));
+            }
+        }
+    }
+    let mut bytes = 0;
+    for (side, check) in &exp.checks {
+        let (mine, other) = if *side == 0 {
+            (&p.a.mem, &p.b.mem)
+        } else {
+            (&p.b.mem, &p.a.mem)
+        };
+        match check {
+            Check::Bytes { src, dst, src_side } => {
+                let src_mem = if *src_side == *side { mine } else { other };
+                let want = collect(src_mem, src);
+                let have = collect(mine, dst);
+                bytes += want.len() as u64;
+                if have[..want.len()] != want[..] {
+                    return Err(format!("side {side}: bytes at {dst:?} differ from {src:?}"));
+                }
+            }
+            Check::Invalidated { stag } => {
+                if mine.region(*stag).is_some_and(|r| r.valid) {
+                    return Err(format!("side {side}: STag {stag:#x} not invalidated"));
+                }
+            }
+        }
+    }
+    Ok(Outcome {
+        virtual_ns: elapsed,
+        bytes,
+        stats: p.a.conn.sender_stats(),
+    })
+}
+
+fn env(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn sweep(loss_percent: u64, seeds: u64, ops: usize, budget: u64) {
+    if let Some(l) = env("TRP_SIM_LOSS") {
+        if l != loss_percent {
+            return;
+        }
+    }
+    let seeds: Vec<u64> = match env("TRP_SIM_SEED") {
+        Some(s) => vec![s],
+        None => (0..env("TRP_SIM_SOAK").unwrap_or(seeds))
+            .map(|i| 1000 * loss_percent + i)
+            .collect(),
+    };
+    for seed in seeds {
+        match run(seed, loss_percent as f64 / 100.0, ops, budget) {
+            Ok(o) => eprintln!(
+                "loss {loss_percent}% seed {seed}: {} bytes checked, {:.3} ms virtual, {:?}",
+                o.bytes,
+                o.virtual_ns as f64 / 1e6,
+                o.stats
+            ),
+            Err(e) => panic!(
+                "loss {loss_percent}% seed {seed} failed: {e}\nreplay: TRP_SIM_SEED={seed} TRP_SIM_LOSS={loss_percent} cargo test -p trp --test sim"
+            ),
+        }
+    }
+}
+
+#[test]
+fn workload_loss_0() {
+    sweep(0, 3, 150, 12 << 20);
+}
+
+#[test]
+fn workload_loss_1() {
+    sweep(1, 3, 150, 8 << 20);
+}
+
+#[test]
+fn workload_loss_10() {
+    sweep(10, 3, 100, 4 << 20);
+}
+
+#[test]
+fn workload_loss_30() {
+    sweep(30, 2, 60, 1 << 20);
+}
