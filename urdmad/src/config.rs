@@ -22,6 +22,9 @@ pub struct Config {
 pub struct Daemon {
     /// Unix control socket.
     pub socket: PathBuf,
+    /// Permission bits of the socket file, octal. urdmad checks every peer's credentials
+    /// itself, so a wider mode only changes who hears the refusal from urdmad.
+    pub socket_mode: String,
     /// Besides root, members of this group may attach. Empty: root only.
     pub group: String,
     /// DPDK `--file-prefix`: names the shared memory that secondaries attach to.
@@ -41,6 +44,7 @@ impl Default for Daemon {
     fn default() -> Self {
         Daemon {
             socket: PathBuf::from("/run/urdma/urdmad.sock"),
+            socket_mode: "0660".into(),
             group: "urdma".into(),
             file_prefix: "urdma".into(),
             memory_mb: 128,
@@ -114,8 +118,22 @@ impl Config {
         }
     }
 
+    /// The socket's permission bits.
+    pub fn socket_mode(&self) -> u32 {
+        u32::from_str_radix(&self.daemon.socket_mode, 8).unwrap_or(0o660)
+    }
+
     fn validate(&self) -> Result<(), String> {
         let d = &self.daemon;
+        match u32::from_str_radix(&d.socket_mode, 8) {
+            Ok(m) if m <= 0o777 => {}
+            _ => {
+                return Err(format!(
+                    "socket_mode {:?} is not an octal mode like \"0660\"",
+                    d.socket_mode
+                ))
+            }
+        }
         if self.ports.is_empty() {
             return Err("no [[port]] configured".into());
         }

@@ -36,7 +36,7 @@ impl Drop for Socket {
     }
 }
 
-fn bind_socket(path: &Path, gid: Option<u32>) -> Result<(UnixListener, Socket), String> {
+fn bind_socket(path: &Path, mode: u32, gid: Option<u32>) -> Result<(UnixListener, Socket), String> {
     let what = |e: std::io::Error| format!("cannot create control socket {}: {e}", path.display());
     let mut created_dir = None;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -66,7 +66,7 @@ fn bind_socket(path: &Path, gid: Option<u32>) -> Result<(UnixListener, Socket), 
         path: path.to_path_buf(),
         created_dir,
     };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(what)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(what)?;
     if let Some(g) = gid {
         std::os::unix::fs::chown(path, None, Some(g)).map_err(what)?;
     }
@@ -95,7 +95,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         }
     }
     let gid = crate::access::group_id(&cfg.daemon.group);
-    let (listener, socket) = bind_socket(&cfg.daemon.socket, gid)?;
+    let (listener, socket) = bind_socket(&cfg.daemon.socket, cfg.socket_mode(), gid)?;
 
     logging::route_dpdk_logs();
     let mut args = eal::eal_args(&cfg);

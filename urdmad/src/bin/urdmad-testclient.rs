@@ -78,6 +78,7 @@ fn run(args: &Args) -> Result<(), String> {
                     remote_mac: None,
                 })?;
             }
+            send_all(&s, args)?;
             let first = s.flows.first().map(|f| f.id);
             if let Some(id) = first {
                 s.close(id)?;

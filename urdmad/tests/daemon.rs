@@ -1,0 +1,540 @@
+//! urdmad on the host: exception path, steering, process life cycle, service behaviour.
+//! Each test builds its own namespaces and veth pair (see `common`), bounded in time.
+
+mod common;
+
+use common::*;
+use std::net::SocketAddrV4;
+use std::os::unix::net::UnixDatagram;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn addr(port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(LOCAL_IP, port)
+}
+
+fn send_from_peer(bed: &Bed, datagrams: Vec<(u16, Vec<u8>)>) {
+    in_netns(&bed.ns_b, move || {
+        let s = std::net::UdpSocket::bind(SocketAddrV4::new(PEER_IP, 0)).unwrap();
+        for (port, payload) in datagrams {
+            s.send_to(&payload, addr(port)).unwrap();
+        }
+    });
+}
+
+#[test]
+fn ping_crosses_the_exception_path() {
+    let bed = Bed::new("pg");
+    let d = bed.start();
+    let out = run_bounded(
+        Command::new("ip").args([
+            "netns",
+            "exec",
+            &bed.ns_b,
+            "ping",
+            "-c",
+            "3",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+            &LOCAL_IP.to_string(),
+        ]),
+        Duration::from_secs(20),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "ping failed: {text}");
+    assert!(text.contains("3 received"), "{text}");
+    assert!(!text.contains("DUP!"), "duplicate replies: {text}");
+    let st = d.status();
+    let to_kernel: u64 = field(&st, "exception", "", "to_kernel")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let from_kernel: u64 = field(&st, "exception", "", "from_kernel")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(to_kernel >= 4 && from_kernel >= 4, "{st:?}");
+}
+
+#[test]
+fn flows_get_their_packets_the_kernel_the_rest_and_secondaries_transmit() {
+    let bed = Bed::new("fl");
+    let d = bed.start();
+    // Kernel sockets in A on a flow's port (must stay empty) and on an unknown port.
+    let kernel_flow_port = udp_in(&bed.ns_a, addr(5001));
+    let kernel_other = udp_in(&bed.ns_a, addr(7000));
+    let peer = udp_in(&bed.ns_b, SocketAddrV4::new(PEER_IP, 6000));
+    let send = format!(
+        "{},{}:5001,{PEER_IP}:6000,from-secondary",
+        bed.peer_mac(),
+        LOCAL_IP
+    );
+    let mut c = TestClient::spawn(
+        &bed.socket(),
+        &[
+            "--open",
+            "10.99.0.1:5001",
+            "--open",
+            "10.99.0.1:5002",
+            "--send",
+            &send,
+            "--run-secs",
+            "8",
+        ],
+    );
+    let f1 = c.wait_for("OPENED", Duration::from_secs(20));
+    let f2 = c.wait_for("OPENED", Duration::from_secs(5));
+    c.wait_for("READY", Duration::from_secs(5));
+    let id = |l: &str| l.split_whitespace().nth(1).unwrap().to_owned();
+    let (f1, f2) = (id(&f1), id(&f2));
+
+    send_from_peer(
+        &bed,
+        vec![
+            (5001, b"one-a".to_vec()),
+            (5002, b"two-a".to_vec()),
+            (7000, b"kernel".to_vec()),
+            (5001, b"one-b".to_vec()),
+            (5002, b"two-b".to_vec()),
+        ],
+    );
+    let got = drain(&peer, Duration::from_secs(1));
+    let rx: Vec<String> = c
+        .collect(Duration::from_millis(800))
+        .iter()
+        .filter(|l| l.starts_with("RX "))
+        .cloned()
+        .collect();
+    let expect = |flow: &str, port: u16, payload: &str| {
+        rx.iter().any(|l| {
+            l.starts_with(&format!("RX {flow} dst={LOCAL_IP}:{port} "))
+                && l.ends_with(&format!("payload={payload}"))
+        })
+    };
+    assert!(
+        expect(&f1, 5001, "one-a") && expect(&f1, 5001, "one-b"),
+        "{rx:?}"
+    );
+    assert!(
+        expect(&f2, 5002, "two-a") && expect(&f2, 5002, "two-b"),
+        "{rx:?}"
+    );
+    assert_eq!(
+        rx.len(),
+        4,
+        "datagrams on the wrong ring or duplicated: {rx:?}"
+    );
+
+    let kernel = drain(&kernel_other, Duration::from_millis(300));
+    assert_eq!(
+        kernel.len(),
+        1,
+        "unknown port must reach the kernel once: {kernel:?}"
+    );
+    assert_eq!(kernel[0].0, b"kernel");
+    assert!(
+        drain(&kernel_flow_port, Duration::from_millis(300)).is_empty(),
+        "flow traffic leaked to the kernel"
+    );
+
+    assert_eq!(
+        got.len(),
+        1,
+        "the secondary's frame must reach the peer once: {got:?}"
+    );
+    assert_eq!(got[0].0, b"from-secondary");
+    assert_eq!(got[0].1, std::net::SocketAddr::V4(addr(5001)));
+
+    let st = d.status();
+    assert_eq!(
+        field(&st, "flow", &format!("id={}", &f1[5..]), "rx_packets").as_deref(),
+        Some("2"),
+        "{st:?}"
+    );
+    assert!(c.wait(Duration::from_secs(15)).success());
+}
+
+/// Status fields that must return to their starting values.
+fn baseline(st: &[String]) -> (String, String, String, String) {
+    (
+        field(st, "pool", "", "available").unwrap(),
+        field(st, "daemon", "", "rings").unwrap(),
+        field(st, "daemon", "", "flows").unwrap(),
+        field(st, "daemon", "", "processes").unwrap(),
+    )
+}
+
+#[test]
+fn hundred_attach_open_detach_cycles_return_to_baseline() {
+    let bed = Bed::new("cy");
+    let d = bed.start();
+    // Warm the exception path once so that ARP does not change counts mid-test.
+    send_from_peer(&bed, vec![(7000, b"warm".to_vec())]);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = baseline(&d.status());
+
+    // Traffic to both flow ports while processes come and go, so rings hold mbufs when
+    // they are torn down; every cycle also transmits a frame.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let blaster = {
+        let stop = stop.clone();
+        let ns = bed.ns_b.clone();
+        std::thread::spawn(move || {
+            in_netns(&ns, move || {
+                let s = std::net::UdpSocket::bind(SocketAddrV4::new(PEER_IP, 0)).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = s.send_to(b"load", addr(5001));
+                    let _ = s.send_to(b"load", addr(5002));
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+            })
+        })
+    };
+    let send = format!("{},{}:5001,{PEER_IP}:6000,cycle", bed.peer_mac(), LOCAL_IP);
+    let out = run_bounded(
+        Command::new(TESTCLIENT)
+            .arg("--socket")
+            .arg(bed.socket())
+            .args([
+                "--open",
+                "10.99.0.1:5001",
+                "--open",
+                "10.99.0.1:5002",
+                "--send",
+                &send,
+                "--cycles",
+                "100",
+            ]),
+        Duration::from_secs(90),
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    blaster.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("CYCLES 100"));
+    std::thread::sleep(Duration::from_millis(300));
+    let st = d.status();
+    let rx: u64 = field(&st, "port", "", "from_processes")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(rx, 100, "every cycle's frame was transmitted: {st:?}");
+    assert_eq!(baseline(&st), before, "status after 100 cycles: {st:?}");
+}
+
+#[test]
+fn killed_secondary_is_reclaimed_within_a_second_while_another_keeps_receiving() {
+    let bed = Bed::new("kl");
+    let d = bed.start();
+    let mut keep = TestClient::spawn(
+        &bed.socket(),
+        &["--open", "10.99.0.1:5001", "--run-secs", "10"],
+    );
+    keep.wait_for("READY", Duration::from_secs(20));
+    let mut victim = TestClient::spawn(
+        &bed.socket(),
+        &["--open", "10.99.0.1:5002", "--run-secs", "30"],
+    );
+    victim.wait_for("READY", Duration::from_secs(20));
+    // Leave frames on the victim's ring.
+    send_from_peer(&bed, vec![(5002, b"x".to_vec()), (5002, b"y".to_vec())]);
+    std::thread::sleep(Duration::from_millis(100));
+    let st = d.status();
+    assert_eq!(count(&st, "process"), 2, "{st:?}");
+
+    // SAFETY: killing the process this test started.
+    unsafe { libc::kill(victim.pid(), libc::SIGKILL) };
+    let killed = Instant::now();
+    let reclaimed = loop {
+        let st = d.status();
+        if count(&st, "process") == 1
+            && count(&st, "flow") == 1
+            && field(&st, "daemon", "", "rings").as_deref() == Some("2")
+        {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "not reclaimed: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        reclaimed < Duration::from_secs(1),
+        "reclaimed after {reclaimed:?}"
+    );
+    let _ = victim.wait(Duration::from_secs(5));
+
+    let st = d.status();
+    assert!(
+        field(&st, "flow", "", "local").unwrap().ends_with(":5001"),
+        "{st:?}"
+    );
+    send_from_peer(&bed, vec![(5001, b"still-here".to_vec())]);
+    let l = keep.wait_for("RX ", Duration::from_secs(5));
+    assert!(l.ends_with("payload=still-here"), "{l}");
+    assert!(keep.wait(Duration::from_secs(15)).success());
+}
+
+fn bad_start(bed: &Bed, cmd: &mut Command, expect: &str, socket: &std::path::Path) {
+    let out = run_bounded(cmd, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "must fail: {err}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("urdmad: error: "),
+        "last line is not the error: {err}"
+    );
+    assert!(
+        last.contains(expect),
+        "error does not name {expect:?}: {last}"
+    );
+    let errors: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("urdmad: error"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    bed.assert_nothing_left(socket);
+}
+
+#[test]
+fn bad_starts_exit_non_zero_with_one_line_and_leave_nothing() {
+    let bed = Bed::new("bs");
+    let socket = bed.socket();
+
+    // Malformed configuration.
+    let cfg = bed.write_config("malformed.toml", "[daemon\nsocket = 1\n");
+    bad_start(&bed, &mut bed.urdmad_cmd(&cfg), "line 1", &socket);
+
+    // Unknown vdev.
+    let cfg = bed.write_config("vdev.toml", &bed.config("", Some("net_nosuchpmd0")));
+    bad_start(&bed, &mut bed.urdmad_cmd(&cfg), "net_nosuchpmd0", &socket);
+
+    // af_packet on an interface that does not exist.
+    let cfg = bed.write_config(
+        "iface.toml",
+        &bed.config("", Some("net_af_packet0,iface=nosuchif0")),
+    );
+    bad_start(&bed, &mut bed.urdmad_cmd(&cfg), "net_af_packet0", &socket);
+
+    // Unwritable socket path.
+    let unwritable = std::path::PathBuf::from("/proc/urdmad-test/urdmad.sock");
+    let text = bed
+        .config("", None)
+        .replace(&format!("{:?}", socket), &format!("{:?}", unwritable));
+    let cfg = bed.write_config("sock.toml", &text);
+    bad_start(
+        &bed,
+        &mut bed.urdmad_cmd(&cfg),
+        "control socket /proc/urdmad-test/urdmad.sock",
+        &socket,
+    );
+
+    // No hugepages: hugetlbfs unmounted in a private mount namespace.
+    let cfg = bed.write_config("nohuge.toml", &bed.config("", None));
+    let script = format!(
+        "awk '$3==\"hugetlbfs\"{{print $2}}' /proc/mounts | while read m; do umount \"$m\"; done; exec ip netns exec {} {URDMAD} --config {}",
+        bed.ns_a,
+        cfg.display()
+    );
+    bad_start(
+        &bed,
+        Command::new("unshare").args(["-m", "sh", "-c", &script]),
+        "hugetlbfs",
+        &socket,
+    );
+
+    // More hugepage memory than is free.
+    let cfg = bed.write_config(
+        "toomuch.toml",
+        &bed.config("", None)
+            .replace("memory_mb = 48", "memory_mb = 10000000"),
+    );
+    bad_start(
+        &bed,
+        &mut bed.urdmad_cmd(&cfg),
+        "not enough free hugepages",
+        &socket,
+    );
+}
+
+#[test]
+fn second_urdmad_on_the_same_prefix_is_refused_and_the_first_keeps_serving() {
+    let bed = Bed::new("sp");
+    let mut first = bed.start();
+    let other_socket = bed.dir.join("second.sock");
+    let text = bed
+        .config("", None)
+        .replace(&format!("{:?}", bed.socket()), &format!("{other_socket:?}"))
+        .replace(
+            &format!("exception = {:?}", bed.tap),
+            "exception = \"urdt2nd0\"",
+        );
+    let cfg = bed.write_config("second.toml", &text);
+    let out = run_bounded(&mut bed.urdmad_cmd(&cfg), Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("urdmad: error: ") && last.contains("another DPDK primary"),
+        "{err}"
+    );
+    assert!(!other_socket.exists());
+    assert!(!bed.link_exists(&bed.ns_a, "urdt2nd0"));
+    assert!(first.try_status().is_ok(), "first urdmad must keep serving");
+    let (status, log) = first.stop();
+    assert!(status.success(), "{log}");
+    bed.assert_nothing_left(&bed.socket());
+}
+
+#[test]
+fn users_outside_the_group_are_refused_members_are_served() {
+    let bed = Bed::new("ac");
+    // A world-connectable socket, so that the refusal comes from urdmad's own check.
+    let cfg = bed.write_config(
+        "root-only.toml",
+        &bed.config("socket_mode = \"0666\"", None),
+    );
+    let mut d = bed.start_with(&cfg);
+    let as_nobody = |socket: &std::path::Path| {
+        run_bounded(
+            Command::new("setpriv")
+                .args([
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    URDMAD,
+                    "status",
+                    "--socket",
+                ])
+                .arg(socket),
+            Duration::from_secs(10),
+        )
+    };
+    let out = as_nobody(&bed.socket());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("refused (EACCES)") && err.contains("uid 65534 is not allowed"),
+        "{err}"
+    );
+    assert!(d.try_status().is_ok(), "root is still served");
+    d.stop();
+
+    // Members of the configured group are served.
+    let group = run_bounded(
+        Command::new("id").args(["-gn", "nobody"]),
+        Duration::from_secs(5),
+    );
+    let group = String::from_utf8_lossy(&group.stdout).trim().to_string();
+    let cfg = bed.write_config(
+        "group.toml",
+        &bed.config("", None)
+            .replace("group = \"\"", &format!("group = {group:?}")),
+    );
+    let _d = bed.start_with(&cfg);
+    let out = as_nobody(&bed.socket());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("daemon "));
+}
+
+#[test]
+fn notify_socket_gets_ready_after_ports_are_up_and_stopping_on_sigterm() {
+    let bed = Bed::new("nt");
+    let notify_path = bed.dir.join("notify");
+    let listener = UnixDatagram::bind(&notify_path).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let cfg = bed.write_config("notify.toml", &bed.config("", None));
+    let mut child = bed
+        .urdmad_cmd(&cfg)
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = listener.recv(&mut buf).expect("a notification within 30 s");
+    let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+    let ready_tap = bed.link_exists(&bed.ns_a, &bed.tap);
+    let ready_socket = bed.socket().exists();
+    // SAFETY: signalling the process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let n = listener.recv(&mut buf);
+    let end = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("urdmad did not stop on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(msg.lines().any(|l| l == "READY=1"), "{msg}");
+    assert!(
+        ready_tap && ready_socket,
+        "READY=1 before the exception interface and socket were up"
+    );
+    let stopping = String::from_utf8_lossy(&buf[..n.expect("STOPPING within 30 s")]).to_string();
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping}");
+    assert!(status.success());
+    bed.assert_nothing_left(&bed.socket());
+}
+
+#[test]
+fn systemd_accepts_the_unit() {
+    let unit =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/urdmad.service")).unwrap();
+    // The unit names the installed path; verify it against the binary built here.
+    let dir = std::env::temp_dir().join(format!("urdmad-unit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("urdmad.service");
+    std::fs::write(&path, unit.replace("/usr/sbin/urdmad", URDMAD)).unwrap();
+    let out = run_bounded(
+        Command::new("systemd-analyze").arg("verify").arg(&path),
+        Duration::from_secs(30),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn check_config_accepts_the_example_and_rejects_garbage() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/urdmad.toml");
+    let out = run_bounded(
+        Command::new(URDMAD).args(["--check-config", "--config", example]),
+        Duration::from_secs(10),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run_bounded(
+        Command::new(URDMAD).args(["--check-config"]),
+        Duration::from_secs(10),
+    );
+    assert!(out.status.success(), "built-in default");
+    let out = run_bounded(
+        Command::new(URDMAD).args(["--check-config", "--config", "/nonexistent/urdmad.toml"]),
+        Duration::from_secs(10),
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("urdmad: error: cannot read"));
+}
