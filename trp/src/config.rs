@@ -40,7 +40,7 @@ impl Default for Config {
             initial_cwnd: 16,
             ack_delay: Duration::from_micros(200),
             initial_rto: Duration::from_millis(10),
-            min_rto: Duration::from_millis(2),
+            min_rto: Duration::from_millis(1),
             max_rto: Duration::from_millis(500),
             max_retries: 7,
             ird: 16,

@@ -824,10 +824,10 @@ impl Connection {
         buf: &mut [u8],
         psn: u32,
         kind: TxKind,
-        retransmit: bool,
+        ack_now: bool,
     ) -> usize {
         let at = trp::HEADER_LEN;
-        let mut flags = if retransmit { trp::FLAG_ACK_REQUEST } else { 0 };
+        let mut flags = if ack_now { trp::FLAG_ACK_REQUEST } else { 0 };
         let (opcode, end) = match kind {
             TxKind::Accept => {
                 let pd = self

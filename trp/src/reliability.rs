@@ -58,7 +58,10 @@ pub struct Sender<K> {
     cwnd: u32,
     cwnd_acc: u32,
     ssthresh: u32,
+    /// While set, further losses before this PSN do not cut the window again.
     recovery_end: Option<u32>,
+    /// After a timeout the window slow-starts back even during recovery.
+    rto_recovery: bool,
     peer_window: u32,
     srtt: Option<u64>,
     rttvar: u64,
@@ -102,6 +105,7 @@ impl<K> Sender<K> {
             cwnd_acc: 0,
             ssthresh: p.max_cwnd,
             recovery_end: None,
+            rto_recovery: false,
             peer_window: peer_window.max(1),
             srtt: None,
             rttvar: 0,
@@ -226,7 +230,7 @@ impl<K> Sender<K> {
     }
 
     fn on_delivered(&mut self) {
-        if self.recovery_end.is_some() {
+        if self.recovery_end.is_some() && !self.rto_recovery {
             return;
         }
         if self.cwnd < self.ssthresh {
@@ -324,6 +328,7 @@ impl<K> Sender<K> {
         if let Some(end) = self.recovery_end {
             if psn_le(end, self.una) {
                 self.recovery_end = None;
+                self.rto_recovery = false;
             }
         }
         if let Some(h) = highest_sacked {
@@ -390,6 +395,7 @@ impl<K> Sender<K> {
         self.cwnd = 2;
         self.cwnd_acc = 0;
         self.recovery_end = Some(self.nxt);
+        self.rto_recovery = true;
         self.lost_q.clear();
         for (i, s) in self.segs.iter_mut().enumerate() {
             if !s.sacked {

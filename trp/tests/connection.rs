@@ -1,0 +1,491 @@
+//! Connection life cycle and error paths through the simulator.
+
+use trp::sim::{LinkConfig, Pair};
+use trp::wire::rdmap::{term, Layer};
+use trp::{
+    Access, Completion, Config, Event, FailReason, Incoming, Memory, QpState, Queue, RecvWr,
+    Region, SendOp, SendWr, Sge, VecMemory, WcOpcode, WcStatus,
+};
+
+fn memory() -> VecMemory {
+    let mut m = VecMemory::new(1 << 20);
+    m.register(
+        1,
+        Region {
+            pd: 0,
+            base: 0,
+            len: 1 << 19,
+            access: Access::LOCAL_WRITE,
+            valid: true,
+        },
+        false,
+    );
+    m.register(
+        2,
+        Region {
+            pd: 0,
+            base: 1 << 19,
+            len: 1 << 19,
+            access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+            valid: true,
+        },
+        false,
+    );
+    m
+}
+
+fn pair(cfg_a: Config, cfg_b: Config) -> Pair {
+    Pair::connect(cfg_a, cfg_b, LinkConfig::default(), 7, memory(), memory()).unwrap()
+}
+
+fn drain(c: &mut trp::Connection) -> Vec<Completion> {
+    std::iter::from_fn(|| c.poll_completion()).collect()
+}
+
+fn events(c: &mut trp::Connection) -> Vec<Event> {
+    std::iter::from_fn(|| c.poll_event()).collect()
+}
+
+fn sge(addr: u64, len: u32) -> [Sge; 1] {
+    [Sge { addr, len, lkey: 1 }]
+}
+
+fn send(p: &mut Pair, wr_id: u64, op: SendOp, s: &[Sge]) {
+    p.a.conn
+        .post_send(
+            &p.a.mem,
+            &SendWr {
+                wr_id,
+                op,
+                sges: s,
+                signaled: true,
+            },
+        )
+        .unwrap();
+}
+
+#[test]
+fn peer_vanishes() {
+    let mut p = pair(Config::default(), Config::default());
+    let s = sge(0, 100_000);
+    p.a.conn
+        .post_recv(
+            &p.a.mem,
+            &RecvWr {
+                wr_id: 100,
+                sges: &sge(200_000, 64),
+            },
+        )
+        .unwrap();
+    p.a.conn
+        .post_recv(
+            &p.a.mem,
+            &RecvWr {
+                wr_id: 101,
+                sges: &sge(200_100, 64),
+            },
+        )
+        .unwrap();
+    // The peer is gone before anything arrives.
+    p.ab.up = false;
+    p.ba.up = false;
+    send(
+        &mut p,
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: 1 << 19,
+            rkey: 2,
+        },
+        &s,
+    );
+    send(
+        &mut p,
+        2,
+        SendOp::Send {
+            invalidate: None,
+            solicited: false,
+        },
+        &s,
+    );
+    for i in 3..40 {
+        send(
+            &mut p,
+            i,
+            SendOp::RdmaRead {
+                remote_addr: 1 << 19,
+                rkey: 2,
+            },
+            &sge(300_000, 10),
+        );
+    }
+    let start = p.now;
+    let failed = p.run_until(trp::Instant(start.0 + 10_000_000_000), |p| {
+        p.a.conn.state() == QpState::Closed
+    });
+    assert!(failed);
+    let elapsed = p.now.0 - start.0;
+    // Exponential back-off from the initial RTO, capped, for each retry.
+    let cfg = Config::default();
+    let bound: u64 = (0..=cfg.max_retries)
+        .map(|i| (cfg.initial_rto.as_nanos() as u64) << i)
+        .map(|r| r.min(cfg.max_rto.as_nanos() as u64))
+        .sum();
+    assert!(elapsed <= bound, "took {elapsed} ns, bound {bound}");
+    assert_eq!(
+        events(&mut p.a.conn),
+        vec![Event::Failed(FailReason::RetryExceeded)]
+    );
+    let cq = drain(&mut p.a.conn);
+    let sends: Vec<_> = cq.iter().filter(|c| c.queue == Queue::Send).collect();
+    assert_eq!(sends.len(), 39);
+    // Work that reached the wire fails with retry-exceeded; work that never
+    // started (here: everything behind the congestion window) is flushed.
+    assert_eq!(sends[0].status, WcStatus::RetryExceeded);
+    let mut flushing = false;
+    for (i, c) in sends.iter().enumerate() {
+        assert_eq!(c.wr_id, i as u64 + 1, "completions in posting order");
+        flushing |= c.status == WcStatus::Flush;
+        let want = if flushing {
+            WcStatus::Flush
+        } else {
+            WcStatus::RetryExceeded
+        };
+        assert_eq!(c.status, want, "wr {}", c.wr_id);
+    }
+    assert_eq!(sends[38].status, WcStatus::Flush);
+    let recvs: Vec<_> = cq
+        .iter()
+        .filter(|c| c.queue == Queue::Recv)
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(recvs, vec![(100, WcStatus::Flush), (101, WcStatus::Flush)]);
+    // Posting after the failure completes at once with a flush.
+    send(
+        &mut p,
+        99,
+        SendOp::Send {
+            invalidate: None,
+            solicited: false,
+        },
+        &s,
+    );
+    assert_eq!(drain(&mut p.a.conn)[0].status, WcStatus::Flush);
+}
+
+#[test]
+fn graceful_close_flushes_receives() {
+    let mut p = pair(Config::default(), Config::default());
+    p.b.conn
+        .post_recv(
+            &p.b.mem,
+            &RecvWr {
+                wr_id: 10,
+                sges: &sge(0, 4096),
+            },
+        )
+        .unwrap();
+    p.b.conn
+        .post_recv(
+            &p.b.mem,
+            &RecvWr {
+                wr_id: 11,
+                sges: &sge(4096, 4096),
+            },
+        )
+        .unwrap();
+    send(
+        &mut p,
+        1,
+        SendOp::Send {
+            invalidate: None,
+            solicited: true,
+        },
+        &sge(8192, 3000),
+    );
+    p.a.conn.close();
+    assert!(p
+        .a
+        .conn
+        .post_send(
+            &p.a.mem,
+            &SendWr {
+                wr_id: 2,
+                op: SendOp::Send {
+                    invalidate: None,
+                    solicited: false
+                },
+                sges: &[],
+                signaled: true
+            }
+        )
+        .is_err());
+    let ok = p.run_until(trp::Instant(p.now.0 + 1_000_000_000), |p| {
+        p.a.conn.state() == QpState::Closed && p.b.conn.state() == QpState::Closed
+    });
+    assert!(ok, "{:?} {:?}", p.a.conn.state(), p.b.conn.state());
+    assert_eq!(
+        events(&mut p.a.conn),
+        vec![Event::PeerClosed, Event::Closed]
+    );
+    assert_eq!(
+        events(&mut p.b.conn),
+        vec![Event::PeerClosed, Event::Closed]
+    );
+    let a = drain(&mut p.a.conn);
+    assert_eq!((a[0].wr_id, a[0].status), (1, WcStatus::Success));
+    let b = drain(&mut p.b.conn);
+    assert_eq!(
+        (b[0].wr_id, b[0].status, b[0].byte_len, b[0].solicited),
+        (10, WcStatus::Success, 3000, true)
+    );
+    assert_eq!((b[1].wr_id, b[1].status), (11, WcStatus::Flush));
+}
+
+#[test]
+fn abort_reaches_peer() {
+    let mut p = pair(Config::default(), Config::default());
+    p.b.conn
+        .post_recv(
+            &p.b.mem,
+            &RecvWr {
+                wr_id: 10,
+                sges: &sge(0, 64),
+            },
+        )
+        .unwrap();
+    let now = p.now;
+    p.a.conn.abort(now);
+    assert_eq!(p.a.conn.state(), QpState::Closed);
+    p.run_until(trp::Instant(p.now.0 + 10_000_000), |p| {
+        p.b.conn.state() == QpState::Closed
+    });
+    assert_eq!(
+        events(&mut p.b.conn),
+        vec![Event::Failed(FailReason::PeerAborted)]
+    );
+    assert_eq!(drain(&mut p.b.conn)[0].status, WcStatus::Flush);
+}
+
+#[test]
+fn reject_carries_private_data() {
+    let cfg = Config::default();
+    let mut c = trp::Connecting::new(cfg, 5, 1, b"please", trp::Instant(0)).unwrap();
+    let mut buf = vec![0u8; 2048];
+    let n = c.poll_transmit(trp::Instant(0), &mut buf).unwrap();
+    let inc = Incoming::parse(&buf[..n]).unwrap();
+    assert_eq!(inc.private_data(), b"please");
+    let mut out = vec![0u8; 2048];
+    let m = inc.reject(b"no thanks", &mut out).unwrap();
+    match c.handle_datagram(trp::Instant(1), &out[..m]) {
+        trp::ConnectOutcome::Rejected { private_data } => assert_eq!(private_data, b"no thanks"),
+        o => panic!("{o:?}"),
+    }
+    assert!(trp::Connecting::new(cfg, 5, 1, &[0; 513], trp::Instant(0)).is_err());
+}
+
+#[test]
+fn connect_times_out_without_peer() {
+    let cfg = Config::default();
+    let mut c = trp::Connecting::new(cfg, 5, 1, b"", trp::Instant(0)).unwrap();
+    let mut buf = vec![0u8; 2048];
+    let mut sent = 0;
+    for _ in 0..100 {
+        let now = c.poll_timeout().unwrap();
+        while c.poll_transmit(now, &mut buf).is_some() {
+            sent += 1;
+        }
+        match c.handle_timeout(now) {
+            trp::ConnectOutcome::Pending(n) => c = n,
+            trp::ConnectOutcome::TimedOut => {
+                assert_eq!(sent, cfg.max_retries + 1);
+                return;
+            }
+            o => panic!("{o:?}"),
+        }
+    }
+    panic!("never timed out");
+}
+
+#[test]
+fn write_outside_region_terminates() {
+    let mut p = pair(Config::default(), Config::default());
+    let before = p.b.mem.bytes.clone();
+    send(
+        &mut p,
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: (1 << 20) - 10,
+            rkey: 2,
+        },
+        &sge(0, 100),
+    );
+    send(
+        &mut p,
+        2,
+        SendOp::Send {
+            invalidate: None,
+            solicited: false,
+        },
+        &sge(0, 10),
+    );
+    p.run_until(trp::Instant(p.now.0 + 100_000_000), |p| {
+        p.a.conn.state() == QpState::Closed && p.b.conn.state() == QpState::Closed
+    });
+    assert_eq!(p.b.mem.bytes, before, "nothing written");
+    let t = match events(&mut p.a.conn)[..] {
+        [Event::Failed(FailReason::TerminateReceived(t))] => t,
+        ref e => panic!("{e:?}"),
+    };
+    assert_eq!(
+        (t.layer, t.etype, t.code),
+        (Layer::Ddp, term::DDP_TAGGED, term::T_BASE_BOUNDS)
+    );
+    let cq = drain(&mut p.a.conn);
+    assert_eq!((cq[0].wr_id, cq[0].status), (1, WcStatus::RemoteAccess));
+    assert_eq!((cq[1].wr_id, cq[1].status), (2, WcStatus::Flush));
+    assert!(matches!(
+        events(&mut p.b.conn)[..],
+        [Event::Failed(FailReason::TerminateSent(_))]
+    ));
+}
+
+#[test]
+fn send_too_long_for_receive() {
+    let mut p = pair(Config::default(), Config::default());
+    p.b.conn
+        .post_recv(
+            &p.b.mem,
+            &RecvWr {
+                wr_id: 10,
+                sges: &sge(0, 10),
+            },
+        )
+        .unwrap();
+    p.b.conn
+        .post_recv(
+            &p.b.mem,
+            &RecvWr {
+                wr_id: 11,
+                sges: &sge(0, 10),
+            },
+        )
+        .unwrap();
+    send(
+        &mut p,
+        1,
+        SendOp::Send {
+            invalidate: None,
+            solicited: false,
+        },
+        &sge(0, 100),
+    );
+    p.run_until(trp::Instant(p.now.0 + 100_000_000), |p| {
+        p.a.conn.state() == QpState::Closed
+    });
+    let b = drain(&mut p.b.conn);
+    assert_eq!((b[0].wr_id, b[0].status), (10, WcStatus::LocalLength));
+    assert_eq!((b[1].wr_id, b[1].status), (11, WcStatus::Flush));
+    assert_eq!(drain(&mut p.a.conn)[0].status, WcStatus::RemoteOperation);
+}
+
+#[test]
+fn receive_window_is_never_overrun() {
+    let b_cfg = Config {
+        recv_window: 8,
+        ..Config::default()
+    };
+    let mut p = pair(Config::default(), b_cfg);
+    send(
+        &mut p,
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: 1 << 19,
+            rkey: 2,
+        },
+        &sge(0, 200_000),
+    );
+    p.run_until(trp::Instant(p.now.0 + 1_000_000_000), |p| {
+        p.a.conn.poll_completion().is_some()
+    });
+    assert!(p.a.conn.sender_stats().max_in_flight <= 8);
+}
+
+#[test]
+fn ord_limited_by_peer_ird_and_reads_complete() {
+    let a_cfg = Config {
+        ord: 16,
+        ..Config::default()
+    };
+    let b_cfg = Config {
+        ird: 2,
+        ..Config::default()
+    };
+    let mut p = pair(a_cfg, b_cfg);
+    assert_eq!(p.a.conn.ord(), 2);
+    let data: Vec<u8> = (0..=255).collect();
+    p.b.mem.write(1 << 19, &data);
+    for i in 0..20u64 {
+        send(
+            &mut p,
+            i,
+            SendOp::RdmaRead {
+                remote_addr: 1 << 19,
+                rkey: 2,
+            },
+            &sge(i * 256, 256),
+        );
+    }
+    let mut n = 0;
+    assert!(p.run_until(trp::Instant(p.now.0 + 1_000_000_000), |p| {
+        while let Some(c) = p.a.conn.poll_completion() {
+            assert_eq!(
+                (c.wr_id, c.status, c.opcode),
+                (n, WcStatus::Success, WcOpcode::RdmaRead)
+            );
+            n += 1;
+        }
+        n == 20
+    }));
+    for i in 0..20usize {
+        assert_eq!(&p.a.mem.bytes[i * 256..i * 256 + 256], &data[..]);
+    }
+    assert_eq!(p.b.conn.state(), QpState::Rts);
+}
+
+#[test]
+fn lost_handshake_packets_are_repeated() {
+    for seed in 0..20 {
+        let link = LinkConfig {
+            loss: 0.5,
+            ..LinkConfig::default()
+        };
+        let mut p = Pair::connect(
+            Config::default(),
+            Config::default(),
+            link,
+            seed,
+            memory(),
+            memory(),
+        )
+        .unwrap();
+        p.ab.cfg.loss = 0.0;
+        p.ba.cfg.loss = 0.0;
+        send(
+            &mut p,
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: 1 << 19,
+                rkey: 2,
+            },
+            &sge(0, 5000),
+        );
+        assert!(
+            p.run_until(trp::Instant(p.now.0 + 2_000_000_000), |p| p
+                .a
+                .conn
+                .poll_completion()
+                .is_some()),
+            "seed {seed}"
+        );
+    }
+}
