@@ -1,0 +1,180 @@
+//! Property tests: no tagged placement or read ever touches memory the
+//! application did not register for the peer, and each violation yields the
+//! Terminate code RFC 5040/5041 prescribe.
+
+use proptest::prelude::*;
+use trp::mr::{self, ProtectionError};
+use trp::sim::{LinkConfig, Pair};
+use trp::{
+    Access, Config, Event, FailReason, Memory, QpState, Region, SendOp, SendWr, Sge, VecMemory,
+    WcStatus,
+};
+
+const SIZE: u64 = 64 * 1024;
+const PD: u32 = 9;
+const LKEY: u32 = 1;
+const TARGET: u32 = 0x77;
+
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Valid,
+    Unknown,
+    Invalidated,
+    OtherPd,
+}
+
+fn setup(target: Target, base: u64, len: u64, access: Access) -> (VecMemory, VecMemory) {
+    let mut a = VecMemory::new(SIZE as usize);
+    a.register(
+        LKEY,
+        Region {
+            pd: PD,
+            base: 0,
+            len: SIZE,
+            access: Access::LOCAL_WRITE,
+            valid: true,
+        },
+        false,
+    );
+    for (i, b) in a.bytes.iter_mut().enumerate() {
+        *b = i as u8 ^ 0x5a;
+    }
+    let mut b = VecMemory::new(SIZE as usize);
+    for (i, x) in b.bytes.iter_mut().enumerate() {
+        *x = (i * 7) as u8;
+    }
+    let region = Region {
+        pd: if matches!(target, Target::OtherPd) {
+            PD + 1
+        } else {
+            PD
+        },
+        base,
+        len,
+        access,
+        valid: !matches!(target, Target::Invalidated),
+    };
+    if !matches!(target, Target::Unknown) {
+        b.register(TARGET, region, true);
+    }
+    (a, b)
+}
+
+fn offsets() -> impl Strategy<Value = u64> {
+    prop_oneof![0..SIZE * 2, (u64::MAX - 4096)..=u64::MAX, Just(0u64),]
+}
+
+fn rights() -> impl Strategy<Value = Access> {
+    (0u8..8).prop_map(Access::from_bits)
+}
+
+fn targets() -> impl Strategy<Value = Target> {
+    prop_oneof![
+        4 => Just(Target::Valid),
+        1 => Just(Target::Unknown),
+        1 => Just(Target::Invalidated),
+        1 => Just(Target::OtherPd),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tagged_access(
+        target in targets(),
+        base in 0..SIZE,
+        rlen in 0..SIZE,
+        access in rights(),
+        to in offsets(),
+        len in 0u32..6000,
+        read in any::<bool>(),
+    ) {
+        let rlen = rlen.min(SIZE - base);
+        let (a, b) = setup(target, base, rlen, access);
+        let need = if read { Access::REMOTE_READ } else { Access::REMOTE_WRITE };
+        // A write is checked segment by segment (1438 payload bytes each at
+        // the default datagram size): the first bad segment decides.
+        let expect = if read {
+            mr::check(&b, TARGET, PD, to, u64::from(len), need)
+        } else {
+            let seg = 1472 - 20 - 14;
+            let mut r = mr::check(&b, TARGET, PD, to, u64::from(len.min(seg)), need);
+            let mut off = seg;
+            while r.is_ok() && off < len {
+                let l = (len - off).min(seg);
+                r = mr::check(&b, TARGET, PD, to.wrapping_add(u64::from(off)), u64::from(l), need);
+                off += seg;
+            }
+            r
+        };
+        let cfg = Config { pd: PD, ..Config::default() };
+        let mut p = Pair::connect(cfg, cfg, LinkConfig::default(), 1, a, b).unwrap();
+        let before_b = p.b.mem.bytes.clone();
+        let sink = SIZE - u64::from(len);
+        let sge = [Sge { addr: sink, len, lkey: LKEY }];
+        let op = if read {
+            SendOp::RdmaRead { remote_addr: to, rkey: TARGET }
+        } else {
+            SendOp::RdmaWrite { remote_addr: to, rkey: TARGET }
+        };
+        p.a.conn.post_send(&p.a.mem, &SendWr { wr_id: 1, op, sges: &sge, signaled: true }).unwrap();
+        let mut done = None;
+        p.run_until(trp::Instant(p.now.0 + 1_000_000_000), |p| {
+            if let Some(c) = p.a.conn.poll_completion() { done = Some(c); }
+            done.is_some() && p.b.conn.state() != QpState::Error
+        });
+        let c = done.expect("completion");
+        match expect {
+            Ok(()) => {
+                prop_assert_eq!(c.status, WcStatus::Success);
+                if read {
+                    let s = to as usize;
+                    prop_assert_eq!(&p.a.mem.bytes[sink as usize..], &before_b[s..s + len as usize]);
+                    prop_assert_eq!(&p.b.mem.bytes, &before_b);
+                } else {
+                    let mut want = before_b.clone();
+                    want[to as usize..to as usize + len as usize].copy_from_slice(&p.a.mem.bytes[sink as usize..]);
+                    prop_assert_eq!(&p.b.mem.bytes, &want);
+                }
+            }
+            Err(e) => {
+                // Nothing outside what was registered for the peer moved (a
+                // write may have placed its good leading segments), the
+                // initiator learns the RFC's error code, and the target's QP
+                // went to error.
+                let allowed = matches!(target, Target::Valid) && access.contains(Access::REMOTE_WRITE);
+                for (i, (x, y)) in p.b.mem.bytes.iter().zip(&before_b).enumerate() {
+                    let i = i as u64;
+                    if x != y {
+                        prop_assert!(!read && allowed && i >= base && i < base + rlen, "byte {} changed", i);
+                    }
+                }
+                prop_assert_eq!(c.status, WcStatus::RemoteAccess);
+                let ev = p.a.conn.poll_event();
+                let t = match ev {
+                    Some(Event::Failed(FailReason::TerminateReceived(t))) => t,
+                    other => return Err(TestCaseError::fail(format!("event {other:?}"))),
+                };
+                let want = if read { e.read_term() } else { e.tagged_term() };
+                prop_assert_eq!((t.layer, t.etype, t.code), want);
+                if read {
+                    prop_assert!(t.rdmap_header.is_some(), "read request echoed");
+                } else {
+                    prop_assert!(t.ddp_header.is_some(), "DDP header echoed");
+                }
+                prop_assert_eq!(p.b.conn.state(), QpState::Closed);
+                prop_assert!(matches!(
+                    e,
+                    ProtectionError::UnknownStag
+                        | ProtectionError::Invalidated
+                        | ProtectionError::WrongPd
+                        | ProtectionError::Wrap
+                        | ProtectionError::Bounds
+                        | ProtectionError::Access
+                ));
+            }
+        }
+        let _ = p.b.mem.region(TARGET);
+    }
+}
