@@ -15,9 +15,15 @@
 
 #include <linux/types.h>
 
-#define URDMA_ABI_VERSION 1
+#define URDMA_ABI_VERSION 2
 /* "URDM": tells the provider that the context really came from urdma.ko. */
 #define URDMA_ABI_MAGIC 0x5552444dU
+/*
+ * The device's node_desc in sysfs.  With node type RNIC and no driver id
+ * (RDMA_DRIVER_UNKNOWN) it is how the provider recognises a urdma device;
+ * the device name is chosen by the administrator and proves nothing.
+ */
+#define URDMA_NODE_DESC "urdma"
 
 /* Response to alloc_ucontext. */
 struct urdma_uresp_alloc_ctx {

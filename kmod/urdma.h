@@ -20,13 +20,13 @@
 
 #include "urdma-abi.h"
 
-#define URDMA_NODE_DESC "urdma"
 #define URDMA_FW_VERSION "0.1.0"
 
 /*
  * Device limits.  They describe what this module accounts for and what the
  * provider's queues are sized for; query_device reports exactly these and
- * every create path enforces them.
+ * every create path enforces them.  The object counts can be lowered per
+ * module load (module parameters), never raised.
  */
 #define URDMA_MAX_CONTEXT	1024
 #define URDMA_MAX_PD		16384
@@ -41,7 +41,8 @@
 /* Outstanding RDMA READs a QP may issue (ORD) and accept (IRD). */
 #define URDMA_MAX_ORD		32
 #define URDMA_MAX_IRD		32
-#define URDMA_MAX_MR_SIZE	(1ULL << 40)
+/* 1 TiB */
+#define URDMA_MAX_MR_SIZE	0x10000000000ULL
 
 /*
  * QP numbers double as the handle rdma_cm passes to iw_get_qp.  0 and 1
@@ -54,8 +55,18 @@
 /* An STag is a 24-bit index and an 8-bit key. */
 #define URDMA_STAG_INDEX_MAX	((1U << 24) - 1)
 
+/* Object counts of one device, fixed when it is created. */
+struct urdma_limits {
+	u32 ctx;
+	u32 pd;
+	u32 mr;
+	u32 cq;
+	u32 qp;
+};
+
 struct urdma_dev {
 	struct ib_device ibdev;
+	struct urdma_limits limits;
 	struct net_device *netdev;
 	netdevice_tracker netdev_tracker;
 	struct list_head link;		/* on urdma_dev_list */

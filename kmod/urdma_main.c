@@ -24,6 +24,31 @@
 static LIST_HEAD(urdma_dev_list);
 static DEFINE_SPINLOCK(urdma_dev_lock);
 
+static unsigned int max_ctx = URDMA_MAX_CONTEXT;
+module_param(max_ctx, uint, 0444);
+MODULE_PARM_DESC(max_ctx, "user contexts per device (at most " __stringify(URDMA_MAX_CONTEXT) ")");
+static unsigned int max_pd = URDMA_MAX_PD;
+module_param(max_pd, uint, 0444);
+MODULE_PARM_DESC(max_pd, "protection domains per device (at most " __stringify(URDMA_MAX_PD) ")");
+static unsigned int max_mr = URDMA_MAX_MR;
+module_param(max_mr, uint, 0444);
+MODULE_PARM_DESC(max_mr, "memory regions per device (at most " __stringify(URDMA_MAX_MR) ")");
+static unsigned int max_cq = URDMA_MAX_CQ;
+module_param(max_cq, uint, 0444);
+MODULE_PARM_DESC(max_cq, "completion queues per device (at most " __stringify(URDMA_MAX_CQ) ")");
+static unsigned int max_qp = URDMA_MAX_QP;
+module_param(max_qp, uint, 0444);
+MODULE_PARM_DESC(max_qp, "queue pairs per device (at most " __stringify(URDMA_MAX_QP) ")");
+
+static void urdma_set_limits(struct urdma_limits *l)
+{
+	l->ctx = clamp_t(u32, max_ctx, 1, URDMA_MAX_CONTEXT);
+	l->pd = clamp_t(u32, max_pd, 1, URDMA_MAX_PD);
+	l->mr = clamp_t(u32, max_mr, 1, URDMA_MAX_MR);
+	l->cq = clamp_t(u32, max_cq, 1, URDMA_MAX_CQ);
+	l->qp = clamp_t(u32, max_qp, 1, URDMA_MAX_QP);
+}
+
 static void urdma_dealloc_driver(struct ib_device *ibdev)
 {
 	struct urdma_dev *udev = to_udev(ibdev);
@@ -182,6 +207,7 @@ static struct urdma_dev *urdma_dev_alloc(struct net_device *netdev)
 	ibdev = &udev->ibdev;
 
 	udev->netdev = netdev;
+	urdma_set_limits(&udev->limits);
 	netdev_hold(netdev, &udev->netdev_tracker, GFP_KERNEL);
 	INIT_LIST_HEAD(&udev->link);
 	xa_init_flags(&udev->qp_xa, XA_FLAGS_ALLOC);

@@ -16,9 +16,9 @@
  * Reserve one unit of a per-device limit.  Counting before allocating
  * keeps the limit exact under concurrent creates.
  */
-static bool urdma_reserve(atomic_t *count, int max)
+static bool urdma_reserve(atomic_t *count, u32 max)
 {
-	if (atomic_inc_return(count) <= max)
+	if (atomic_inc_return(count) <= (int)max)
 		return true;
 	atomic_dec(count);
 	return false;
@@ -27,6 +27,8 @@ static bool urdma_reserve(atomic_t *count, int max)
 int urdma_query_device(struct ib_device *ibdev, struct ib_device_attr *attr,
 		       struct ib_udata *udata)
 {
+	const struct urdma_limits *lim = &to_udev(ibdev)->limits;
+
 	/* There is no private query_device data in either direction. */
 	if (udata->inlen || udata->outlen)
 		return -EINVAL;
@@ -36,20 +38,20 @@ int urdma_query_device(struct ib_device *ibdev, struct ib_device_attr *attr,
 	attr->sys_image_guid = ibdev->node_guid;
 	attr->max_mr_size = URDMA_MAX_MR_SIZE;
 	attr->page_size_cap = PAGE_SIZE;
-	attr->max_qp = URDMA_MAX_QP;
+	attr->max_qp = lim->qp;
 	attr->max_qp_wr = URDMA_MAX_QP_WR;
 	attr->kernel_cap_flags = IBK_ALLOW_USER_UNREG;
 	attr->max_send_sge = URDMA_MAX_SGE;
 	attr->max_recv_sge = URDMA_MAX_SGE;
 	attr->max_sge_rd = URDMA_MAX_SGE_RD;
-	attr->max_cq = URDMA_MAX_CQ;
+	attr->max_cq = lim->cq;
 	attr->max_cqe = URDMA_MAX_CQE;
-	attr->max_mr = URDMA_MAX_MR;
-	attr->max_pd = URDMA_MAX_PD;
+	attr->max_mr = lim->mr;
+	attr->max_pd = lim->pd;
 	/* IB names: rd_atom is the responder side (IRD), init the initiator. */
 	attr->max_qp_rd_atom = URDMA_MAX_IRD;
 	attr->max_qp_init_rd_atom = URDMA_MAX_ORD;
-	attr->max_res_rd_atom = URDMA_MAX_QP * URDMA_MAX_IRD;
+	attr->max_res_rd_atom = lim->qp * URDMA_MAX_IRD;
 	/* RFC 7306 atomics are not placed yet. */
 	attr->atomic_cap = IB_ATOMIC_NONE;
 	return 0;
@@ -123,7 +125,7 @@ int urdma_alloc_ucontext(struct ib_ucontext *ibuctx, struct ib_udata *udata)
 
 	if (udata->outlen < sizeof(uresp))
 		return -EINVAL;
-	if (!urdma_reserve(&udev->num_ctx, URDMA_MAX_CONTEXT))
+	if (!urdma_reserve(&udev->num_ctx, udev->limits.ctx))
 		return -ENOMEM;
 	rv = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
 	if (rv)
@@ -142,7 +144,7 @@ int urdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 
 	if (!udata)
 		return -EOPNOTSUPP;
-	if (!urdma_reserve(&udev->num_pd, URDMA_MAX_PD))
+	if (!urdma_reserve(&udev->num_pd, udev->limits.pd))
 		return -ENOMEM;
 	return 0;
 }
@@ -180,7 +182,7 @@ struct ib_mr *urdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 		return ERR_PTR(-EINVAL);
 	if (!length || length > URDMA_MAX_MR_SIZE)
 		return ERR_PTR(-EINVAL);
-	if (!urdma_reserve(&udev->num_mr, URDMA_MAX_MR))
+	if (!urdma_reserve(&udev->num_mr, udev->limits.mr))
 		return ERR_PTR(-ENOMEM);
 
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
@@ -257,7 +259,7 @@ int urdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		return -EINVAL;
 	if (udata->outlen < sizeof(uresp))
 		return -EINVAL;
-	if (!urdma_reserve(&udev->num_cq, URDMA_MAX_CQ))
+	if (!urdma_reserve(&udev->num_cq, udev->limits.cq))
 		return -ENOMEM;
 
 	rv = xa_alloc_cyclic(&udev->cq_xa, &cq->id, cq, xa_limit_31b,
@@ -335,7 +337,7 @@ int urdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		return -EINVAL;
 	if (udata->outlen < sizeof(uresp))
 		return -EINVAL;
-	if (!urdma_reserve(&udev->num_qp, URDMA_MAX_QP))
+	if (!urdma_reserve(&udev->num_qp, udev->limits.qp))
 		return -ENOMEM;
 
 	kref_init(&qp->ref);

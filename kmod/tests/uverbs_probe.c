@@ -7,6 +7,8 @@
  *   uverbs_probe DEV info          print the context reply and limits
  *   uverbs_probe DEV cycle N       create and destroy PD/MR/CQ/QP N times
  *   uverbs_probe DEV errors        every refusal gets the expected errno
+ *   uverbs_probe DEV limits CTX    every object count stops at its limit
+ *                                  (CTX: the module's max_ctx)
  *   uverbs_probe DEV hold SECS     keep a context with objects, then exit
  *
  * DEV is /dev/infiniband/uverbsN.  Exit status 0 means every check passed;
@@ -46,7 +48,7 @@ static struct ib_uverbs_query_device_resp dev_attr;
  * response are laid out back to back in @resp, which is how the kernel
  * splits them (core part first, udata after it).
  */
-static int uverbs_cmd(uint32_t command, void *req, size_t req_len,
+static int uverbs_cmd(__u32 command, void *req, size_t req_len,
 		      void *resp, size_t resp_len)
 {
 	struct {
@@ -62,7 +64,7 @@ static int uverbs_cmd(uint32_t command, void *req, size_t req_len,
 	buf.hdr.in_words = (sizeof(buf.hdr) + req_len) / 4;
 	buf.hdr.out_words = resp_len / 4;
 	if (resp) {
-		uint64_t p = (uintptr_t)resp;
+		__u64 p = (uintptr_t)resp;
 
 		memcpy(req, &p, sizeof(p));
 	}
@@ -121,7 +123,7 @@ static struct urdma_uresp_alloc_ctx get_context(void)
 	return resp.drv;
 }
 
-static int alloc_pd(uint32_t *pd)
+static int alloc_pd(__u32 *pd)
 {
 	struct ib_uverbs_alloc_pd req = {};
 	struct ib_uverbs_alloc_pd_resp resp = {};
@@ -132,7 +134,7 @@ static int alloc_pd(uint32_t *pd)
 	return rv;
 }
 
-static int dealloc_pd(uint32_t pd)
+static int dealloc_pd(__u32 pd)
 {
 	struct ib_uverbs_dealloc_pd req = { .pd_handle = pd };
 
@@ -140,8 +142,8 @@ static int dealloc_pd(uint32_t pd)
 			  NULL, 0);
 }
 
-static int reg_mr(uint32_t pd, void *addr, uint64_t len, uint32_t access,
-		  uint32_t *mr)
+static int reg_mr(__u32 pd, void *addr, __u64 len, __u32 access,
+		  __u32 *mr)
 {
 	struct ib_uverbs_reg_mr req = {
 		.start = (uintptr_t)addr,
@@ -158,7 +160,7 @@ static int reg_mr(uint32_t pd, void *addr, uint64_t len, uint32_t access,
 	return rv;
 }
 
-static int dereg_mr(uint32_t mr)
+static int dereg_mr(__u32 mr)
 {
 	struct ib_uverbs_dereg_mr req = { .mr_handle = mr };
 
@@ -166,7 +168,7 @@ static int dereg_mr(uint32_t mr)
 			  NULL, 0);
 }
 
-static int create_cq(uint32_t cqe, uint32_t *cq)
+static int create_cq(__u32 cqe, __u32 *cq)
 {
 	struct ib_uverbs_create_cq req = { .cqe = cqe, .comp_channel = -1 };
 	struct {
@@ -180,7 +182,7 @@ static int create_cq(uint32_t cqe, uint32_t *cq)
 	return rv;
 }
 
-static int destroy_cq(uint32_t cq)
+static int destroy_cq(__u32 cq)
 {
 	struct ib_uverbs_destroy_cq req = { .cq_handle = cq };
 	struct ib_uverbs_destroy_cq_resp resp;
@@ -190,12 +192,12 @@ static int destroy_cq(uint32_t cq)
 }
 
 struct qp_req {
-	uint32_t pd, cq;
-	uint8_t type;
-	uint32_t send_wr, recv_wr, send_sge, recv_sge, inline_data;
+	__u32 pd, cq;
+	__u8 type;
+	__u32 send_wr, recv_wr, send_sge, recv_sge, inline_data;
 };
 
-static struct qp_req qp_defaults(uint32_t pd, uint32_t cq)
+static struct qp_req qp_defaults(__u32 pd, __u32 cq)
 {
 	struct qp_req q = {
 		.pd = pd, .cq = cq, .type = IB_UVERBS_QPT_RC,
@@ -205,7 +207,7 @@ static struct qp_req qp_defaults(uint32_t pd, uint32_t cq)
 	return q;
 }
 
-static int create_qp(const struct qp_req *q, uint32_t *qp, uint32_t *qpn)
+static int create_qp(const struct qp_req *q, __u32 *qp, __u32 *qpn)
 {
 	struct ib_uverbs_create_qp req = {
 		.pd_handle = q->pd,
@@ -229,14 +231,14 @@ static int create_qp(const struct qp_req *q, uint32_t *qp, uint32_t *qpn)
 	if (qpn)
 		*qpn = resp.core.qpn;
 	if (!rv && resp.drv.qp_id != resp.core.qpn) {
-		printf("FAIL create_qp: qp_id %u differs from qpn %u\n",
+		printf("FAIL %s: qp_id %u differs from qpn %u\n", __func__,
 		       resp.drv.qp_id, resp.core.qpn);
 		failures++;
 	}
 	return rv;
 }
 
-static int destroy_qp(uint32_t qp)
+static int destroy_qp(__u32 qp)
 {
 	struct ib_uverbs_destroy_qp req = { .qp_handle = qp };
 	struct ib_uverbs_destroy_qp_resp resp;
@@ -245,14 +247,14 @@ static int destroy_qp(uint32_t qp)
 			  &resp, sizeof(resp));
 }
 
-static int modify_qp(uint32_t qp, struct ib_uverbs_modify_qp *req)
+static int modify_qp(__u32 qp, struct ib_uverbs_modify_qp *req)
 {
 	req->qp_handle = qp;
 	return uverbs_cmd(IB_USER_VERBS_CMD_MODIFY_QP, req, sizeof(*req),
 			  NULL, 0);
 }
 
-static int to_state(uint32_t qp, uint8_t state)
+static int to_state(__u32 qp, __u8 state)
 {
 	struct ib_uverbs_modify_qp req = {
 		.attr_mask = QP_STATE, .qp_state = state,
@@ -261,7 +263,7 @@ static int to_state(uint32_t qp, uint8_t state)
 	return modify_qp(qp, &req);
 }
 
-static int query_state(uint32_t qp)
+static int query_state(__u32 qp)
 {
 	struct ib_uverbs_query_qp req = {
 		.qp_handle = qp, .attr_mask = QP_STATE,
@@ -319,7 +321,7 @@ static int do_cycle(long n)
 {
 	size_t len = 1 << 16;
 	char *buf = buffer(len);
-	uint32_t pd, mr, cq, qp;
+	__u32 pd, mr, cq, qp;
 	long i;
 
 	get_context();
@@ -341,10 +343,10 @@ static int do_cycle(long n)
 	return failures != 0;
 }
 
-static void check_qp_caps(uint32_t pd, uint32_t cq)
+static void check_qp_caps(__u32 pd, __u32 cq)
 {
 	struct qp_req q;
-	uint32_t qp;
+	__u32 qp;
 
 	q = qp_defaults(pd, cq);
 	q.type = IB_UVERBS_QPT_UD;
@@ -372,11 +374,11 @@ static void check_qp_caps(uint32_t pd, uint32_t cq)
 	must(destroy_qp(qp), "destroy_qp");
 }
 
-static void check_qp_states(uint32_t pd, uint32_t cq)
+static void check_qp_states(__u32 pd, __u32 cq)
 {
 	struct qp_req q = qp_defaults(pd, cq);
 	struct ib_uverbs_modify_qp m;
-	uint32_t qp, qpn;
+	__u32 qp, qpn;
 
 	must(create_qp(&q, &qp, &qpn), "create_qp");
 	expect(qpn >= 2 ? 0 : -ERANGE, 0, "QP number not 0 or 1");
@@ -421,7 +423,7 @@ static int do_errors(void)
 {
 	size_t len = 1 << 16;
 	char *buf = buffer(len);
-	uint32_t pd, mr, cq, cq2, qp;
+	__u32 pd, mr, cq, cq2, qp;
 	struct qp_req q;
 
 	get_context();
@@ -462,11 +464,117 @@ static int do_errors(void)
 	return failures != 0;
 }
 
+/*
+ * Fills one kind of object up to its limit: the next one must fail with
+ * ENOMEM, and freeing one makes room again.
+ */
+struct kind {
+	const char *name;
+	int (*create)(__u32 *handle);
+	int (*destroy)(__u32 handle);
+};
+
+static __u32 lim_pd, lim_cq;
+static char *lim_buf;
+
+static int mk_pd(__u32 *h) { return alloc_pd(h); }
+static int mk_cq(__u32 *h) { return create_cq(4, h); }
+static int mk_mr(__u32 *h)
+{
+	return reg_mr(lim_pd, lim_buf, 4096, IB_UVERBS_ACCESS_LOCAL_WRITE, h);
+}
+
+static int mk_qp(__u32 *h)
+{
+	struct qp_req q = qp_defaults(lim_pd, lim_cq);
+
+	return create_qp(&q, h, NULL);
+}
+
+static void check_limit(const struct kind *k, __u32 limit, __u32 already)
+{
+	__u32 *h = calloc(limit + 1, sizeof(*h));
+	__u32 n = already, i;
+	char what[128];
+	int rv = 0;
+
+	if (!h)
+		exit(1);
+	while (n < limit && !(rv = k->create(&h[n - already])))
+		n++;
+	snprintf(what, sizeof(what), "%u %ss (the limit)", limit, k->name);
+	expect(n == limit ? 0 : rv, 0, what);
+	snprintf(what, sizeof(what), "%s beyond the limit", k->name);
+	expect(k->create(&h[n - already]), -ENOMEM, what);
+	if (n > already) {
+		must(k->destroy(h[n - already - 1]), "destroy");
+		snprintf(what, sizeof(what), "%s after freeing one", k->name);
+		expect(k->create(&h[n - already - 1]), 0, what);
+	}
+	for (i = 0; i < n - already; i++)
+		must(k->destroy(h[i]), "destroy");
+	free(h);
+}
+
+static int do_limits(const char *path, long max_ctx)
+{
+	static const struct kind pd = { "PD", mk_pd, dealloc_pd };
+	static const struct kind cq = { "CQ", mk_cq, destroy_cq };
+	static const struct kind mr = { "MR", mk_mr, dereg_mr };
+	static const struct kind qp = { "QP", mk_qp, destroy_qp };
+	int main_fd = dev_fd, *fds;
+	long i;
+
+	get_context();
+	lim_buf = buffer(4096);
+	check_limit(&pd, dev_attr.max_pd, 0);
+	check_limit(&cq, dev_attr.max_cq, 0);
+	must(alloc_pd(&lim_pd), "alloc_pd");
+	check_limit(&mr, dev_attr.max_mr, 0);
+	must(create_cq(4, &lim_cq), "create_cq");
+	check_limit(&qp, dev_attr.max_qp, 0);
+	must(destroy_cq(lim_cq), "destroy_cq");
+	must(dealloc_pd(lim_pd), "dealloc_pd");
+
+	/* This process already has one context. */
+	fds = calloc(max_ctx + 1, sizeof(*fds));
+	if (!fds)
+		return 1;
+	for (i = 1; i <= max_ctx; i++) {
+		struct ib_uverbs_get_context req = {};
+		struct {
+			struct ib_uverbs_get_context_resp core;
+			struct urdma_uresp_alloc_ctx drv;
+		} resp;
+		int rv;
+
+		fds[i] = open(path, O_RDWR | O_CLOEXEC);
+		if (fds[i] < 0) {
+			printf("FAIL open %s: %s\n", path, strerror(errno));
+			return 1;
+		}
+		dev_fd = fds[i];
+		rv = uverbs_cmd(IB_USER_VERBS_CMD_GET_CONTEXT, &req,
+				sizeof(req), &resp, sizeof(resp));
+		if (i < max_ctx && rv) {
+			expect(rv, 0, "context within the limit");
+			break;
+		}
+		if (i == max_ctx)
+			expect(rv, -ENOMEM, "context beyond the limit");
+	}
+	dev_fd = main_fd;
+
+	if (failures)
+		printf("FAIL %d check(s) failed\n", failures);
+	return failures != 0;
+}
+
 static int do_hold(long secs)
 {
 	size_t len = 1 << 16;
 	char *buf = buffer(len);
-	uint32_t pd, mr, cq, qp;
+	__u32 pd, mr, cq, qp;
 	struct qp_req q;
 
 	get_context();
@@ -484,8 +592,8 @@ static int do_hold(long secs)
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: %s /dev/infiniband/uverbsN info|cycle N|errors|hold SECS\n",
-			argv[0]);
+		fprintf(stderr, "usage: %s /dev/infiniband/uverbsN %s\n", argv[0],
+			"info|cycle N|errors|limits CTX|hold SECS");
 		return 2;
 	}
 	dev_fd = open(argv[1], O_RDWR | O_CLOEXEC);
@@ -499,6 +607,8 @@ int main(int argc, char **argv)
 		return do_cycle(strtol(argv[3], NULL, 0));
 	if (!strcmp(argv[2], "errors"))
 		return do_errors();
+	if (!strcmp(argv[2], "limits") && argc > 3)
+		return do_limits(argv[1], strtol(argv[3], NULL, 0));
 	if (!strcmp(argv[2], "hold") && argc > 3)
 		return do_hold(strtol(argv[3], NULL, 0));
 	fprintf(stderr, "unknown mode %s\n", argv[2]);
