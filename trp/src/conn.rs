@@ -368,6 +368,18 @@ impl Connection {
     pub fn local_conn(&self) -> u32 {
         self.local_conn
     }
+    /// The next PSN we expect from the peer (our cumulative ACK).
+    pub fn expected_psn(&self) -> u32 {
+        self.rx.nxt()
+    }
+    /// The PSN our next new packet will carry.
+    pub fn next_psn(&self) -> u32 {
+        self.tx.nxt()
+    }
+    /// Our oldest unacknowledged PSN.
+    pub fn unacked_psn(&self) -> u32 {
+        self.tx.una()
+    }
     /// Effective ORD (ours, limited by the peer's IRD).
     pub fn ord(&self) -> usize {
         self.ord

@@ -22,4 +22,5 @@ pub use setup::{ConnectOutcome, Connecting, Incoming, SetupError};
 pub use state::QpState;
 pub use time::Instant;
 pub use verbs::{Completion, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+pub mod fuzzing;
 pub mod sim;

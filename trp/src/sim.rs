@@ -118,6 +118,8 @@ pub struct Link {
     free_at: u64,
     seq: u64,
     pub stats: LinkStats,
+    /// When set, every datagram offered to the link is recorded here.
+    pub capture: Option<Vec<Vec<u8>>>,
 }
 
 impl Link {
@@ -130,12 +132,16 @@ impl Link {
             free_at: 0,
             seq: 0,
             stats: LinkStats::default(),
+            capture: None,
         }
     }
 
     pub fn send(&mut self, now: Instant, bytes: &[u8]) {
         let now = now.0;
         self.stats.sent += 1;
+        if let Some(c) = self.capture.as_mut() {
+            c.push(bytes.to_vec());
+        }
         if !self.up {
             self.stats.lost += 1;
             return;
