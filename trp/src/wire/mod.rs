@@ -47,3 +47,39 @@ pub(crate) fn need(have: usize, need: usize) -> Result<(), WireError> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod doc_example {
+    use super::*;
+
+    /// The example in docs/protocol.md ("a 4-byte Send"), byte for byte.
+    #[test]
+    fn four_byte_send() {
+        let t = trp::Repr {
+            opcode: trp::Opcode::Data,
+            flags: 0,
+            dst_conn: 11,
+            psn: 0x1000,
+            ack_psn: 0x7fff_0000,
+            window: 1024,
+            sack: trp::SackRanges::new(),
+        };
+        let s = segment::Repr {
+            opcode: rdmap::Opcode::Send,
+            last: true,
+            buffer: ddp::BufferRef::Untagged { ulp_word: 0, qn: 0, msn: 5, mo: 0 },
+        };
+        let mut b = [0u8; 42];
+        t.emit(&mut b);
+        s.emit(&mut b[20..]);
+        b[38..].copy_from_slice(b"data");
+        let want: [u8; 42] = [
+            0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0b, 0x00, 0x00, 0x10, 0x00, 0x7f, 0xff,
+            0x00, 0x00, 0x04, 0x00, 0x00, 0x00, //
+            0x41, 0x43, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
+            0x00, 0x00, 0x00, 0x00, //
+            0x64, 0x61, 0x74, 0x61,
+        ];
+        assert_eq!(b, want);
+    }
+}
