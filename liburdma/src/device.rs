@@ -10,12 +10,17 @@ use rdma_core_sys::{
     RDMA_DRIVER_UNKNOWN,
 };
 
-use crate::abi::URDMA_ABI_VERSION;
+use crate::abi::{URDMA_ABI_VERSION, URDMA_NODE_DESC};
 use crate::guard::catch;
 use crate::log;
 
-/// What urdma.ko writes into the device's `node_desc` (kmod/urdma.h).
-pub const NODE_DESC: &str = "urdma";
+/// What urdma.ko writes into the device's `node_desc` (urdma-abi.h).
+pub fn node_desc() -> &'static str {
+    CStr::from_bytes_until_nul(URDMA_NODE_DESC)
+        .ok()
+        .and_then(|c| c.to_str().ok())
+        .unwrap_or("")
+}
 
 /// The provider's name, as in `/etc/libibverbs.d/urdma.driver`.
 const NAME: &CStr = c"urdma";
@@ -74,7 +79,8 @@ pub struct Candidate<'a> {
 pub fn is_urdma(c: &Candidate<'_>) -> bool {
     c.driver_id == RDMA_DRIVER_UNKNOWN
         && c.node_type == IBV_NODE_RNIC
-        && c.node_desc.map(str::trim_end) == Some(NODE_DESC)
+        && !node_desc().is_empty()
+        && c.node_desc.map(str::trim_end) == Some(node_desc())
 }
 
 fn c_array_str(a: &[c_char]) -> &str {
@@ -141,6 +147,7 @@ mod tests {
 
     #[test]
     fn matches_urdma_kmod_device() {
+        assert_eq!(node_desc(), "urdma");
         assert!(is_urdma(&candidate(Some("urdma\n"))));
     }
 

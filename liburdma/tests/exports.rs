@@ -21,7 +21,11 @@ fn provider() -> PathBuf {
 fn dynamic_symbols(lib: &std::path::Path, defined: bool) -> Vec<String> {
     let mut cmd = Command::new("nm");
     cmd.arg("-D");
-    cmd.arg(if defined { "--defined-only" } else { "--undefined-only" });
+    cmd.arg(if defined {
+        "--defined-only"
+    } else {
+        "--undefined-only"
+    });
     let out = cmd.arg(lib).output().expect("run nm (binutils)");
     assert!(out.status.success(), "nm {}", lib.display());
     String::from_utf8(out.stdout)
@@ -36,7 +40,12 @@ fn provider_exports_nothing() {
     let exported: Vec<_> = dynamic_symbols(&provider(), true)
         .into_iter()
         // Linker-generated markers, not code or data.
-        .filter(|s| !matches!(s.as_str(), "_init" | "_fini" | "_edata" | "_end" | "__bss_start"))
+        .filter(|s| {
+            !matches!(
+                s.as_str(),
+                "_init" | "_fini" | "_edata" | "_end" | "__bss_start"
+            )
+        })
         .collect();
     assert!(exported.is_empty(), "liburdma.so exports {exported:?}");
 }
@@ -52,7 +61,9 @@ fn every_libibverbs_import_exists_in_the_installed_library() {
         .filter(|s| s.contains("@IBVERBS_"))
         .collect();
     assert!(
-        needed.iter().any(|s| s == "verbs_register_driver_34@IBVERBS_PRIVATE_34"),
+        needed
+            .iter()
+            .any(|s| s == "verbs_register_driver_34@IBVERBS_PRIVATE_34"),
         "provider does not register with PABI 34: {needed:?}"
     );
     let missing: Vec<_> = needed.iter().filter(|s| !available.contains(*s)).collect();

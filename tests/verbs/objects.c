@@ -227,5 +227,7 @@ int main(int argc, char **argv)
 	}
 	if (failures)
 		printf("%d check(s) failed\n", failures);
+	else
+		printf("%s: all checks passed\n", argv[2]);
 	return failures ? 1 : 0;
 }

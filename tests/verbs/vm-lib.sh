@@ -42,6 +42,17 @@ kmod_limit() {
 	echo $((v))
 }
 
+# An object-count limit: module parameter $1 (urdma.ko clamps it to
+# [1, $2]), or the #define $2 when the module has no such parameter.
+kmod_count_limit() {
+	local max p
+	max=$(kmod_limit "$2") || exit 1
+	p=$(cat "/sys/module/urdma/parameters/$1" 2>/dev/null) || { echo "$max"; return; }
+	((p < 1)) && p=1
+	((p > max)) && p=$max
+	echo "$p"
+}
+
 # "pd N cq N qp N ..." of device $1, or nothing if rdma cannot tell.
 res_counts() {
 	t rdma resource show "$1" 2>/dev/null | sed -E 's/^[0-9]+: *[^ ]+: *//'

@@ -21,20 +21,21 @@ val() { awk -v k="$1:" '$1 == k {print $2; exit}' <<<"$info"; }
 [ "$(val link_layer)" = Ethernet ] || fail "link_layer '$(val link_layer)', want Ethernet"
 
 # Each limit as the module declares it (ibv_devinfo prints max_mr_size in hex).
+# Object counts may be lowered per load with module parameters.
 check_limit() {
 	local got want
 	got=$(val "$1")
-	want=$(kmod_limit "$2")
+	if [ $# = 3 ]; then want=$(kmod_count_limit "$3" "$2"); else want=$(kmod_limit "$2"); fi
 	[ -n "$got" ] && [ $((got)) = "$want" ] || fail "$1 is '$got', urdma.ko declares $2 = $want"
 }
-check_limit max_qp URDMA_MAX_QP
+check_limit max_qp URDMA_MAX_QP max_qp
 check_limit max_qp_wr URDMA_MAX_QP_WR
 check_limit max_sge URDMA_MAX_SGE
 check_limit max_sge_rd URDMA_MAX_SGE_RD
-check_limit max_cq URDMA_MAX_CQ
+check_limit max_cq URDMA_MAX_CQ max_cq
 check_limit max_cqe URDMA_MAX_CQE
-check_limit max_mr URDMA_MAX_MR
-check_limit max_pd URDMA_MAX_PD
+check_limit max_mr URDMA_MAX_MR max_mr
+check_limit max_pd URDMA_MAX_PD max_pd
 check_limit max_mr_size URDMA_MAX_MR_SIZE
 check_limit max_qp_rd_atom URDMA_MAX_IRD
 check_limit max_qp_init_rd_atom URDMA_MAX_ORD

@@ -13,6 +13,7 @@ before=$(res_counts urdma0)
 
 out=$(STEP_TIMEOUT=900 t "$prog" urdma0 cycle 1000 2>&1)
 rc=$?
+echo "$out"
 [ $rc = 0 ] || fail "1000 object cycles (exit $rc): $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
 after=$(res_counts urdma0)
 [ "$after" = "$before" ] || fail "resource counts '$after' after the cycles, were '$before'"
