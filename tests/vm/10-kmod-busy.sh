@@ -60,6 +60,26 @@ wait "$deleter" || fail "rdma link delete failed after the holder exited"
 deleter=
 [ -e /sys/class/infiniband/urdma0 ] && fail "urdma0 still present after deferred delete"
 
+
+# 3. Deleting the interface waits for the holder in the same way.
+t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0 (3)"
+uv=$(uverbs_dev urdma0) || fail "no uverbs device for urdma0 (3)"
+: >"$fifo"
+"$PROBE" "$uv" hold 300 >"$fifo" &
+holder=$!
+for ((i = 0; i < 100; i++)); do grep -q holding "$fifo" && break; sleep 0.2; done
+grep -q holding "$fifo" || fail "holder (3) did not get its objects: $(cat "$fifo")"
+ip link del veth0 &
+deleter=$!
+sleep 3
+kill -0 "$deleter" 2>/dev/null || fail "ip link del veth0 returned while a context is open"
+stop
+t timeout 30 tail --pid="$deleter" -f /dev/null || fail "ip link del still blocked after the holder exited"
+wait "$deleter" || fail "ip link del veth0 failed after the holder exited"
+deleter=
+for ((i = 0; i < 50; i++)); do [ -e /sys/class/infiniband/urdma0 ] || break; sleep 0.2; done
+[ -e /sys/class/infiniband/urdma0 ] && fail "urdma0 still present after its interface was deleted"
+
 t rmmod urdma || fail "rmmod after deferred delete"
 ensure_module
 
