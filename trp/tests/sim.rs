@@ -499,3 +499,45 @@ fn workload_loss_10() {
 fn workload_loss_30() {
     sweep(30, 2, 60, 1 << 20);
 }
+
+/// Corruption the UDP checksum would have caught, delivered anyway: the
+/// endpoints must neither panic nor hang. Each run either completes its
+/// work or fails cleanly (Terminate / retry limit) with every work request
+/// completed.
+#[test]
+fn undetected_corruption_never_panics_or_hangs() {
+    for seed in 0..4u64 {
+        let mut rng = Rng::new(seed);
+        let mem_size = 16 << 20;
+        let link = LinkConfig {
+            corrupt: 0.05,
+            corrupt_detected: false,
+            ..LinkConfig::lossy(0.01)
+        };
+        let mut p = Pair::connect(
+            config(),
+            config(),
+            link,
+            rng.next_u64(),
+            memory(mem_size),
+            memory(mem_size),
+        )
+        .unwrap();
+        let exp = post_workload(&mut p, &mut rng, 40, 1 << 20, mem_size);
+        let want = [exp.cq[0].len(), exp.cq[1].len()];
+        let mut got = [0usize; 2];
+        let limit = trp::Instant(p.now.0 + 600_000_000_000);
+        let ok = p.run_until(limit, |p| {
+            while p.a.conn.poll_completion().is_some() {
+                got[0] += 1;
+            }
+            while p.b.conn.poll_completion().is_some() {
+                got[1] += 1;
+            }
+            let closed = p.a.conn.state() == trp::QpState::Closed
+                && p.b.conn.state() == trp::QpState::Closed;
+            closed || (got[0] >= want[0] && got[1] >= want[1])
+        });
+        assert!(ok, "seed {seed}: hung with {got:?} of {want:?} completions");
+    }
+}

@@ -67,7 +67,12 @@ mod doc_example {
         let s = segment::Repr {
             opcode: rdmap::Opcode::Send,
             last: true,
-            buffer: ddp::BufferRef::Untagged { ulp_word: 0, qn: 0, msn: 5, mo: 0 },
+            buffer: ddp::BufferRef::Untagged {
+                ulp_word: 0,
+                qn: 0,
+                msn: 5,
+                mo: 0,
+            },
         };
         let mut b = [0u8; 42];
         t.emit(&mut b);
