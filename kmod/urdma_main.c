@@ -126,16 +126,21 @@ static struct urdma_dev *urdma_dev_get_by_netdev(struct net_device *netdev)
 	return found;
 }
 
-static bool urdma_dev_exists(struct net_device *netdev)
+/* Lists @udev unless its interface already has a device. */
+static int urdma_dev_list_add(struct urdma_dev *udev)
 {
-	struct urdma_dev *udev;
-	bool exists = false;
+	struct urdma_dev *other;
+	int rv = 0;
 
 	spin_lock(&urdma_dev_lock);
-	list_for_each_entry(udev, &urdma_dev_list, link)
-		exists |= udev->netdev == netdev;
+	list_for_each_entry(other, &urdma_dev_list, link) {
+		if (other->netdev == udev->netdev)
+			rv = -EEXIST;
+	}
+	if (!rv)
+		list_add_tail(&udev->link, &urdma_dev_list);
 	spin_unlock(&urdma_dev_lock);
-	return exists;
+	return rv;
 }
 
 static void urdma_port_event(struct urdma_dev *udev, enum ib_event_type type)
@@ -176,6 +181,10 @@ static int urdma_netdev_event(struct notifier_block *nb, unsigned long event,
 	case NETDEV_DOWN:
 	case NETDEV_CHANGE:
 		urdma_port_update(udev);
+		break;
+	case NETDEV_CHANGENAME:
+		memcpy(udev->ibdev.iw_ifname, netdev->name,
+		       sizeof(udev->ibdev.iw_ifname));
 		break;
 	case NETDEV_CHANGEADDR:
 		/* The GID is read from the interface on every query. */
@@ -243,9 +252,6 @@ static int urdma_newlink(const char *ibdev_name, struct net_device *netdev)
 	if (netdev->type != ARPHRD_ETHER || netdev->addr_len != ETH_ALEN)
 		return -EINVAL;
 
-	if (urdma_dev_exists(netdev))
-		return -EEXIST;
-
 	udev = urdma_dev_alloc(netdev);
 	if (!udev)
 		return -ENOMEM;
@@ -254,19 +260,26 @@ static int urdma_newlink(const char *ibdev_name, struct net_device *netdev)
 	if (rv)
 		goto err_dealloc;
 
-	/* Listed before registration so that no port event is missed. */
-	spin_lock(&urdma_dev_lock);
-	list_add_tail(&udev->link, &urdma_dev_list);
-	spin_unlock(&urdma_dev_lock);
+	/* Listed before registration so that no interface event is missed. */
+	rv = urdma_dev_list_add(udev);
+	if (rv)
+		goto err_dealloc;
 
 	udev->announced_state = urdma_port_state(udev);
 	rv = ib_register_device(&udev->ibdev, ibdev_name, NULL);
 	if (rv)
 		goto err_dealloc;
 
-	/* The interface may have changed while we registered. */
+	/*
+	 * The notifier cannot take a device that is still registering, so
+	 * catch up under rtnl: the interface may have changed state, or even
+	 * started to go away, in the meantime.
+	 */
 	rtnl_lock();
-	urdma_port_update(udev);
+	if (netdev->reg_state != NETREG_REGISTERED)
+		ib_unregister_device_queued(&udev->ibdev);
+	else
+		urdma_port_update(udev);
 	rtnl_unlock();
 	dev_info(&udev->ibdev.dev, "urdma device on %s\n", netdev->name);
 	return 0;
@@ -308,5 +321,6 @@ module_init(urdma_init);
 module_exit(urdma_exit);
 
 MODULE_ALIAS_RDMA_LINK("urdma");
+MODULE_VERSION(URDMA_FW_VERSION);
 MODULE_DESCRIPTION("urdma: iWARP over UDP with a user-space data path");
 MODULE_LICENSE("Dual BSD/GPL");
