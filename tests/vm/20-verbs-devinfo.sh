@@ -40,6 +40,12 @@ check_limit max_mr_size URDMA_MAX_MR_SIZE
 check_limit max_qp_rd_atom URDMA_MAX_IRD
 check_limit max_qp_init_rd_atom URDMA_MAX_ORD
 
+# The provider is silent unless URDMA_LOG asks, and then says what it did.
+quiet=$(env -u URDMA_LOG timeout 60 ibv_devinfo -d urdma0 2>&1 >/dev/null)
+[ -z "$quiet" ] || fail "ibv_devinfo wrote to stderr without URDMA_LOG: $(head -n1 <<<"$quiet")"
+loud=$(URDMA_LOG=debug timeout 60 ibv_devinfo -d urdma0 2>&1 >/dev/null)
+grep -q "liburdma.*opened urdma device" <<<"$loud" || fail "URDMA_LOG=debug logged nothing about opening the device"
+
 # The port follows the netdev.
 t ip link set veth0 down || fail "ip link set veth0 down"
 down=""

@@ -25,5 +25,20 @@ echo "$out"
 after=$(res_counts urdma0)
 [ "$after" = "$before" ] || fail "resource counts '$after' after the errno checks, were '$before'"
 
+# A process killed in the middle of creating and destroying objects
+# leaves nothing behind once it is gone.
+"$prog" urdma0 cycle 1000000 >/dev/null 2>&1 &
+victim=$!
+sleep 3
+kill -0 "$victim" 2>/dev/null || fail "the cycling process ended before it could be killed"
+kill -9 "$victim"
+wait "$victim" 2>/dev/null
+for _ in $(seq 50); do
+	after=$(res_counts urdma0)
+	[ "$after" = "$before" ] && break
+	sleep 0.2
+done
+[ "$after" = "$before" ] || fail "resource counts '$after' after a killed process, were '$before'"
+
 dmesg_check
 echo "PASS"
