@@ -36,6 +36,9 @@ pub struct Daemon {
     /// Entries in each flow's RX ring and each process's TX ring (power of two).
     pub ring_size: u32,
     pub log_level: String,
+    /// Sleep between polls once nothing has arrived for a while, microseconds; 0 polls
+    /// without pause (a dedicated core).
+    pub idle_sleep_us: u32,
     /// Extra EAL arguments, appended as given.
     pub eal_args: Vec<String>,
 }
@@ -51,6 +54,7 @@ impl Default for Daemon {
             mbufs: 8191,
             ring_size: 1024,
             log_level: "info".into(),
+            idle_sleep_us: 100,
             eal_args: Vec::new(),
         }
     }

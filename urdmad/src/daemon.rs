@@ -20,7 +20,6 @@ const BURST: usize = 32;
 const CONTROL_PERIOD: Duration = Duration::from_millis(2);
 /// Empty polls before the loop starts sleeping between polls (small machines share cores).
 const IDLE_POLLS: u32 = 256;
-const IDLE_SLEEP: Duration = Duration::from_micros(200);
 pub const POOL_NAME: &str = "urd_mbufs";
 const POOL_CACHE: u32 = 256;
 
@@ -49,6 +48,8 @@ struct FlowRec {
 struct TxRing {
     name: String,
     ring: *mut sys::rte_ring,
+    packets: u64,
+    drops: u64,
 }
 
 struct Attached {
@@ -217,6 +218,7 @@ impl Daemon {
         let mut kernel: Vec<*mut sys::rte_mbuf> = Vec::with_capacity(BURST);
         let mut next_control = Instant::now();
         let mut idle = 0u32;
+        let idle_sleep = Duration::from_micros(u64::from(self.cfg.daemon.idle_sleep_us));
         while !STOP.load(Ordering::Relaxed) {
             let mut work = 0usize;
             for p in self.ports.iter_mut() {
@@ -251,9 +253,9 @@ impl Daemon {
                     }
                 }
             }
-            for c in self.clients.iter() {
-                let Some(a) = &c.attached else { continue };
-                for (pi, t) in a.tx.iter().enumerate() {
+            for c in self.clients.iter_mut() {
+                let Some(a) = &mut c.attached else { continue };
+                for (pi, t) in a.tx.iter_mut().enumerate() {
                     // SAFETY: the ring holds mbufs the process handed over.
                     unsafe {
                         let n = sys::rte_ring_sc_dequeue_burst(
@@ -268,6 +270,8 @@ impl Daemon {
                             let (sent, dropped) = tx_all(p.port.id, &mut rx[..n]);
                             p.from_processes += sent;
                             p.from_processes_drops += dropped;
+                            t.packets += sent;
+                            t.drops += dropped;
                         }
                     }
                 }
@@ -279,8 +283,8 @@ impl Daemon {
             }
             if work == 0 {
                 idle = idle.saturating_add(1);
-                if idle > IDLE_POLLS {
-                    std::thread::sleep(IDLE_SLEEP);
+                if idle > IDLE_POLLS && !idle_sleep.is_zero() {
+                    std::thread::sleep(idle_sleep);
                 }
             } else {
                 idle = 0;
@@ -488,7 +492,12 @@ impl Daemon {
         for p in &self.ports {
             let name = format!("urd_tx_{id}_{}", p.port.index);
             match ring_create(&name, self.cfg.daemon.ring_size) {
-                Ok(ring) => tx.push(TxRing { name, ring }),
+                Ok(ring) => tx.push(TxRing {
+                    name,
+                    ring,
+                    packets: 0,
+                    drops: 0,
+                }),
                 Err(e) => {
                     for t in tx {
                         // SAFETY: just created, unused.
@@ -664,8 +673,10 @@ impl Daemon {
                     a.tx.iter()
                         .map(|t| unsafe { sys::rte_ring_count(t.ring) })
                         .sum();
+                let tx_packets: u64 = a.tx.iter().map(|t| t.packets).sum();
+                let tx_drops: u64 = a.tx.iter().map(|t| t.drops).sum();
                 out.push(format!(
-                    "process client={} pid={} uid={} lcore={} flows={} tx_queued={}",
+                    "process client={} pid={} uid={} lcore={} flows={} tx_queued={} tx_packets={tx_packets} tx_drops={tx_drops}",
                     c.id,
                     c.peer.pid,
                     c.peer.uid,

@@ -149,6 +149,11 @@ fn flows_get_their_packets_the_kernel_the_rest_and_secondaries_transmit() {
 
     let st = d.status();
     assert_eq!(
+        field(&st, "process", "", "tx_packets").as_deref(),
+        Some("1"),
+        "{st:?}"
+    );
+    assert_eq!(
         field(&st, "flow", &format!("id={}", &f1[5..]), "rx_packets").as_deref(),
         Some("2"),
         "{st:?}"
@@ -537,4 +542,18 @@ fn check_config_accepts_the_example_and_rejects_garbage() {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("urdmad: error: cannot read"));
+}
+
+#[test]
+fn urdmad_restarts_cleanly_after_being_killed() {
+    let bed = Bed::new("rs");
+    let mut d = bed.start();
+    // SAFETY: killing the process this test started.
+    unsafe { libc::kill(d.pid(), libc::SIGKILL) };
+    let _ = wait_bounded(d.child.take().unwrap(), Duration::from_secs(10));
+    // What systemd's Restart=on-failure then does: start again on the same prefix and socket.
+    let mut again = bed.start();
+    let (status, log) = again.stop();
+    assert!(status.success(), "{log}");
+    bed.assert_nothing_left(&bed.socket());
 }
