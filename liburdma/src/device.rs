@@ -25,8 +25,8 @@ pub fn node_desc() -> &'static str {
 /// The provider's name, as in `/etc/libibverbs.d/urdma.driver`.
 const NAME: &CStr = c"urdma";
 
-/// libibverbs' per-device struct followed by ours; libibverbs hands back
-/// the `verbs_device` pointer, so it has to come first.
+/// The per-device struct libibverbs keeps for us. It hands back the
+/// `verbs_device` pointer, so that comes first; state of ours goes after.
 #[repr(C)]
 pub struct UrdmaDevice {
     pub vdev: verbs_device,
