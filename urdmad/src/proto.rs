@@ -150,22 +150,38 @@ pub struct Attachment {
 
 impl Attachment {
     /// EAL arguments (after argv\[0\]) that attach a process as this daemon's secondary.
+    /// The lcore is bound to the CPUs the calling thread may already run on, so attaching
+    /// does not change the application's affinity.
     pub fn eal_args(&self) -> Vec<String> {
         vec![
             "--proc-type=secondary".into(),
             format!("--file-prefix={}", self.file_prefix),
-            format!(
-                "--lcores={}@(0-{})",
-                self.lcore,
-                available_cpus().saturating_sub(1)
-            ),
+            format!("--lcores={}@({})", self.lcore, allowed_cpus()),
             "--no-pci".into(),
+            "--no-telemetry".into(),
         ]
     }
 }
 
-fn available_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+/// The calling thread's allowed CPUs as an EAL cpu set ("0-3,6"), from
+/// /proc/thread-self/status; all CPUs when that cannot be read.
+fn allowed_cpus() -> String {
+    let parsed = std::fs::read_to_string("/proc/thread-self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|v| v.trim().to_owned())
+        })
+        .filter(|v| {
+            !v.is_empty()
+                && v.bytes()
+                    .all(|b| b.is_ascii_digit() || b == b'-' || b == b',')
+        });
+    parsed.unwrap_or_else(|| {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        format!("0-{}", n - 1)
+    })
 }
 
 /// Error kinds a daemon reports; the text after `code=` on the wire.

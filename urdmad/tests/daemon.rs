@@ -557,3 +557,63 @@ fn urdmad_restarts_cleanly_after_being_killed() {
     assert!(status.success(), "{log}");
     bed.assert_nothing_left(&bed.socket());
 }
+
+#[test]
+fn a_full_flow_ring_drops_and_counts_and_its_mbufs_come_back() {
+    let bed = Bed::new("rf");
+    let d = bed.start();
+    send_from_peer(&bed, vec![(7000, b"warm".to_vec())]);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = baseline(&d.status());
+    let mut c = TestClient::spawn(
+        &bed.socket(),
+        &["--open", "10.99.0.1:5001", "--hold", "--run-secs", "20"],
+    );
+    c.wait_for("READY", Duration::from_secs(20));
+    // The bed's rings have 256 slots, of which an rte_ring uses 255.
+    let datagrams: Vec<(u16, Vec<u8>)> = (0..300u32)
+        .map(|i| (5001, i.to_be_bytes().to_vec()))
+        .collect();
+    in_netns(&bed.ns_b, move || {
+        let s = std::net::UdpSocket::bind(SocketAddrV4::new(PEER_IP, 0)).unwrap();
+        for (port, payload) in datagrams {
+            s.send_to(&payload, addr(port)).unwrap();
+            // Paced so that af_packet's own receive ring does not overflow first.
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let st = d.status();
+    let queued = field(&st, "flow", "", "queued").unwrap();
+    let drops: u64 = field(&st, "flow", "", "drops").unwrap().parse().unwrap();
+    let rx: u64 = field(&st, "flow", "", "rx_packets")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(queued, "255", "{st:?}");
+    assert_eq!(rx, 255, "{st:?}");
+    assert_eq!(drops, 300 - 255, "{st:?}");
+    let in_use: u64 = field(&st, "pool", "", "in_use").unwrap().parse().unwrap();
+    let in_use_before: u64 = 2047 - before.0.parse::<u64>().unwrap();
+    assert!(
+        in_use >= in_use_before + 255,
+        "ring holds pool mbufs: {st:?}"
+    );
+
+    // The process dies with a full ring: every one of those mbufs goes back to the pool.
+    // SAFETY: killing the process this test started.
+    unsafe { libc::kill(c.pid(), libc::SIGKILL) };
+    let _ = c.wait(Duration::from_secs(5));
+    let end = Instant::now() + Duration::from_secs(2);
+    loop {
+        let st = d.status();
+        if baseline(&st) == before {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "not back to baseline: {st:?} vs {before:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

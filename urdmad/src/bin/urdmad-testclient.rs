@@ -24,6 +24,9 @@ struct Args {
     /// Receive for this long, then detach.
     #[arg(long, default_value_t = 0.0)]
     run_secs: f64,
+    /// Do not take frames off the flow rings (they fill up).
+    #[arg(long)]
+    hold: bool,
     /// Attach, open the flows and detach this many times, then exit.
     #[arg(long, default_value_t = 0)]
     cycles: u32,
@@ -98,6 +101,10 @@ fn run(args: &Args) -> Result<(), String> {
     println!("READY");
     let end = Instant::now() + Duration::from_secs_f64(args.run_secs);
     while Instant::now() < end {
+        if args.hold {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
         let mut got = false;
         for i in 0..s.flows.len() {
             while let Some(frame) = s.recv(i) {
