@@ -41,6 +41,14 @@ fn build_parse(c: &mut Criterion) {
             black_box((r, seg, body));
         })
     });
+    // The yardstick: copying the same payload once.
+    let mut dst = vec![0u8; 4096];
+    g.bench_function("copy_4k", |b| {
+        b.iter(|| {
+            dst.copy_from_slice(black_box(&payload));
+            black_box(&mut dst);
+        })
+    });
     g.finish();
 }
 

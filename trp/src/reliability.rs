@@ -289,17 +289,24 @@ impl<K> Sender<K> {
                 newest_clean = Some((s.xmit, s.sent_at));
             }
         }
-        let mut highest_sacked = None;
+        // Ranges are reduced to offsets from `una`, clamped to what is
+        // outstanding: serial comparisons alone are not transitive across
+        // half the PSN space, and a peer may send any numbers.
+        let out = self.outstanding();
+        let mut highest_off = 0u32;
         for &(start, end) in sack.as_slice() {
-            let mut psn = if psn_lt(start, self.una) {
-                self.una
+            let from = if psn_lt(start, self.una) {
+                0
             } else {
-                start
+                start.wrapping_sub(self.una).min(out)
             };
-            let end = if psn_lt(self.nxt, end) { self.nxt } else { end };
-            while psn_lt(psn, end) {
-                let i = psn.wrapping_sub(self.una) as usize;
-                let s = &mut self.segs[i];
+            let to = if psn_lt(end, self.una) {
+                0
+            } else {
+                end.wrapping_sub(self.una).min(out)
+            };
+            for i in from..to.max(from) {
+                let s = &mut self.segs[i as usize];
                 if !s.sacked {
                     s.sacked = true;
                     self.sacked += 1;
@@ -313,13 +320,9 @@ impl<K> Sender<K> {
                     }
                     self.on_delivered();
                 }
-                psn = psn.wrapping_add(1);
             }
-            if psn_lt(start, end) && psn_le(self.una, psn) {
-                highest_sacked = Some(match highest_sacked {
-                    Some(h) if psn_lt(psn, h) => h,
-                    _ => psn,
-                });
+            if to > from {
+                highest_off = highest_off.max(to);
             }
         }
         if let Some((_, sent_at)) = newest_clean {
@@ -331,8 +334,8 @@ impl<K> Sender<K> {
                 self.rto_recovery = false;
             }
         }
-        if let Some(h) = highest_sacked {
-            self.detect_losses(h);
+        if highest_off > 0 {
+            self.detect_losses(self.una.wrapping_add(highest_off));
         }
         // Any newly delivered segment proves the peer alive: the retry
         // limit counts consecutive timeouts without such evidence.
@@ -656,6 +659,28 @@ mod tests {
         assert_eq!(s.next_retransmit(Instant(1000)), Some(0));
         s.on_ack(Instant(2000), 4, &SackRanges::new());
         assert_eq!(s.outstanding(), 0);
+    }
+
+    #[test]
+    fn hostile_sack_ranges_are_clamped() {
+        let mut s: Sender<()> = Sender::new(params(), 10, 64);
+        for _ in 0..3 {
+            s.push((), Instant(0));
+        }
+        // Found by fuzzing: a range just under half the PSN space whose
+        // serial comparisons disagree with each other.
+        for (a, b) in [
+            (18, 18 + 0x7fff_fffe),
+            (5, 12),
+            (0x8000_0000, 0x8000_0005),
+            (12, 11),
+        ] {
+            let mut sack = SackRanges::new();
+            sack.push(a, b);
+            s.on_ack(Instant(1), 10, &sack);
+        }
+        assert_eq!(s.outstanding(), 3);
+        assert_eq!(s.pipe(), 1, "only PSNs 10 and 11 were SACKed");
     }
 
     #[test]
