@@ -124,48 +124,87 @@ impl Session {
         }
     }
 
-    /// Takes one received frame of flow number `i` (in opening order), if any.
+    /// Takes one received frame of flow number `i` (in opening order), if any, as a copy.
     pub fn recv(&self, i: usize) -> Option<Vec<u8>> {
-        let f = self.flows.get(i)?;
-        let mut obj = std::ptr::null_mut();
-        // SAFETY: this process is the ring's only consumer; the mbuf is freed after copying.
+        let mut m = [std::ptr::null_mut(); 1];
+        if self.recv_burst(i, &mut m) == 0 {
+            return None;
+        }
+        // SAFETY: the mbuf is ours; it is freed after copying.
         unsafe {
-            if sys::rte_ring_sc_dequeue(f.ring, &mut obj) != 0 {
-                return None;
-            }
-            let m = obj as *mut sys::rte_mbuf;
             let data = std::slice::from_raw_parts(
-                sys::rte_pktmbuf_mtod::<u8>(m) as *const u8,
-                usize::from((*m).data_len),
+                sys::rte_pktmbuf_mtod::<u8>(m[0]) as *const u8,
+                usize::from((*m[0]).data_len),
             )
             .to_vec();
-            sys::rte_pktmbuf_free(m);
+            sys::rte_pktmbuf_free(m[0]);
             Some(data)
         }
     }
 
-    /// Queues one frame for transmission on port `port`.
+    /// Queues a copy of one frame for transmission on port `port`.
     pub fn send(&self, port: usize, frame: &[u8]) -> Result<(), String> {
-        let ring = *self.tx.get(port).ok_or("no such port")?;
-        // SAFETY: the mbuf comes from urdmad's pool and is handed to the TX ring, whose only
-        // producer is this process.
+        if port >= self.tx.len() {
+            return Err(format!("no port {port}"));
+        }
+        let Ok(len) = u16::try_from(frame.len()) else {
+            return Err("frame larger than an mbuf".into());
+        };
+        // SAFETY: the mbuf comes from urdmad's pool; it is handed over or freed.
         unsafe {
             let m = sys::rte_pktmbuf_alloc(self.pool);
             if m.is_null() {
                 return Err("mbuf pool exhausted".into());
             }
-            let dst = sys::rte_pktmbuf_append(m, frame.len() as u16) as *mut u8;
+            let dst = sys::rte_pktmbuf_append(m, len) as *mut u8;
             if dst.is_null() {
                 sys::rte_pktmbuf_free(m);
                 return Err("frame larger than an mbuf".into());
             }
             std::ptr::copy_nonoverlapping(frame.as_ptr(), dst, frame.len());
-            if sys::rte_ring_sp_enqueue(ring, m as *mut _) != 0 {
+            if self.send_burst(port, &[m]) == 0 {
                 sys::rte_pktmbuf_free(m);
                 return Err("TX ring full".into());
             }
         }
         Ok(())
+    }
+
+    /// Zero-copy receive: moves up to `out.len()` of flow `i`'s mbufs into `out` and
+    /// returns how many. The caller owns them and frees them with `rte_pktmbuf_free`.
+    pub fn recv_burst(&self, i: usize, out: &mut [*mut sys::rte_mbuf]) -> usize {
+        let Some(f) = self.flows.get(i) else { return 0 };
+        // SAFETY: this process is the ring's only consumer; `out` has room for the count.
+        unsafe {
+            sys::rte_ring_sc_dequeue_burst(
+                f.ring,
+                out.as_mut_ptr() as *mut *mut std::ffi::c_void,
+                out.len() as u32,
+                std::ptr::null_mut(),
+            ) as usize
+        }
+    }
+
+    /// Zero-copy send: hands as many of `pkts` (mbufs from [`Session::pool`]) as fit to port
+    /// `port`'s TX ring and returns how many; the rest remain the caller's.
+    pub fn send_burst(&self, port: usize, pkts: &[*mut sys::rte_mbuf]) -> usize {
+        let Some(&ring) = self.tx.get(port) else {
+            return 0;
+        };
+        // SAFETY: this process is the ring's only producer.
+        unsafe {
+            sys::rte_ring_sp_enqueue_burst(
+                ring,
+                pkts.as_ptr() as *const *mut std::ffi::c_void,
+                pkts.len() as u32,
+                std::ptr::null_mut(),
+            ) as usize
+        }
+    }
+
+    /// The pool to allocate frames to send from.
+    pub fn pool(&self) -> *mut sys::rte_mempool {
+        self.pool
     }
 
     /// Stops using the rings, then tells urdmad.
