@@ -101,7 +101,8 @@ impl Config {
             let msg = e.message().replace('\n', " ");
             match e.span() {
                 Some(span) => {
-                    let line = text[..span.start.min(text.len())].lines().count().max(1);
+                    let before = text.get(..span.start).unwrap_or(text);
+                    let line = before.matches('\n').count() + 1;
                     format!("{origin}: line {line}: {msg}")
                 }
                 None => format!("{origin}: {msg}"),
