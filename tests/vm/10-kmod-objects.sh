@@ -41,5 +41,16 @@ t "$PROBE" "$uv" hold 0 >/dev/null || fail "probe hold"
 after=$(res_counts urdma0) || fail "rdma resource show urdma0"
 [ "$after" = "$before" ] || fail "resource counts '$after' after exit with objects, were '$before'"
 
+# Killed in the middle of creating and destroying: nothing is left behind.
+"$PROBE" "$uv" cycle 1000000 >/dev/null &
+victims=$!
+"$PROBE" "$uv" cycle 1000000 >/dev/null &
+victims="$victims $!"
+sleep 3
+kill -KILL $victims
+wait $victims 2>/dev/null
+after=$(res_counts urdma0) || fail "rdma resource show urdma0"
+[ "$after" = "$before" ] || fail "resource counts '$after' after SIGKILL mid-cycle, were '$before'"
+
 dmesg_check
 echo "ok"
