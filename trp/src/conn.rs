@@ -75,7 +75,8 @@ enum Src {
     },
     ReadReq(ReadRequest),
     Imm(Immediate),
-    Term(Terminate),
+    /// The connection's one Terminate (kept in `Connection::term_body`).
+    Term,
 }
 
 /// What occupies one of our PSNs; enough to rebuild the packet.
@@ -126,7 +127,7 @@ struct ReadJob {
 }
 
 /// Effect of a received PSN that must happen in PSN order.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 enum RxEvent {
     #[default]
     None,
@@ -139,12 +140,12 @@ enum RxEvent {
     ReadRequest {
         msn: u32,
         rr: ReadRequest,
-        hdr: Option<HeaderCopy>,
     },
     ReadResponseDone,
     Terminate(Terminate),
+    /// Boxed: rare, and it would triple the size of every slot.
     Fail {
-        term: Terminate,
+        term: Box<Terminate>,
         rq_status: Option<WcStatus>,
     },
     Fin,
@@ -197,6 +198,7 @@ pub struct Connection {
     fin_psn: Option<u32>,
     peer_fin: bool,
     term_pending: Option<Terminate>,
+    term_body: Option<Terminate>,
     term_psn: Option<u32>,
     abort_pending: bool,
     stats: Stats,
@@ -338,6 +340,7 @@ impl Connection {
             fin_psn: None,
             peer_fin: false,
             term_pending: None,
+            term_body: None,
             term_psn: None,
             abort_pending: false,
             stats: Stats::default(),
@@ -574,7 +577,7 @@ impl Connection {
                 };
                 return Some(TxKind::Seg {
                     hdr,
-                    src: Src::Term(t),
+                    src: Src::Term,
                     len: t.buffer_len() as u32,
                 });
             }
@@ -777,13 +780,7 @@ impl Connection {
             if self.tx.can_send_new() {
                 if let Some(kind) = self.next_new() {
                     let psn = self.tx.push(kind, now);
-                    if matches!(
-                        kind,
-                        TxKind::Seg {
-                            src: Src::Term(_),
-                            ..
-                        }
-                    ) {
+                    if matches!(kind, TxKind::Seg { src: Src::Term, .. }) {
                         self.term_psn = Some(psn);
                     }
                     return Some(self.emit(mem, buf, psn, kind, false));
@@ -879,7 +876,11 @@ impl Connection {
                     Src::Local { addr } => mem.read(addr, body),
                     Src::ReadReq(r) => r.emit(body),
                     Src::Imm(i) => i.emit(body),
-                    Src::Term(t) => t.emit(body),
+                    Src::Term => {
+                        if let Some(t) = &self.term_body {
+                            t.emit(body)
+                        }
+                    }
                 }
                 (trp::Opcode::Data, p + len as usize)
             }
@@ -977,7 +978,7 @@ impl Connection {
             Ok(x) => x,
             Err(e) => {
                 return Some(RxEvent::Fail {
-                    term: wire_error_term(e, payload),
+                    term: Box::new(wire_error_term(e, payload)),
                     rq_status: None,
                 })
             }
@@ -995,7 +996,7 @@ impl Connection {
                         None,
                     );
                     return Some(RxEvent::Fail {
-                        term,
+                        term: Box::new(term),
                         rq_status: None,
                     });
                 }
@@ -1008,7 +1009,7 @@ impl Connection {
                     Err(e) => {
                         let (l, t, c) = e.tagged_term();
                         Some(RxEvent::Fail {
-                            term: terminate(l, t, c, payload, None),
+                            term: Box::new(terminate(l, t, c, payload, None)),
                             rq_status: None,
                         })
                     }
@@ -1040,7 +1041,7 @@ impl Connection {
                     };
                     let term = terminate(Layer::Ddp, term::DDP_UNTAGGED, code, payload, None);
                     return Some(RxEvent::Fail {
-                        term,
+                        term: Box::new(term),
                         rq_status: None,
                     });
                 }
@@ -1063,7 +1064,7 @@ impl Connection {
                                 None,
                             );
                             return Some(RxEvent::Fail {
-                                term,
+                                term: Box::new(term),
                                 rq_status: Some(WcStatus::LocalLength),
                             });
                         }
@@ -1085,11 +1086,7 @@ impl Connection {
                 }
             }
             (BufferRef::Untagged { msn, .. }, Body::ReadRequest(rr)) => {
-                Some(RxEvent::ReadRequest {
-                    msn,
-                    rr,
-                    hdr: HeaderCopy::from_segment(payload),
-                })
+                Some(RxEvent::ReadRequest { msn, rr })
             }
             (_, Body::Terminate(t)) => Some(RxEvent::Terminate(t)),
             _ => {
@@ -1101,7 +1098,7 @@ impl Connection {
                     None,
                 );
                 Some(RxEvent::Fail {
-                    term,
+                    term: Box::new(term),
                     rq_status: None,
                 })
             }
@@ -1164,7 +1161,25 @@ impl Connection {
                         solicited,
                     });
                 }
-                RxEvent::ReadRequest { msn, rr, hdr } => {
+                RxEvent::ReadRequest { msn, rr } => {
+                    // Rebuild the offending header for a Terminate: only
+                    // MSN varies in a valid Read Request's DDP header.
+                    let mut h = [0u8; ddp::UNTAGGED_HEADER_LEN];
+                    segment::Repr {
+                        opcode: Opcode::ReadRequest,
+                        last: true,
+                        buffer: BufferRef::Untagged {
+                            ulp_word: 0,
+                            qn: qn::READ_REQUEST,
+                            msn,
+                            mo: 0,
+                        },
+                    }
+                    .emit(&mut h);
+                    let mut hdr = HeaderCopy::from_segment(&h);
+                    if let Some(c) = hdr.as_mut() {
+                        c.segment_len = (ddp::UNTAGGED_HEADER_LEN + rdmap::READ_REQUEST_LEN) as u16;
+                    }
                     let mut t = Terminate {
                         layer: Layer::Ddp,
                         etype: term::DDP_UNTAGGED,
@@ -1232,6 +1247,7 @@ impl Connection {
                     );
                 }
                 RxEvent::Fail { term, rq_status } => {
+                    let term = *term;
                     self.fail(
                         now,
                         FailReason::TerminateSent(term),
@@ -1358,7 +1374,10 @@ impl Connection {
         self.rjobs.clear();
         self.events.push_back(Event::Failed(reason));
         match term {
-            Some(t) => self.term_pending = Some(t),
+            Some(t) => {
+                self.term_pending = Some(t);
+                self.term_body = Some(t);
+            }
             None => {
                 self.tx.clear();
                 self.sq.clear();

@@ -170,7 +170,8 @@ impl ProtectionError {
 #[derive(Clone, Debug, Default)]
 pub struct VecMemory {
     pub bytes: Vec<u8>,
-    regions: std::collections::HashMap<u32, (Region, bool)>,
+    /// Few regions per test: a linear scan beats hashing.
+    regions: Vec<(u32, Region, bool)>,
 }
 
 impl VecMemory {
@@ -183,22 +184,23 @@ impl VecMemory {
     /// Registers a region; `invalidatable` says whether a remote Send with
     /// Invalidate may invalidate it.
     pub fn register(&mut self, stag: u32, region: Region, invalidatable: bool) {
-        self.regions.insert(stag, (region, invalidatable));
+        self.deregister(stag);
+        self.regions.push((stag, region, invalidatable));
     }
     pub fn deregister(&mut self, stag: u32) {
-        self.regions.remove(&stag);
+        self.regions.retain(|r| r.0 != stag);
     }
 }
 
 impl Memory for VecMemory {
     fn region(&self, stag: u32) -> Option<Region> {
-        self.regions.get(&stag).map(|r| r.0)
+        self.regions.iter().find(|r| r.0 == stag).map(|r| r.1)
     }
     fn invalidate(&mut self, stag: u32, pd: u32) -> Result<(), InvalidateError> {
-        match self.regions.get_mut(&stag) {
+        match self.regions.iter_mut().find(|r| r.0 == stag) {
             None => Err(InvalidateError::Unknown),
-            Some((r, inv)) if !*inv || r.pd != pd => Err(InvalidateError::NotInvalidatable),
-            Some((r, _)) => {
+            Some((_, r, inv)) if !*inv || r.pd != pd => Err(InvalidateError::NotInvalidatable),
+            Some((_, r, _)) => {
                 r.valid = false;
                 Ok(())
             }
