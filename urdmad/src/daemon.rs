@@ -21,6 +21,11 @@ const CONTROL_PERIOD: Duration = Duration::from_millis(2);
 /// Empty polls before the loop starts sleeping between polls (small machines share cores).
 const IDLE_POLLS: u32 = 256;
 pub const POOL_NAME: &str = "urd_mbufs";
+/// Connections beyond this are closed at once.
+const MAX_CONNECTIONS: usize = 1024;
+/// A refused peer gets this long to send its first request, which is answered with the
+/// refusal, before it is disconnected regardless.
+const REFUSAL_GRACE: Duration = Duration::from_secs(1);
 const POOL_CACHE: u32 = 256;
 
 /// Set by SIGTERM/SIGINT.
@@ -64,7 +69,8 @@ struct Client {
     stream: UnixStream,
     buf: Vec<u8>,
     greeted: bool,
-    refused: Option<String>,
+    /// Why the peer may not use urdmad, and when it is disconnected regardless.
+    refused: Option<(String, Instant)>,
     attached: Option<Attached>,
     flows: Vec<u32>,
 }
@@ -308,12 +314,18 @@ impl Daemon {
         }
         // SAFETY: fds is a valid array of pollfd.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-        if n <= 0 {
+        let refusals_pending = self.clients.iter().any(|c| c.refused.is_some());
+        if n <= 0 && !refusals_pending {
             return;
         }
+        let now = Instant::now();
         let mut gone = Vec::new();
         for (i, f) in fds.iter().enumerate().skip(1) {
-            if f.revents != 0 && !self.read_client(i - 1) {
+            let expired = self.clients[i - 1]
+                .refused
+                .as_ref()
+                .is_some_and(|(_, until)| now > *until);
+            if expired || (f.revents != 0 && !self.read_client(i - 1)) {
                 gone.push(i - 1);
             }
         }
@@ -328,6 +340,10 @@ impl Daemon {
 
     fn accept(&mut self) {
         while let Ok((stream, _)) = self.listener.accept() {
+            if self.clients.len() >= MAX_CONNECTIONS {
+                tracing::warn!("{MAX_CONNECTIONS} connections open; closing a new one");
+                continue;
+            }
             let Ok(peer) = access::peer_of(&stream) else {
                 continue;
             };
@@ -337,8 +353,9 @@ impl Daemon {
                 self.allowed_gid,
                 &self.cfg.daemon.group,
             )
-            .err();
-            if let Some(why) = &refused {
+            .err()
+            .map(|why| (why, Instant::now() + REFUSAL_GRACE));
+            if let Some((why, _)) = &refused {
                 tracing::warn!(pid = peer.pid, uid = peer.uid, "refused: {why}");
             }
             let _ = stream.set_nonblocking(true);
@@ -402,7 +419,7 @@ impl Daemon {
 
     /// The reply to one request, and whether the connection stays open.
     fn handle(&mut self, i: usize, line: &str) -> (String, bool) {
-        if let Some(why) = self.clients[i].refused.clone() {
+        if let Some((why, _)) = self.clients[i].refused.clone() {
             return (error(ErrorCode::Access, &why).encode(), false);
         }
         let req = match Request::decode(line) {

@@ -429,6 +429,28 @@ fn users_outside_the_group_are_refused_members_are_served() {
         "{err}"
     );
     assert!(d.try_status().is_ok(), "root is still served");
+    // A refused peer that never speaks is disconnected after the grace period.
+    let out = run_bounded(
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                TESTCLIENT,
+                "--silent",
+                "--socket",
+            ])
+            .arg(bed.socket()),
+        Duration::from_secs(10),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ms: u64 = text
+        .trim()
+        .strip_prefix("HANGUP ms=")
+        .unwrap_or_else(|| panic!("{text} {}", String::from_utf8_lossy(&out.stderr)))
+        .parse()
+        .unwrap();
+    assert!((900..3000).contains(&ms), "hung up after {ms} ms");
     d.stop();
 
     // Members of the configured group are served.

@@ -27,6 +27,9 @@ struct Args {
     /// Do not take frames off the flow rings (they fill up).
     #[arg(long)]
     hold: bool,
+    /// Connect without saying anything and report when urdmad hangs up (at most 5 s).
+    #[arg(long)]
+    silent: bool,
     /// Attach, open the flows and detach this many times, then exit.
     #[arg(long, default_value_t = 0)]
     cycles: u32,
@@ -69,7 +72,30 @@ fn send_all(s: &Session, args: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// Waits for urdmad to close a connection on which nothing is sent.
+fn silent(args: &Args) -> Result<(), String> {
+    use std::io::Read;
+    let mut s = std::os::unix::net::UnixStream::connect(&args.socket).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => {
+                println!("HANGUP ms={}", start.elapsed().as_millis());
+                return Ok(());
+            }
+            Ok(_) => continue,
+            Err(e) => return Err(format!("no hangup: {e}")),
+        }
+    }
+}
+
 fn run(args: &Args) -> Result<(), String> {
+    if args.silent {
+        return silent(args);
+    }
     if args.cycles > 0 {
         for _ in 0..args.cycles {
             let mut s = connect(args)?;
