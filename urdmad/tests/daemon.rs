@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use std::net::SocketAddrV4;
 use std::os::unix::net::UnixDatagram;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -638,4 +639,86 @@ fn a_full_flow_ring_drops_and_counts_and_its_mbufs_come_back() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn built_in_default_configuration_serves_on_veth0_unedited() {
+    let bed = Bed::new("df");
+    // The VM test bed's layout: the port's interface is called veth0.
+    sh(&["ip", "-n", &bed.ns_a, "link", "set", &bed.veth_a, "down"]);
+    sh(&[
+        "ip",
+        "-n",
+        &bed.ns_a,
+        "link",
+        "set",
+        &bed.veth_a,
+        "name",
+        "veth0",
+    ]);
+    sh(&["ip", "-n", &bed.ns_a, "link", "set", "veth0", "up"]);
+    let socket = std::path::PathBuf::from("/run/urdma/urdmad.sock");
+    let log = bed.dir.join("default.log");
+    let child = Command::new("ip")
+        .args(["netns", "exec", &bed.ns_a, URDMAD])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut d = Urdmad {
+        child: Some(child),
+        socket: socket.clone(),
+        log,
+    };
+    let end = Instant::now() + Duration::from_secs(30);
+    while d.try_status().is_err() {
+        assert!(
+            Instant::now() < end,
+            "default urdmad not serving: {}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sh(&[
+        "ip",
+        "-n",
+        &bed.ns_a,
+        "addr",
+        "add",
+        &format!("{LOCAL_IP}/24"),
+        "dev",
+        "urdma-tap0",
+    ]);
+    let out = run_bounded(
+        Command::new("ip").args([
+            "netns",
+            "exec",
+            &bed.ns_b,
+            "ping",
+            "-c",
+            "2",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+            &LOCAL_IP.to_string(),
+        ]),
+        Duration::from_secs(20),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let st = d.status();
+    assert_eq!(field(&st, "daemon", "", "prefix").as_deref(), Some("urdma"));
+    assert_eq!(
+        field(&st, "port", "", "device").as_deref(),
+        Some("net_af_packet0,iface=veth0")
+    );
+    let (status, log) = d.stop();
+    assert!(status.success(), "{log}");
+    assert!(!socket.exists());
+    assert!(!Path::new("/var/run/dpdk/urdma").exists());
 }
