@@ -256,11 +256,18 @@ impl<K> Sender<K> {
                 self.srtt = Some((7 * srtt + r) / 8);
             }
         }
-        let rto = self.srtt.unwrap_or(r) + (4 * self.rttvar).max(GRANULARITY);
-        self.rto = rto.clamp(
-            self.p.min_rto.as_nanos() as u64,
-            self.p.max_rto.as_nanos() as u64,
-        );
+        self.rto = self.base_rto();
+    }
+
+    /// RTO from the estimator, without back-off.
+    fn base_rto(&self) -> u64 {
+        match self.srtt {
+            None => self.p.initial_rto.as_nanos() as u64,
+            Some(srtt) => (srtt + (4 * self.rttvar).max(GRANULARITY)).clamp(
+                self.p.min_rto.as_nanos() as u64,
+                self.p.max_rto.as_nanos() as u64,
+            ),
+        }
     }
 
     /// Processes a cumulative ACK and SACK ranges. Returns the number of
@@ -269,7 +276,12 @@ impl<K> Sender<K> {
         if !(psn_le(self.una, ack) && psn_le(ack, self.nxt)) {
             return 0;
         }
+        // RTT sample: the most recently sent of the newly delivered packets,
+        // and only if it was never retransmitted. Extending Karn's rule this
+        // way also skips old packets whose ACK waited behind a hole that a
+        // retransmission just filled.
         let mut newest_clean: Option<(u64, Instant)> = None;
+        let mut newest_any = 0u64;
         let mut acked = 0;
         let delivered_before = self.delivered_xmit;
         while self.una != ack {
@@ -285,6 +297,7 @@ impl<K> Sender<K> {
                 self.on_delivered();
             }
             self.delivered_xmit = self.delivered_xmit.max(s.xmit);
+            newest_any = newest_any.max(s.xmit);
             if s.retrans == 0 && newest_clean.is_none_or(|(x, _)| s.xmit > x) {
                 newest_clean = Some((s.xmit, s.sent_at));
             }
@@ -315,6 +328,7 @@ impl<K> Sender<K> {
                         self.lost -= 1;
                     }
                     self.delivered_xmit = self.delivered_xmit.max(s.xmit);
+                    newest_any = newest_any.max(s.xmit);
                     if s.retrans == 0 && newest_clean.is_none_or(|(x, _)| s.xmit > x) {
                         newest_clean = Some((s.xmit, s.sent_at));
                     }
@@ -325,7 +339,7 @@ impl<K> Sender<K> {
                 highest_off = highest_off.max(to);
             }
         }
-        if let Some((_, sent_at)) = newest_clean {
+        if let Some((_, sent_at)) = newest_clean.filter(|&(x, _)| x == newest_any) {
             self.rtt_sample(now.0.saturating_sub(sent_at.0));
         }
         if let Some(end) = self.recovery_end {
@@ -342,6 +356,12 @@ impl<K> Sender<K> {
         if acked > 0 || self.delivered_xmit != delivered_before {
             self.retries = 0;
             self.rto_deadline = None;
+        }
+        // Newly delivered data: drop the back-off (Linux does so on new
+        // cumulative ACKs; we also count SACKed data, which proves the path
+        // works). Karn's rule still keeps retransmissions out of the estimate.
+        if acked > 0 || self.delivered_xmit != delivered_before {
+            self.rto = self.base_rto();
         }
         if self.outstanding() > 0 {
             self.arm(now);

@@ -352,7 +352,7 @@ fn config() -> Config {
 struct Outcome {
     virtual_ns: u64,
     bytes: u64,
-    stats: trp::reliability::SenderStats,
+    stats: [trp::reliability::SenderStats; 2],
 }
 
 fn run(seed: u64, loss: f64, ops: usize, budget: u64) -> Result<Outcome, String> {
@@ -371,7 +371,7 @@ fn run(seed: u64, loss: f64, ops: usize, budget: u64) -> Result<Outcome, String>
     let exp = post_workload(&mut p, &mut rng, ops, budget, mem_size);
     let mut got: [Vec<Completion>; 2] = [Vec::new(), Vec::new()];
     let want = [exp.cq[0].len(), exp.cq[1].len()];
-    let limit = trp::Instant(start.0 + 600_000_000_000);
+    let limit = trp::Instant(start.0 + 60_000_000_000);
     let finished = p.run_until(limit, |p| {
         while let Some(c) = p.a.conn.poll_completion() {
             got[0].push(c);
@@ -445,7 +445,7 @@ fn run(seed: u64, loss: f64, ops: usize, budget: u64) -> Result<Outcome, String>
     Ok(Outcome {
         virtual_ns: elapsed,
         bytes,
-        stats: p.a.conn.sender_stats(),
+        stats: [p.a.conn.sender_stats(), p.b.conn.sender_stats()],
     })
 }
 
@@ -482,22 +482,22 @@ fn sweep(loss_percent: u64, seeds: u64, ops: usize, budget: u64) {
 
 #[test]
 fn workload_loss_0() {
-    sweep(0, 3, 150, 12 << 20);
+    sweep(0, 4, 400, 12 << 20);
 }
 
 #[test]
 fn workload_loss_1() {
-    sweep(1, 3, 150, 8 << 20);
+    sweep(1, 4, 300, 8 << 20);
 }
 
 #[test]
 fn workload_loss_10() {
-    sweep(10, 3, 100, 4 << 20);
+    sweep(10, 3, 200, 4 << 20);
 }
 
 #[test]
 fn workload_loss_30() {
-    sweep(30, 2, 60, 1 << 20);
+    sweep(30, 2, 100, 1 << 20);
 }
 
 /// Corruption the UDP checksum would have caught, delivered anyway: the
