@@ -1,15 +1,68 @@
 //! Sans-IO protocol core of urdma: RDMAP (RFC 5040, RFC 7306) over DDP
-//! (RFC 5041) over TRP, a small reliability shim over UDP.
+//! (RFC 5041) over TRP, a small reliability shim over UDP. The bytes on the
+//! wire are specified in `docs/protocol.md`.
 //!
 //! Nothing here performs I/O or reads a clock. The caller feeds datagrams
-//! and the current time in, and takes datagrams to send, completions and
-//! the next timer deadline out. Memory is reached through [`mr::Memory`].
+//! (UDP payloads) and the current time in, and takes datagrams to send,
+//! completions, events and the next timer deadline out. Application memory
+//! and its region table stay with the caller, reached through
+//! [`mr::Memory`]; every remote access is checked against it before a byte
+//! moves.
+//!
+//! A driver's progress loop looks like this:
+//!
+//! ```
+//! use trp::{Connection, Instant, Memory};
+//!
+//! fn progress<M: Memory>(
+//!     conn: &mut Connection,
+//!     mem: &mut M,
+//!     now: Instant,
+//!     received: &[&[u8]],
+//!     send: &mut dyn FnMut(&[u8]),
+//! ) -> Option<Instant> {
+//!     for d in received {
+//!         let _ = conn.handle_datagram(now, mem, d); // malformed: counted, dropped
+//!     }
+//!     if conn.poll_timeout().is_some_and(|t| t <= now) {
+//!         conn.handle_timeout(now);
+//!     }
+//!     let mut buf = [0u8; 1472];
+//!     while let Some(n) = conn.poll_transmit(now, mem, &mut buf) {
+//!         send(&buf[..n]);
+//!     }
+//!     while let Some(c) = conn.poll_completion() {
+//!         let _ = c; // to the CQ
+//!     }
+//!     while let Some(e) = conn.poll_event() {
+//!         let _ = e; // to the connection manager
+//!     }
+//!     conn.poll_timeout() // sleep until then or until a datagram arrives
+//! }
+//! ```
+//!
+//! Connection setup: [`Connecting`] (active side) and [`Incoming`] (passive
+//! side) are consumed into a [`Connection`]. QP state changes inside a
+//! connection go through [`state::Transition`], implemented only for legal
+//! edges:
+//!
+//! ```compile_fail
+//! fn step<F: trp::state::Transition<T>, T: trp::state::State>() {}
+//! step::<trp::state::Error, trp::state::Rts>(); // no way back from Error
+//! ```
+//!
+//! ```
+//! fn step<F: trp::state::Transition<T>, T: trp::state::State>() {}
+//! step::<trp::state::Rts, trp::state::Closing>();
+//! ```
 
 pub mod config;
 pub mod conn;
+pub mod fuzzing;
 pub mod mr;
 pub mod reliability;
 pub mod setup;
+pub mod sim;
 pub mod state;
 pub mod time;
 pub mod verbs;
@@ -22,5 +75,3 @@ pub use setup::{ConnectOutcome, Connecting, Incoming, SetupError};
 pub use state::QpState;
 pub use time::Instant;
 pub use verbs::{Completion, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
-pub mod fuzzing;
-pub mod sim;
