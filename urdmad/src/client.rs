@@ -13,6 +13,7 @@ pub struct Connection {
     writer: UnixStream,
     /// The daemon's self-description from its `HELLO`.
     pub daemon: String,
+    timeout: Duration,
 }
 
 /// Why talking to urdmad failed, as one line for the user.
@@ -39,6 +40,7 @@ impl Connection {
             reader: BufReader::new(stream),
             writer,
             daemon: String::new(),
+            timeout,
         };
         match c.request(&Request::Hello {
             version: proto::VERSION,
@@ -61,7 +63,13 @@ impl Connection {
         let n = (&mut self.reader)
             .take(MAX_LINE as u64)
             .read_line(&mut line)
-            .map_err(|e| format!("reading from urdmad: {e}"))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+                    "urdmad did not answer within {:?} (is it still starting?)",
+                    self.timeout
+                ),
+                _ => format!("reading from urdmad: {e}"),
+            })?;
         if n == 0 {
             return Err("urdmad closed the connection".into());
         }

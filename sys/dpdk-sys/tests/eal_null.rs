@@ -105,13 +105,18 @@ unsafe fn run() {
     let mut fill_ok = true;
     for (i, slot) in tx.iter_mut().enumerate() {
         let m = rte_pktmbuf_alloc(pool);
-        check(!m.is_null(), "rte_pktmbuf_alloc");
+        if m.is_null() {
+            check(false, "rte_pktmbuf_alloc");
+        }
         let data = rte_pktmbuf_append(m, 60) as *mut u8;
-        check(!data.is_null(), "rte_pktmbuf_append");
+        if data.is_null() {
+            check(false, "rte_pktmbuf_append");
+        }
         fill_ok &= rte_pktmbuf_mtod::<u8>(m) == data;
         ptr::write_bytes(data, i as u8, 60);
         *slot = m;
     }
+    check(true, "rte_pktmbuf_alloc and rte_pktmbuf_append, one burst");
     check(fill_ok, "rte_pktmbuf_mtod points at the appended data");
     check(
         rte_mempool_avail_count(pool) == POOL_SIZE - BURST as u32,
