@@ -201,6 +201,14 @@ pub struct Connection {
     term_body: Option<Terminate>,
     term_psn: Option<u32>,
     abort_pending: bool,
+    /// We failed or aborted: answer the peer's packets with Abort (as TCP
+    /// answers a closed connection with RST) so a live peer learns of it.
+    abort_on_contact: bool,
+    /// Keep-alive while only Read Responses are awaited (nothing of ours is
+    /// unacknowledged, so the retransmission timer is idle).
+    probe_deadline: Option<Instant>,
+    probes: u32,
+    probe_pending: bool,
     stats: Stats,
 }
 
@@ -343,6 +351,10 @@ impl Connection {
             term_body: None,
             term_psn: None,
             abort_pending: false,
+            abort_on_contact: false,
+            probe_deadline: None,
+            probes: 0,
+            probe_pending: false,
             stats: Stats::default(),
             cfg,
         }
@@ -406,14 +418,44 @@ impl Connection {
 
     /// The earliest time `handle_timeout` has something to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.tx.rto_deadline(), self.rx.ack_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        [
+            self.tx.rto_deadline(),
+            self.rx.ack_deadline(),
+            self.probe_deadline,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Arms or disarms the keep-alive that detects a peer gone silent while
+    /// we wait for Read Responses.
+    fn arm_probe(&mut self, now: Instant) {
+        let waiting = matches!(self.state, QpState::Rts | QpState::Closing)
+            && !self.reads_out.is_empty()
+            && self.tx.outstanding() == 0;
+        if !waiting {
+            self.probe_deadline = None;
+            self.probes = 0;
+        } else if self.probe_deadline.is_none() {
+            let backoff = self.tx.rto() * (1u32 << self.probes.min(16));
+            self.probe_deadline = Some(now + backoff.min(self.cfg.max_rto));
         }
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
         self.rx.on_timeout(now);
+        if self.probe_deadline.is_some_and(|d| d <= now) {
+            self.probe_deadline = None;
+            self.probes += 1;
+            if self.probes > self.cfg.max_retries {
+                self.fail(now, FailReason::RetryExceeded, None, None, true, None);
+                return;
+            }
+            self.probe_pending = true;
+            self.rx.request_ack();
+            self.arm_probe(now);
+        }
         if self.tx.on_timeout(now) == Timeout::RetryExceeded {
             match self.state {
                 QpState::Rts | QpState::Closing => {
@@ -795,7 +837,12 @@ impl Connection {
                 trp::Opcode::Sack
             };
             self.stats.tx_acks += 1;
-            return Some(self.emit_header(buf, op, self.tx.nxt(), 0, sack));
+            let flags = if std::mem::take(&mut self.probe_pending) {
+                trp::FLAG_ACK_REQUEST
+            } else {
+                0
+            };
+            return Some(self.emit_header(buf, op, self.tx.nxt(), flags, sack));
         }
         None
     }
@@ -923,11 +970,23 @@ impl Connection {
             }
             _ => {}
         }
+        let ack_request = h.flags & trp::FLAG_ACK_REQUEST != 0;
         if self.state == QpState::Closed {
-            if h.opcode.consumes_psn() {
-                self.rx.request_ack();
+            if h.opcode.consumes_psn() || ack_request {
+                if self.abort_on_contact {
+                    self.abort_pending = true;
+                } else {
+                    self.rx.request_ack();
+                }
             }
             return Ok(());
+        }
+        // Any packet of the connection shows the peer is alive.
+        self.probes = 0;
+        self.probe_deadline = None;
+        if !h.opcode.consumes_psn() && ack_request {
+            // A keep-alive probe: answer it.
+            self.rx.request_ack();
         }
         self.tx.on_ack(now, h.ack_psn, &h.sack);
         self.tx.set_peer_window(u32::from(h.window));
@@ -963,6 +1022,7 @@ impl Connection {
             }
         }
         self.progress();
+        self.arm_probe(now);
         Ok(())
     }
 
@@ -1373,6 +1433,10 @@ impl Connection {
         self.reads_out.clear();
         self.rjobs.clear();
         self.events.push_back(Event::Failed(reason));
+        if matches!(reason, FailReason::RetryExceeded | FailReason::Aborted) {
+            self.abort_on_contact = true;
+            self.abort_pending = true;
+        }
         match term {
             Some(t) => {
                 self.term_pending = Some(t);

@@ -489,3 +489,64 @@ fn lost_handshake_packets_are_repeated() {
         );
     }
 }
+
+/// A requester that only awaits Read Responses has nothing unacknowledged;
+/// keep-alive probes must still notice a peer gone silent.
+fn read_then_silence() -> Pair {
+    let mut p = pair(Config::default(), Config::default());
+    send(
+        &mut p,
+        1,
+        SendOp::RdmaRead {
+            remote_addr: 1 << 19,
+            rkey: 2,
+        },
+        &sge(0, 400_000),
+    );
+    let start = p.a.conn.expected_psn();
+    assert!(p.run_until(trp::Instant(p.now.0 + 100_000_000), |p| {
+        p.a.conn.expected_psn().wrapping_sub(start) > 10
+            && p.a.conn.unacked_psn() == p.a.conn.next_psn()
+    }));
+    p.ba.up = false;
+    p
+}
+
+#[test]
+fn silent_read_responder_detected_by_probes() {
+    let mut p = read_then_silence();
+    p.ab.up = false;
+    let t0 = p.now;
+    assert!(
+        p.run_until(trp::Instant(t0.0 + 10_000_000_000), |p| p.a.conn.state()
+            == QpState::Closed)
+    );
+    assert_eq!(
+        events(&mut p.a.conn),
+        vec![Event::Failed(FailReason::RetryExceeded)]
+    );
+    let c = drain(&mut p.a.conn);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RetryExceeded));
+}
+
+#[test]
+fn failed_peer_answers_with_abort() {
+    let mut p = read_then_silence();
+    // b gives up while its packets are being lost: its Abort never arrives.
+    let now = p.now;
+    p.b.conn.abort(now);
+    p.run_until(trp::Instant(p.now.0 + 1_000_000), |_| false);
+    assert_eq!(p.b.conn.state(), QpState::Closed);
+    assert_eq!(p.a.conn.state(), QpState::Rts);
+    // The path heals; a's next keep-alive probe is answered with Abort.
+    p.ba.up = true;
+    assert!(
+        p.run_until(trp::Instant(p.now.0 + 10_000_000_000), |p| p.a.conn.state()
+            == QpState::Closed)
+    );
+    assert_eq!(
+        events(&mut p.a.conn),
+        vec![Event::Failed(FailReason::PeerAborted)]
+    );
+    assert_eq!(drain(&mut p.a.conn)[0].status, WcStatus::Flush);
+}
