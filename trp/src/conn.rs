@@ -132,6 +132,7 @@ enum RxEvent {
     #[default]
     None,
     Recv {
+        msn: u32,
         invalidate: Option<u32>,
         solicited: bool,
         len: u32,
@@ -1108,6 +1109,7 @@ impl Connection {
                 let e = &self.rq[d as usize];
                 match body {
                     Body::Immediate(i) => Some(RxEvent::Recv {
+                        msn,
                         invalidate: None,
                         solicited: seg.opcode.solicited(),
                         len: i.write_len,
@@ -1133,6 +1135,7 @@ impl Connection {
                         self.rq[d as usize].sges = sges;
                         Some(if seg.last {
                             RxEvent::Recv {
+                                msn,
                                 invalidate: seg.opcode.invalidates().then_some(ulp_word),
                                 solicited: seg.opcode.solicited(),
                                 len: end as u32,
@@ -1176,11 +1179,31 @@ impl Connection {
             match ev {
                 RxEvent::None => {}
                 RxEvent::Recv {
+                    msn,
                     invalidate,
                     solicited,
                     len,
                     imm,
                 } => {
+                    // A hostile peer can end the same message twice.
+                    if msn != self.rq_msn || self.rq.is_empty() {
+                        let t = Terminate {
+                            layer: Layer::Ddp,
+                            etype: term::DDP_UNTAGGED,
+                            code: term::U_MSN_RANGE,
+                            ddp_header: None,
+                            rdmap_header: None,
+                        };
+                        self.fail(
+                            now,
+                            FailReason::TerminateSent(t),
+                            None,
+                            None,
+                            false,
+                            Some(t),
+                        );
+                        continue;
+                    }
                     if let Some(stag) = invalidate {
                         if mem.invalidate(stag, self.cfg.pd).is_err() {
                             let t = Terminate {

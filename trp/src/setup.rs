@@ -130,6 +130,11 @@ impl Connecting {
         if local_conn == 0 {
             return Err(SetupError::ZeroConnectionId);
         }
+        if trp::HEADER_LEN + handshake::FIXED_LEN + private_data.len()
+            > usize::from(cfg.max_datagram)
+        {
+            return Err(SetupError::PrivateDataLen(private_data.len()));
+        }
         Ok(Connecting {
             cfg,
             local_conn,
@@ -302,6 +307,11 @@ impl Incoming {
         }
         if self.max_datagram < MIN_DATAGRAM {
             return Err(SetupError::DatagramTooSmall(self.max_datagram));
+        }
+        // The Accept (header, body, private data) must fit one datagram.
+        let datagram = usize::from(cfg.max_datagram.min(self.max_datagram).max(MIN_DATAGRAM));
+        if trp::HEADER_LEN + handshake::FIXED_LEN + private_data.len() > datagram {
+            return Err(SetupError::PrivateDataLen(private_data.len()));
         }
         Ok(Connection::new(
             cfg,

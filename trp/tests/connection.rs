@@ -550,3 +550,51 @@ fn failed_peer_answers_with_abort() {
     );
     assert_eq!(drain(&mut p.a.conn)[0].status, WcStatus::Flush);
 }
+
+#[test]
+fn message_ended_twice_terminates_instead_of_panicking() {
+    let mut p = pair(Config::default(), Config::default());
+    p.b.conn
+        .post_recv(
+            &p.b.mem,
+            &RecvWr {
+                wr_id: 10,
+                sges: &sge(0, 64),
+            },
+        )
+        .unwrap();
+    p.ab.capture = Some(Vec::new());
+    send(
+        &mut p,
+        1,
+        SendOp::Send {
+            invalidate: None,
+            solicited: false,
+        },
+        &sge(0, 10),
+    );
+    p.run_until(trp::Instant(p.now.0 + 10_000_000), |p| {
+        p.a.conn.poll_completion().is_some()
+    });
+    let sent = p.ab.capture.take().unwrap();
+    let mut forged = sent
+        .iter()
+        .find(|d| d[1] == 0)
+        .expect("a Data packet")
+        .clone();
+    // Same message (MSN 1, Last) again under the next PSN.
+    forged[8..12].copy_from_slice(&p.b.conn.expected_psn().to_be_bytes());
+    let now = p.now;
+    p.b.conn
+        .handle_datagram(now, &mut p.b.mem, &forged)
+        .unwrap();
+    assert_eq!(p.b.conn.state(), QpState::Error);
+    let t = match events(&mut p.b.conn)[..] {
+        [Event::Failed(FailReason::TerminateSent(t))] => t,
+        ref e => panic!("{e:?}"),
+    };
+    assert_eq!(
+        (t.layer, t.etype, t.code),
+        (Layer::Ddp, term::DDP_UNTAGGED, term::U_MSN_RANGE)
+    );
+}
