@@ -722,3 +722,119 @@ fn built_in_default_configuration_serves_on_veth0_unedited() {
     assert!(!socket.exists());
     assert!(!Path::new("/var/run/dpdk/urdma").exists());
 }
+
+#[test]
+fn two_ports_each_with_its_exception_path_flows_and_tx() {
+    let bed = Bed::new("2p");
+    // A second veth pair between the same namespaces, on another subnet.
+    let (a2, b2, tap2) = (
+        format!("{}2", bed.veth_a),
+        format!("{}2", bed.veth_b),
+        format!("{}2", bed.tap),
+    );
+    sh(&[
+        "ip", "link", "add", &a2, "type", "veth", "peer", "name", &b2,
+    ]);
+    sh(&["ip", "link", "set", &a2, "netns", &bed.ns_a]);
+    sh(&["ip", "link", "set", &b2, "netns", &bed.ns_b]);
+    sh(&["ip", "-n", &bed.ns_a, "link", "set", &a2, "up"]);
+    sh(&["ip", "-n", &bed.ns_b, "link", "set", &b2, "up"]);
+    sh(&[
+        "ip",
+        "-n",
+        &bed.ns_b,
+        "addr",
+        "add",
+        "10.98.0.2/24",
+        "dev",
+        &b2,
+    ]);
+    sh(&[
+        "ip", "netns", "exec", &bed.ns_b, "ethtool", "-K", &b2, "tx", "off",
+    ]);
+    let text = format!(
+        "{}\n[[port]]\nname = \"p1\"\ndevice = \"net_af_packet1,iface={a2}\"\nexception = {tap2:?}\n",
+        bed.config("", None)
+    );
+    let cfg = bed.write_config("two.toml", &text);
+    let d = bed.start_with(&cfg);
+    sh(&[
+        "ip",
+        "-n",
+        &bed.ns_a,
+        "addr",
+        "add",
+        "10.98.0.1/24",
+        "dev",
+        &tap2,
+    ]);
+    for target in [LOCAL_IP.to_string(), "10.98.0.1".to_string()] {
+        let out = run_bounded(
+            Command::new("ip").args([
+                "netns", "exec", &bed.ns_b, "ping", "-c", "1", "-W", "2", &target,
+            ]),
+            Duration::from_secs(10),
+        );
+        assert!(
+            out.status.success(),
+            "ping {target}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let st = d.status();
+    assert_eq!(count(&st, "port"), 2, "{st:?}");
+    assert_eq!(count(&st, "exception"), 2, "{st:?}");
+
+    // A flow on the second port, and a frame sent through it.
+    let peer_mac = {
+        let out = run_bounded(
+            Command::new("ip").args(["-n", &bed.ns_b, "-o", "link", "show", &b2]),
+            Duration::from_secs(5),
+        );
+        let t = String::from_utf8_lossy(&out.stdout).to_string();
+        t.split("link/ether ")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let peer = udp_in(&bed.ns_b, "10.98.0.2:6000".parse().unwrap());
+    let send = format!("{peer_mac},10.98.0.1:5001,10.98.0.2:6000,via-port-1");
+    let mut c = TestClient::spawn(
+        &bed.socket(),
+        &[
+            "--port",
+            "1",
+            "--open",
+            "10.98.0.1:5001",
+            "--send",
+            &send,
+            "--run-secs",
+            "5",
+        ],
+    );
+    c.wait_for("READY", Duration::from_secs(20));
+    in_netns(&bed.ns_b, || {
+        let s = std::net::UdpSocket::bind("10.98.0.2:0").unwrap();
+        s.send_to(b"on-port-1", "10.98.0.1:5001").unwrap();
+    });
+    let l = c.wait_for("RX ", Duration::from_secs(5));
+    assert!(l.ends_with("payload=on-port-1"), "{l}");
+    let got = drain(&peer, Duration::from_millis(500));
+    assert_eq!(got.len(), 1, "{got:?} {:?} {:?}", d.status(), c.seen);
+    assert_eq!(got[0].0, b"via-port-1");
+    let st = d.status();
+    assert_eq!(
+        field(&st, "port", "name=p1", "from_processes").as_deref(),
+        Some("1"),
+        "{st:?}"
+    );
+    assert_eq!(
+        field(&st, "port", "name=p0", "from_processes").as_deref(),
+        Some("0"),
+        "{st:?}"
+    );
+    assert!(c.wait(Duration::from_secs(15)).success());
+}

@@ -15,6 +15,9 @@ use urdmad::secondary::{udp_frame, Session};
 struct Args {
     #[arg(long)]
     socket: PathBuf,
+    /// Port (index in the attachment) that flows are opened and frames sent on.
+    #[arg(long, default_value_t = 0)]
+    port: u16,
     /// Open a flow for this local address (repeatable).
     #[arg(long = "open")]
     opens: Vec<SocketAddrV4>,
@@ -43,7 +46,7 @@ fn connect(args: &Args) -> Result<Session, String> {
 fn open_all(s: &mut Session, args: &Args) -> Result<(), String> {
     for local in &args.opens {
         let f = s.open(FlowSpec {
-            port: 0,
+            port: args.port,
             local: *local,
             remote: None,
             remote_mac: None,
@@ -54,7 +57,12 @@ fn open_all(s: &mut Session, args: &Args) -> Result<(), String> {
 }
 
 fn send_all(s: &Session, args: &Args) -> Result<(), String> {
-    let src_mac = s.attachment.ports.first().ok_or("no port")?.mac;
+    let src_mac = s
+        .attachment
+        .ports
+        .get(usize::from(args.port))
+        .ok_or("no such port")?
+        .mac;
     for spec in &args.sends {
         let parts: Vec<&str> = spec.splitn(4, ',').collect();
         let [mac, src, dst, payload] = parts[..] else {
@@ -64,7 +72,7 @@ fn send_all(s: &Session, args: &Args) -> Result<(), String> {
         let src: SocketAddrV4 = src.parse().map_err(|e| format!("{e}"))?;
         let dst: SocketAddrV4 = dst.parse().map_err(|e| format!("{e}"))?;
         s.send(
-            0,
+            usize::from(args.port),
             &udp_frame(mac.0, src_mac.0, src, dst, payload.as_bytes()),
         )?;
         println!("SENT {dst}");
@@ -101,7 +109,7 @@ fn run(args: &Args) -> Result<(), String> {
             let mut s = connect(args)?;
             for local in &args.opens {
                 s.open(FlowSpec {
-                    port: 0,
+                    port: args.port,
                     local: *local,
                     remote: None,
                     remote_mac: None,
