@@ -20,6 +20,17 @@ mac=$(tr -d ':\n' </sys/class/net/veth0/address)
 gid=$(tr -d ':\n' <$sys/ports/1/gids/0)
 [ "${gid:0:12}" = "$mac" ] || fail "gid $gid does not start with MAC $mac"
 
+# A new MAC address becomes the new GID.
+t ip link set veth0 down && t ip link set veth0 address 02:75:72:64:6d:61 && t ip link set veth0 up ||
+	fail "cannot change the MAC of veth0"
+for ((i = 0; i < 50; i++)); do
+	gid=$(tr -d ':\n' <$sys/ports/1/gids/0)
+	[ "${gid:0:12}" = 027572646d61 ] && break
+	sleep 0.2
+done
+[ "${gid:0:12}" = 027572646d61 ] || fail "gid $gid did not follow the MAC change"
+wait_port_state urdma0 ACTIVE 10 || fail "port is $(port_state urdma0) after the MAC change, want ACTIVE"
+
 uv=$(uverbs_dev urdma0) || fail "no uverbs device for urdma0"
 want_abi=$(abi_define URDMA_ABI_VERSION)
 [ "$(cat /sys/class/infiniband_verbs/${uv##*/}/abi_version)" = "$want_abi" ] ||
