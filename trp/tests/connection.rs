@@ -598,3 +598,116 @@ fn message_ended_twice_terminates_instead_of_panicking() {
         (Layer::Ddp, term::DDP_UNTAGGED, term::U_MSN_RANGE)
     );
 }
+
+#[test]
+fn send_with_invalidate_of_protected_stag_terminates() {
+    let mut p = pair(Config::default(), Config::default());
+    // STag 2 is registered as not invalidatable.
+    p.b.conn
+        .post_recv(
+            &p.b.mem,
+            &RecvWr {
+                wr_id: 10,
+                sges: &sge(0, 64),
+            },
+        )
+        .unwrap();
+    send(
+        &mut p,
+        1,
+        SendOp::Send {
+            invalidate: Some(2),
+            solicited: false,
+        },
+        &sge(0, 8),
+    );
+    p.run_until(trp::Instant(p.now.0 + 100_000_000), |p| {
+        p.a.conn.state() == QpState::Closed
+    });
+    let t = match events(&mut p.a.conn)[..] {
+        [Event::Failed(FailReason::TerminateReceived(t))] => t,
+        ref e => panic!("{e:?}"),
+    };
+    assert_eq!(
+        (t.layer, t.etype, t.code),
+        (
+            Layer::Rdmap,
+            term::RDMAP_REMOTE_OPERATION,
+            term::STAG_CANNOT_INVALIDATE
+        )
+    );
+    assert_eq!(drain(&mut p.a.conn)[0].status, WcStatus::RemoteOperation);
+    assert_eq!(drain(&mut p.b.conn)[0].status, WcStatus::Flush);
+    assert!(p.b.mem.region(2).unwrap().valid);
+}
+
+#[test]
+fn posts_are_checked_locally() {
+    let mut p = pair(Config::default(), Config::default());
+    let bad_key = [Sge {
+        addr: 0,
+        len: 8,
+        lkey: 99,
+    }];
+    let outside = [Sge {
+        addr: (1 << 19) - 4,
+        len: 8,
+        lkey: 1,
+    }];
+    let e = &mut p.a;
+    let op = SendOp::Send {
+        invalidate: None,
+        solicited: false,
+    };
+    assert_eq!(
+        e.conn.post_send(
+            &e.mem,
+            &SendWr {
+                wr_id: 1,
+                op,
+                sges: &bad_key,
+                signaled: true
+            }
+        ),
+        Err(trp::PostError::LocalProtection(
+            trp::mr::ProtectionError::UnknownStag
+        ))
+    );
+    assert_eq!(
+        e.conn.post_recv(
+            &e.mem,
+            &RecvWr {
+                wr_id: 2,
+                sges: &outside
+            }
+        ),
+        Err(trp::PostError::LocalProtection(
+            trp::mr::ProtectionError::Bounds
+        ))
+    );
+    // A read's sink needs local write; region 2 has only remote rights.
+    let remote_only = [Sge {
+        addr: 1 << 19,
+        len: 8,
+        lkey: 2,
+    }];
+    let read = SendOp::RdmaRead {
+        remote_addr: 1 << 19,
+        rkey: 2,
+    };
+    assert_eq!(
+        e.conn.post_send(
+            &e.mem,
+            &SendWr {
+                wr_id: 3,
+                op: read,
+                sges: &remote_only,
+                signaled: true
+            }
+        ),
+        Err(trp::PostError::LocalProtection(
+            trp::mr::ProtectionError::Access
+        ))
+    );
+    assert!(e.conn.poll_completion().is_none());
+}

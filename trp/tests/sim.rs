@@ -356,9 +356,12 @@ struct Outcome {
 }
 
 fn run(seed: u64, loss: f64, ops: usize, budget: u64) -> Result<Outcome, String> {
+    run_on(seed, LinkConfig::lossy(loss), ops, budget)
+}
+
+fn run_on(seed: u64, link: LinkConfig, ops: usize, budget: u64) -> Result<Outcome, String> {
     let mem_size = 2 * (budget * 2 + ops as u64 * 2 * 400 + (1 << 20));
     let mut rng = Rng::new(seed);
-    let link = LinkConfig::lossy(loss);
     let mut p = Pair::connect(
         config(),
         config(),
@@ -498,6 +501,24 @@ fn workload_loss_10() {
 #[test]
 fn workload_loss_30() {
     sweep(30, 2, 100, 1 << 20);
+}
+
+/// No loss, but a third of the packets overtaken by later ones and many
+/// duplicates: out-of-order placement and in-order completion.
+#[test]
+fn workload_heavy_reordering() {
+    for seed in 0..3 {
+        let link = LinkConfig {
+            jitter: 20_000,
+            reorder: 0.3,
+            reorder_delay: 300_000,
+            duplicate: 0.1,
+            ..LinkConfig::default()
+        };
+        if let Err(e) = run_on(7000 + seed, link, 150, 4 << 20) {
+            panic!("reordering seed {} failed: {e}", 7000 + seed);
+        }
+    }
 }
 
 /// Corruption the UDP checksum would have caught, delivered anyway: the
