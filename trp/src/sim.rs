@@ -241,12 +241,24 @@ impl Pair {
         mem_a: VecMemory,
         mem_b: VecMemory,
     ) -> Result<Pair, String> {
+        Self::connect_with_isns(cfg_a, cfg_b, link, seed, mem_a, mem_b, None)
+    }
+
+    /// As `connect`, with chosen initial PSNs (a, b) instead of random ones.
+    pub fn connect_with_isns(
+        cfg_a: Config,
+        cfg_b: Config,
+        link: LinkConfig,
+        seed: u64,
+        mem_a: VecMemory,
+        mem_b: VecMemory,
+        isns: Option<(u32, u32)>,
+    ) -> Result<Pair, String> {
         let mut rng = Rng::new(seed);
         let mut ab = Link::new(link, rng.next_u64());
         let mut ba = Link::new(link, rng.next_u64());
         let mut now = Instant(0);
-        let isn_a = rng.next_u64() as u32;
-        let isn_b = rng.next_u64() as u32;
+        let (isn_a, isn_b) = isns.unwrap_or((rng.next_u64() as u32, rng.next_u64() as u32));
         let mut connecting = Some(
             Connecting::new(cfg_a, 0xA, isn_a, b"hello from a", now).map_err(|e| e.to_string())?,
         );

@@ -711,3 +711,62 @@ fn posts_are_checked_locally() {
     );
     assert!(e.conn.poll_completion().is_none());
 }
+
+#[test]
+fn psn_space_wraps() {
+    let link = LinkConfig::lossy(0.05);
+    let mut p = Pair::connect_with_isns(
+        Config::default(),
+        Config::default(),
+        link,
+        3,
+        memory(),
+        memory(),
+        Some((u32::MAX - 40, u32::MAX - 2)),
+    )
+    .unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 13) as u8).collect();
+    p.a.mem.write(0, &data);
+    p.b.mem.write(0, &data);
+    send(
+        &mut p,
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: 1 << 19,
+            rkey: 2,
+        },
+        &sge(0, 300_000),
+    );
+    let s = sge(0, 300_000);
+    let op = SendOp::RdmaWrite {
+        remote_addr: 1 << 19,
+        rkey: 2,
+    };
+    p.b.conn
+        .post_send(
+            &p.b.mem,
+            &SendWr {
+                wr_id: 2,
+                op,
+                sges: &s,
+                signaled: true,
+            },
+        )
+        .unwrap();
+    let mut done = [false; 2];
+    assert!(p.run_until(trp::Instant(p.now.0 + 5_000_000_000), |p| {
+        done[0] |=
+            p.a.conn
+                .poll_completion()
+                .is_some_and(|c| c.status == WcStatus::Success);
+        done[1] |=
+            p.b.conn
+                .poll_completion()
+                .is_some_and(|c| c.status == WcStatus::Success);
+        done == [true, true]
+    }));
+    assert!(p.a.conn.next_psn() < 1000, "a's PSNs wrapped");
+    assert!(p.b.conn.next_psn() < 1000, "b's PSNs wrapped");
+    assert_eq!(&p.b.mem.bytes[1 << 19..(1 << 19) + 300_000], &data[..]);
+    assert_eq!(&p.a.mem.bytes[1 << 19..(1 << 19) + 300_000], &data[..]);
+}
