@@ -94,6 +94,16 @@ pub fn run(cfg: Config) -> Result<(), String> {
             ));
         }
     }
+    // Every exception interface is a TAP; say so plainly rather than through DPDK's errors.
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+    {
+        return Err(format!(
+            "cannot open /dev/net/tun for the exception interfaces: {e} (load the tun module: modprobe tun)"
+        ));
+    }
     let gid = crate::access::group_id(&cfg.daemon.group);
     let (listener, socket) = bind_socket(&cfg.daemon.socket, cfg.socket_mode(), gid)?;
 
