@@ -362,7 +362,10 @@ int urdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	return 0;
 
 err_qpn:
+	/* iw_cm may have found the QP meanwhile: same exit as destroy. */
 	xa_erase(&udev->qp_xa, qpn);
+	urdma_qp_put(ibqp);
+	wait_for_completion(&qp->released);
 err_count:
 	mutex_destroy(&qp->lock);
 	atomic_dec(&udev->num_qp);
