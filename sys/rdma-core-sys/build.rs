@@ -28,11 +28,10 @@ fn main() {
     stage_headers(&src, &include);
 
     let wrapper = out.join("wrapper.h");
-    fs::write(
+    write_if_changed(
         &wrapper,
-        "#include <infiniband/verbs.h>\n#include <infiniband/driver.h>\n#include <infiniband/kern-abi.h>\n",
-    )
-    .expect("write wrapper.h");
+        b"#include <infiniband/verbs.h>\n#include <infiniband/driver.h>\n#include <infiniband/kern-abi.h>\n",
+    );
 
     let bindings = bindgen::Builder::default()
         .header(wrapper.to_string_lossy())
@@ -173,7 +172,6 @@ fn check_pabi(src: &Path) {
 
 /// Lays out the include tree that rdma-core's cmake would publish.
 fn stage_headers(src: &Path, include: &Path) {
-    let _ = fs::remove_dir_all(include);
     for dir in ["infiniband", "rdma", "kernel-abi"] {
         fs::create_dir_all(include.join(dir)).expect("create include dir");
     }
@@ -209,18 +207,28 @@ fn stage_headers(src: &Path, include: &Path) {
     );
 
     let uverbs = fs::read_to_string(kernel.join("ib_user_verbs.h")).expect("ib_user_verbs.h");
-    fs::write(
-        include.join("kernel-abi").join("ib_user_verbs.h"),
-        struct_bodies_as_macros(&uverbs),
-    )
-    .expect("write kernel-abi/ib_user_verbs.h");
+    write_if_changed(
+        &include.join("kernel-abi").join("ib_user_verbs.h"),
+        struct_bodies_as_macros(&uverbs).as_bytes(),
+    );
 
-    fs::write(include.join("config.h"), CONFIG_H).expect("write config.h");
+    write_if_changed(&include.join("config.h"), CONFIG_H.as_bytes());
 }
 
 fn copy(from: &Path, to: &Path) {
     println!("cargo:rerun-if-changed={}", from.display());
-    fs::copy(from, to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+    let bytes = fs::read(from).unwrap_or_else(|e| panic!("read {}: {e}", from.display()));
+    write_if_changed(to, &bytes);
+}
+
+/// bindgen asks cargo to rerun this script when any header it read changes, the staged
+/// ones in OUT_DIR included: rewriting them with new mtimes on every run would make every
+/// build rebuild the bindings and all that depends on them.
+fn write_if_changed(to: &Path, bytes: &[u8]) {
+    if fs::read(to).is_ok_and(|old| old == bytes) {
+        return;
+    }
+    fs::write(to, bytes).unwrap_or_else(|e| panic!("write {}: {e}", to.display()));
 }
 
 /// rdma-core embeds each kernel command struct into its own, longer command
