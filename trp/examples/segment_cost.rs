@@ -2,7 +2,10 @@
 //! callgrind (see docs/performance.md). Two connections exchange datagrams
 //! directly, with no simulated link, so only trp and the payload copies run.
 //!
-//! `segment_cost core <n>`: n RDMA Writes of 1 MiB from a to b.
+//! `segment_cost core <n> [burst]`: n RDMA Writes of 1 MiB from a to b.
+//! Each end hands over at most `burst` datagrams before the other end runs
+//! (as a driver polling bursts of packets would); without it, each end
+//! sends all it may, so ACKs are fewer (about one per window).
 //! `segment_cost copy <n>`: the same number of segments' payload copied
 //! once with memcpy, nothing else.
 
@@ -32,6 +35,10 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "core".into());
     let n: u64 = args.next().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let burst: usize = args
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX);
     let cfg = Config::default();
     let p = Pair::connect(cfg, cfg, LinkConfig::default(), 1, memory(), memory()).unwrap();
     let payload = u64::from(cfg.max_datagram) - 20 - 14;
@@ -66,18 +73,31 @@ fn main() {
         };
         a.conn.post_send(&a.mem, &wr).unwrap();
         loop {
-            while let Some(len) = a.conn.poll_transmit(now, &a.mem, &mut buf) {
+            let mut moved = 0;
+            while moved < burst {
+                let Some(len) = a.conn.poll_transmit(now, &a.mem, &mut buf) else {
+                    break;
+                };
                 b.conn
                     .handle_datagram(now, &mut b.mem, &buf[..len])
                     .unwrap();
+                moved += 1;
             }
-            while let Some(len) = b.conn.poll_transmit(now, &b.mem, &mut buf) {
+            let mut acks = 0;
+            while acks < burst {
+                let Some(len) = b.conn.poll_transmit(now, &b.mem, &mut buf) else {
+                    break;
+                };
                 a.conn
                     .handle_datagram(now, &mut a.mem, &buf[..len])
                     .unwrap();
+                acks += 1;
             }
             if a.conn.poll_completion().is_some() {
                 break;
+            }
+            if moved > 0 || acks > 0 {
+                continue;
             }
             now = trp::Instant(now.0 + 1_000);
             for e in [&mut a, &mut b] {
@@ -88,8 +108,9 @@ fn main() {
         }
     }
     println!(
-        "segments {} sent {:?}",
+        "segments {} sent {:?} acks {}",
         n * segments_per_mib,
-        a.conn.sender_stats()
+        a.conn.sender_stats(),
+        b.conn.stats().tx_acks
     );
 }
