@@ -328,7 +328,7 @@ impl Connection {
             peer_conn: n.peer_conn,
             datagram,
             tx: Sender::new(params, n.snd_first, u32::from(n.peer_window)),
-            rx_events: vec![RxEvent::None; usize::from(rx.window())],
+            rx_events: vec![RxEvent::None; rx.slots()],
             rx,
             accept_unsent: accept.is_some(),
             accept,

@@ -465,6 +465,10 @@ impl<K> Sender<K> {
 pub struct Receiver {
     nxt: u32,
     cap: u32,
+    /// Slots are PSNs modulo a power of two at least `cap`: a mask, not a
+    /// division, per lookup. At most `cap` consecutive PSNs are tracked, so
+    /// they never share a slot.
+    slot_mask: u32,
     bits: Vec<u64>,
     highest: u32,
     unacked: u32,
@@ -487,10 +491,12 @@ pub enum Arrival {
 impl Receiver {
     pub fn new(first_psn: u32, window: u16, ack_delay: Duration) -> Self {
         let cap = u32::from(window.max(1));
+        let slots = cap.next_power_of_two();
         Receiver {
             nxt: first_psn,
             cap,
-            bits: vec![0; cap.div_ceil(64) as usize],
+            slot_mask: slots - 1,
+            bits: vec![0; slots.div_ceil(64) as usize],
             highest: first_psn,
             unacked: 0,
             ack_now: false,
@@ -505,8 +511,14 @@ impl Receiver {
     pub fn window(&self) -> u16 {
         self.cap.min(u16::MAX as u32) as u16
     }
+    /// Number of distinct slots `slot` returns (per-PSN state is kept in
+    /// arrays of this length).
+    pub fn slots(&self) -> usize {
+        self.slot_mask as usize + 1
+    }
+    #[inline]
     pub fn slot(&self, psn: u32) -> usize {
-        (psn % self.cap) as usize
+        (psn & self.slot_mask) as usize
     }
     fn bit(&self, psn: u32) -> bool {
         let s = self.slot(psn);
