@@ -222,6 +222,7 @@ fn wc_opcode(op: &SendOp) -> WcOpcode {
 }
 
 /// Copies bytes `off..off+out.len()` of a scatter list out of memory.
+#[inline]
 fn gather<M: Memory + ?Sized>(mem: &M, sges: &[Sge], mut off: u64, mut out: &mut [u8]) {
     for s in sges {
         if out.is_empty() {
@@ -241,6 +242,7 @@ fn gather<M: Memory + ?Sized>(mem: &M, sges: &[Sge], mut off: u64, mut out: &mut
 }
 
 /// Writes `data` at offset `off` of a scatter list.
+#[inline]
 fn scatter<M: Memory + ?Sized>(mem: &mut M, sges: &[Sge], mut off: u64, mut data: &[u8]) {
     for s in sges {
         if data.is_empty() {
@@ -431,6 +433,7 @@ impl Connection {
 
     /// Arms or disarms the keep-alive that detects a peer gone silent while
     /// we wait for Read Responses.
+    #[inline]
     fn arm_probe(&mut self, now: Instant) {
         let waiting = matches!(self.state, QpState::Rts | QpState::Closing)
             && !self.reads_out.is_empty()
@@ -589,18 +592,22 @@ impl Connection {
         }
     }
 
+    #[inline]
     fn sq_entry(&self, seq: u64) -> Option<&SqEntry> {
         self.sq.get(seq.wrapping_sub(self.sq_head_seq) as usize)
     }
 
+    #[inline]
     fn max_tagged(&self) -> u32 {
         (self.datagram - trp::HEADER_LEN - ddp::TAGGED_HEADER_LEN) as u32
     }
+    #[inline]
     fn max_untagged(&self) -> u32 {
         (self.datagram - trp::HEADER_LEN - ddp::UNTAGGED_HEADER_LEN) as u32
     }
 
     /// Chooses what the next new PSN carries.
+    #[inline]
     fn next_new(&mut self) -> Option<TxKind> {
         match self.state {
             QpState::Closed => return None,
@@ -848,6 +855,7 @@ impl Connection {
         None
     }
 
+    #[inline]
     fn emit_header(
         &mut self,
         buf: &mut [u8],
@@ -875,6 +883,7 @@ impl Connection {
         self.emit_header(buf, op, psn, 0, SackRanges::new())
     }
 
+    #[inline]
     fn emit<M: Memory + ?Sized>(
         &mut self,
         mem: &M,
@@ -1029,6 +1038,7 @@ impl Connection {
 
     /// Places a new segment's payload (any order) and returns what must
     /// happen when its PSN is delivered in order. `None`: drop it unseen.
+    #[inline]
     fn place<M: Memory + ?Sized>(
         &mut self,
         mem: &mut M,
@@ -1169,6 +1179,7 @@ impl Connection {
     }
 
     /// Applies in-order effects of every PSN that is now contiguous.
+    #[inline]
     fn deliver<M: Memory + ?Sized>(&mut self, now: Instant, mem: &mut M) {
         while let Some(psn) = self.rx.pop_in_order() {
             let slot = self.rx.slot(psn);
@@ -1352,6 +1363,7 @@ impl Connection {
     }
 
     /// Completes finished send work in order and finishes closes.
+    #[inline]
     fn progress(&mut self) {
         let una = self.tx.una();
         if matches!(self.state, QpState::Rts | QpState::Closing) {

@@ -104,6 +104,7 @@ impl std::error::Error for ProtectionError {}
 /// Checks that `[to, to + len)` of `stag` may be accessed with `need` by a
 /// QP in protection domain `pd`. A zero-length range still needs a valid
 /// STag of the right PD and rights, and an offset inside the region.
+#[inline]
 pub fn check<M: Memory + ?Sized>(
     mem: &M,
     stag: u32,
@@ -193,6 +194,7 @@ impl VecMemory {
 }
 
 impl Memory for VecMemory {
+    #[inline]
     fn region(&self, stag: u32) -> Option<Region> {
         self.regions.iter().find(|r| r.0 == stag).map(|r| r.1)
     }
@@ -206,10 +208,12 @@ impl Memory for VecMemory {
             }
         }
     }
+    #[inline]
     fn write(&mut self, addr: u64, data: &[u8]) {
         let a = addr as usize;
         self.bytes[a..a + data.len()].copy_from_slice(data);
     }
+    #[inline]
     fn read(&self, addr: u64, out: &mut [u8]) {
         let a = addr as usize;
         out.copy_from_slice(&self.bytes[a..a + out.len()]);

@@ -8,11 +8,13 @@ use core::time::Duration;
 use std::collections::VecDeque;
 
 /// `a < b` in 32-bit serial arithmetic.
+#[inline]
 pub fn psn_lt(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) < 0
 }
 
 /// `a <= b` in 32-bit serial arithmetic.
+#[inline]
 pub fn psn_le(a: u32, b: u32) -> bool {
     !psn_lt(b, a)
 }
@@ -122,12 +124,15 @@ impl<K> Sender<K> {
         }
     }
 
+    #[inline]
     pub fn una(&self) -> u32 {
         self.una
     }
+    #[inline]
     pub fn nxt(&self) -> u32 {
         self.nxt
     }
+    #[inline]
     pub fn outstanding(&self) -> u32 {
         self.nxt.wrapping_sub(self.una)
     }
@@ -144,19 +149,23 @@ impl<K> Sender<K> {
         self.rto_deadline
     }
     /// Segments believed to be in the network (RFC 6675 "pipe").
+    #[inline]
     pub fn pipe(&self) -> u32 {
         self.outstanding() - self.sacked - self.lost
     }
+    #[inline]
     pub fn set_peer_window(&mut self, w: u32) {
         self.peer_window = w.max(1);
     }
 
     /// Whether a new PSN may be sent now: inside the peer's receive window
     /// and the congestion window.
+    #[inline]
     pub fn can_send_new(&self) -> bool {
         self.outstanding() < self.peer_window.min(self.p.max_cwnd) && self.pipe() < self.cwnd
     }
 
+    #[inline]
     pub fn seg(&self, psn: u32) -> Option<&K> {
         let i = psn.wrapping_sub(self.una) as usize;
         self.segs.get(i).map(|s| &s.kind)
@@ -166,6 +175,7 @@ impl<K> Sender<K> {
         self.segs.iter().map(|s| &s.kind)
     }
 
+    #[inline]
     fn arm(&mut self, now: Instant) {
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now + Duration::from_nanos(self.rto));
@@ -173,6 +183,7 @@ impl<K> Sender<K> {
     }
 
     /// Sends a new PSN carrying `kind`; returns the PSN.
+    #[inline]
     pub fn push(&mut self, kind: K, now: Instant) -> u32 {
         let psn = self.nxt;
         self.xmit_count += 1;
@@ -193,6 +204,7 @@ impl<K> Sender<K> {
 
     /// The next PSN to retransmit, if any is marked lost and the congestion
     /// window allows it.
+    #[inline]
     pub fn next_retransmit(&mut self, now: Instant) -> Option<u32> {
         while let Some(&psn) = self.lost_q.front() {
             let i = psn.wrapping_sub(self.una) as usize;
@@ -241,6 +253,7 @@ impl<K> Sender<K> {
         }
     }
 
+    #[inline]
     fn on_delivered(&mut self) {
         if self.recovery_end.is_some() && !self.rto_recovery {
             return;
@@ -505,9 +518,11 @@ impl Receiver {
         }
     }
 
+    #[inline]
     pub fn nxt(&self) -> u32 {
         self.nxt
     }
+    #[inline]
     pub fn window(&self) -> u16 {
         self.cap.min(u16::MAX as u32) as u16
     }
@@ -520,10 +535,12 @@ impl Receiver {
     pub fn slot(&self, psn: u32) -> usize {
         (psn & self.slot_mask) as usize
     }
+    #[inline]
     fn bit(&self, psn: u32) -> bool {
         let s = self.slot(psn);
         self.bits[s / 64] & (1 << (s % 64)) != 0
     }
+    #[inline]
     fn set(&mut self, psn: u32, v: bool) {
         let s = self.slot(psn);
         if v {
@@ -533,6 +550,7 @@ impl Receiver {
         }
     }
 
+    #[inline]
     pub fn classify(&self, psn: u32) -> Arrival {
         let d = psn.wrapping_sub(self.nxt);
         if psn_lt(psn, self.nxt) {
@@ -547,6 +565,7 @@ impl Receiver {
     }
 
     /// Records a new PSN (after `classify` said New).
+    #[inline]
     pub fn mark(&mut self, psn: u32) {
         self.set(psn, true);
         if psn_lt(self.highest, psn) {
@@ -555,6 +574,7 @@ impl Receiver {
     }
 
     /// Takes the next in-order PSN if it has arrived.
+    #[inline]
     pub fn pop_in_order(&mut self) -> Option<u32> {
         if !self.bit(self.nxt) {
             return None;
@@ -569,6 +589,7 @@ impl Receiver {
     }
 
     /// Whether PSNs above a gap are held.
+    #[inline]
     pub fn has_gap(&self) -> bool {
         psn_lt(self.nxt, self.highest)
     }
@@ -601,6 +622,7 @@ impl Receiver {
     }
 
     /// Schedules an acknowledgement after receiving a packet.
+    #[inline]
     pub fn on_packet(&mut self, now: Instant, arrival: Arrival, ack_request: bool) {
         match arrival {
             Arrival::New { in_order: true } if !self.has_gap() => {
@@ -615,6 +637,7 @@ impl Receiver {
         }
     }
 
+    #[inline]
     pub fn request_ack(&mut self) {
         self.ack_now = true;
     }
@@ -633,11 +656,13 @@ impl Receiver {
         }
     }
 
+    #[inline]
     pub fn ack_due(&self) -> bool {
         self.ack_now
     }
 
     /// Every packet we send carries the cumulative ACK.
+    #[inline]
     pub fn ack_sent(&mut self) {
         self.ack_now = false;
         self.ack_deadline = None;

@@ -117,6 +117,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr, WireError> {
         p.check_len()?;
         if p.version() != VERSION {
@@ -142,6 +143,7 @@ impl Repr {
         })
     }
 
+    #[inline]
     pub fn buffer_len(&self) -> usize {
         match self.buffer {
             BufferRef::Tagged { .. } => TAGGED_HEADER_LEN,
@@ -150,6 +152,7 @@ impl Repr {
     }
 
     /// Writes the header into the front of `buf` (at least `buffer_len()`).
+    #[inline]
     pub fn emit(&self, buf: &mut [u8]) {
         let mut control = VERSION;
         if self.last {

@@ -51,6 +51,7 @@ impl Opcode {
     }
 
     /// The untagged queue the opcode must use, if untagged.
+    #[inline]
     pub fn queue_number(self) -> Option<u32> {
         match self {
             Opcode::RdmaWrite | Opcode::ReadResponse => None,
@@ -60,6 +61,7 @@ impl Opcode {
         }
     }
 
+    #[inline]
     pub fn solicited(self) -> bool {
         matches!(
             self,
@@ -67,17 +69,20 @@ impl Opcode {
         )
     }
 
+    #[inline]
     pub fn invalidates(self) -> bool {
         matches!(self, Opcode::SendInvalidate | Opcode::SendSeInvalidate)
     }
 
     /// RDMAP control byte: RV(2) | reserved(2) | opcode(4).
+    #[inline]
     pub fn control_byte(self) -> u8 {
         (VERSION << 6) | self as u8
     }
 }
 
 /// Splits an RDMAP control byte. Reserved bits are ignored on receipt.
+#[inline]
 pub fn parse_control(b: u8) -> Result<Opcode, WireError> {
     let rv = b >> 6;
     if rv != VERSION {
@@ -347,6 +352,7 @@ mod tests {
     }
 
     #[test]
+    #[inline]
     fn control_byte() {
         assert_eq!(Opcode::SendSeInvalidate.control_byte(), 0x46);
         assert_eq!(parse_control(0x48).unwrap(), Opcode::ImmediateData);

@@ -24,6 +24,7 @@ pub enum Body<'a> {
 impl Repr {
     /// Parses and validates a segment: RFC 5041/5040 versions, opcode,
     /// buffer model and queue number, and the fixed bodies.
+    #[inline]
     pub fn parse(bytes: &[u8]) -> Result<(Repr, Body<'_>), WireError> {
         let p = ddp::Packet::new_checked(bytes)?;
         let d = ddp::Repr::parse(&p)?;
@@ -83,6 +84,7 @@ impl Repr {
         ))
     }
 
+    #[inline]
     pub fn header_len(&self) -> usize {
         match self.buffer {
             BufferRef::Tagged { .. } => ddp::TAGGED_HEADER_LEN,
@@ -91,6 +93,7 @@ impl Repr {
     }
 
     /// Writes the DDP header carrying the RDMAP control byte.
+    #[inline]
     pub fn emit(&self, buf: &mut [u8]) {
         ddp::Repr {
             last: self.last,

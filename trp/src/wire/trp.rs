@@ -63,6 +63,7 @@ pub enum Opcode {
 }
 
 impl Opcode {
+    #[inline]
     pub fn from_u8(v: u8) -> Result<Self, WireError> {
         Ok(match v {
             0 => Opcode::Data,
@@ -79,6 +80,7 @@ impl Opcode {
 
     /// Whether the packet occupies a place in the sender's PSN space and
     /// therefore is retransmitted until acknowledged.
+    #[inline]
     pub fn consumes_psn(self) -> bool {
         matches!(
             self,
@@ -176,10 +178,12 @@ pub struct SackRanges {
 }
 
 impl SackRanges {
+    #[inline]
     pub fn new() -> Self {
         Self::default()
     }
     /// Adds a range; returns false when full.
+    #[inline]
     pub fn push(&mut self, start: u32, end: u32) -> bool {
         if self.len as usize == MAX_SACK_RANGES {
             return false;
@@ -188,12 +192,15 @@ impl SackRanges {
         self.len += 1;
         true
     }
+    #[inline]
     pub fn len(&self) -> usize {
         self.len as usize
     }
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    #[inline]
     pub fn as_slice(&self) -> &[(u32, u32)] {
         &self.ranges[..self.len as usize]
     }
@@ -212,6 +219,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr, WireError> {
         p.check_len()?;
         if p.version() != VERSION {
@@ -238,12 +246,14 @@ impl Repr {
         })
     }
 
+    #[inline]
     pub fn buffer_len(&self) -> usize {
         HEADER_LEN + self.sack.len() * SACK_RANGE_LEN
     }
 
     /// Writes the header into the front of `buf`, which must hold at least
     /// `buffer_len()` bytes (callers size it from `MAX_HEADER_LEN`).
+    #[inline]
     pub fn emit(&self, buf: &mut [u8]) {
         buf[field::VERSION] = VERSION;
         buf[field::OPCODE] = self.opcode as u8;
