@@ -60,6 +60,9 @@ impl Default for Daemon {
     }
 }
 
+/// Most flow queues per port (queue 0 stays the port's default queue).
+pub const MAX_FLOW_QUEUES: u16 = 1023;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SteeringChoice {
@@ -84,6 +87,21 @@ pub struct Port {
     pub rx_descriptors: u16,
     #[serde(default = "default_queue")]
     pub tx_descriptors: u16,
+    /// Extra RX queues for hardware steering: each open flow takes one while any is free.
+    /// 0 disables hardware steering on the port.
+    #[serde(default = "default_flow_queues")]
+    pub flow_queues: u16,
+    /// Descriptors of each flow queue (each holds that many mbufs of the shared pool).
+    #[serde(default = "default_flow_queue_descriptors")]
+    pub flow_queue_descriptors: u16,
+}
+
+fn default_flow_queues() -> u16 {
+    8
+}
+
+fn default_flow_queue_descriptors() -> u16 {
+    128
 }
 
 fn default_steering() -> SteeringChoice {
@@ -182,6 +200,12 @@ impl Config {
                 return Err(format!(
                     "port {}: device {:?} is empty or contains spaces",
                     p.name, p.device
+                ));
+            }
+            if p.flow_queues > MAX_FLOW_QUEUES {
+                return Err(format!(
+                    "port {}: flow_queues {} is above {MAX_FLOW_QUEUES}",
+                    p.name, p.flow_queues
                 ));
             }
             if self.ports[..i]

@@ -4,8 +4,9 @@
 use crate::access::{self, Peer};
 use crate::config::Config;
 use crate::demux::FlowTable;
+use crate::hwflow::{self, FlowQueue, Match, QueueUse};
 use crate::port::{self, Port};
-use crate::proto::{self, Attachment, ErrorCode, FlowSpec, PortInfo, Request, Response};
+use crate::proto::{self, Attachment, ErrorCode, FlowSpec, PortInfo, Request, Response, Steering};
 use dpdk_sys as sys;
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -35,6 +36,8 @@ pub static STOP: AtomicBool = AtomicBool::new(false);
 struct PortState {
     port: Port,
     flows: FlowTable,
+    /// The port's flow queues; queue `i + 1` is `queues[i]`.
+    queues: Vec<FlowQueue>,
     to_kernel: u64,
     to_kernel_drops: u64,
     from_kernel: u64,
@@ -48,6 +51,10 @@ struct FlowRec {
     slot: u32,
     client: u32,
     ring_name: String,
+    /// The flow queue steered to this flow, with hardware steering.
+    queue: Option<u16>,
+    /// Why a flow on a hardware-steered port is steered in software.
+    fallback: Option<String>,
 }
 
 struct TxRing {
@@ -176,6 +183,7 @@ impl Daemon {
         for (i, pc) in cfg.ports.iter().enumerate() {
             match Port::open(i as u16, pc, pool) {
                 Ok(port) => ports.push(PortState {
+                    queues: (1..=port.flow_queues).map(FlowQueue::new).collect(),
                     port,
                     flows: FlowTable::default(),
                     to_kernel: 0,
@@ -186,7 +194,7 @@ impl Daemon {
                     from_processes_drops: 0,
                 }),
                 Err(e) => {
-                    for p in &ports {
+                    for p in &mut ports {
                         p.port.close();
                     }
                     // SAFETY: no port uses the pool any more.
@@ -220,6 +228,7 @@ impl Daemon {
 
     /// Polls until [`STOP`] is set.
     pub fn run(&mut self) {
+        let mut kernel_q: Vec<*mut sys::rte_mbuf> = Vec::with_capacity(BURST);
         let mut rx = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
         let mut kernel: Vec<*mut sys::rte_mbuf> = Vec::with_capacity(BURST);
         let mut next_control = Instant::now();
@@ -244,6 +253,18 @@ impl Daemon {
                         let (sent, dropped) = tx_all(p.port.exception_id, &mut kernel);
                         p.to_kernel += sent;
                         p.to_kernel_drops += dropped;
+                    }
+                    for q in p.queues.iter_mut() {
+                        if let QueueUse::Flow { .. } = q.state {
+                            work += poll_flow_queue(
+                                port,
+                                p.port.exception_id,
+                                q,
+                                &mut p.flows,
+                                &mut rx,
+                                &mut kernel_q,
+                            );
+                        }
                     }
                     let n = usize::from(sys::rte_eth_rx_burst(
                         p.port.exception_id,
@@ -285,6 +306,25 @@ impl Daemon {
             let now = Instant::now();
             if now >= next_control {
                 next_control = now + CONTROL_PERIOD;
+                // Queues of no flow receive nothing while the catch-all rule holds; they
+                // are looked at rarely, and whatever is found is steered in software.
+                for p in self.ports.iter_mut() {
+                    for q in p.queues.iter_mut() {
+                        if !matches!(q.state, QueueUse::Flow { .. }) {
+                            // SAFETY: the port is started; mbufs are passed on once.
+                            work += unsafe {
+                                poll_flow_queue(
+                                    p.port.id,
+                                    p.port.exception_id,
+                                    q,
+                                    &mut p.flows,
+                                    &mut rx,
+                                    &mut kernel_q,
+                                )
+                            };
+                        }
+                    }
+                }
                 self.serve_control();
             }
             if work == 0 {
@@ -587,6 +627,17 @@ impl Daemon {
         };
         self.next_flow += 1;
         self.rings += 1;
+        let (queue, fallback) = if p.port.steering == Steering::Hardware {
+            match steer_to_queue(p, flow, slot, ring, spec) {
+                Ok(q) => (Some(q), None),
+                Err(why) => {
+                    tracing::warn!(flow, port = %p.port.name, "flow steered in software: {why}");
+                    (None, Some(why))
+                }
+            }
+        } else {
+            (None, None)
+        };
         let client = self.clients[i].id;
         self.flows.insert(
             flow,
@@ -595,13 +646,23 @@ impl Daemon {
                 slot,
                 client,
                 ring_name: name.clone(),
+                queue,
+                fallback,
             },
         );
         self.clients[i].flows.push(flow);
-        tracing::info!(client, flow, port = spec.port, local = %spec.local, remote = ?spec.remote, "flow opened");
+        let steering = if queue.is_some() {
+            Steering::Hardware
+        } else {
+            Steering::Software
+        };
+        tracing::info!(client, flow, port = spec.port, local = %spec.local, remote = ?spec.remote,
+            steering = steering.as_str(), queue, "flow opened");
         Response::Opened {
             flow,
             rx_ring: name,
+            steering,
+            queue,
         }
         .encode()
     }
@@ -610,7 +671,11 @@ impl Daemon {
         let Some(rec) = self.flows.remove(&flow) else {
             return;
         };
-        if let Some(ring) = self.ports[usize::from(rec.port)].flows.remove(rec.slot) {
+        let p = &mut self.ports[usize::from(rec.port)];
+        if let Some(q) = rec.queue {
+            unsteer_queue(p, q, flow);
+        }
+        if let Some(ring) = p.flows.remove(rec.slot) {
             // SAFETY: unlinked from the table, so nothing enqueues any more; the owner has
             // closed it or is gone.
             unsafe { ring_drain_free(ring) };
@@ -652,8 +717,14 @@ impl Daemon {
     pub fn status(&self) -> Vec<String> {
         let mut out = Vec::new();
         let attached = self.clients.iter().filter(|c| c.attached.is_some()).count();
+        let rules: usize = self
+            .ports
+            .iter()
+            .flat_map(|p| &p.queues)
+            .filter(|q| q.rule.is_some())
+            .count();
         out.push(format!(
-            "daemon version={} pid={} prefix={} uptime_s={} processes={} flows={} rings={}",
+            "daemon version={} pid={} prefix={} uptime_s={} processes={} flows={} rings={} flow_rules={rules}",
             env!("CARGO_PKG_VERSION"),
             std::process::id(),
             self.cfg.daemon.file_prefix,
@@ -670,12 +741,38 @@ impl Daemon {
         ));
         for p in &self.ports {
             let c = port::counters(p.port.id);
+            let free = p
+                .queues
+                .iter()
+                .filter(|q| q.state == QueueUse::Free)
+                .count();
+            let quarantined = p
+                .queues
+                .iter()
+                .filter(|q| q.state == QueueUse::Quarantined)
+                .count();
+            let reason = if p.port.steering_reason.is_empty() {
+                "-".to_string()
+            } else {
+                p.port.steering_reason.replace(' ', "_")
+            };
             out.push(format!(
-                "port index={} name={} device={} mac={} steering={} steering_reason={} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={}",
+                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={}",
                 p.port.index, p.port.name, p.port.device, p.port.mac, p.port.steering.as_str(),
-                p.port.steering_reason.replace(' ', "_"), c.rx_packets, c.rx_bytes, c.rx_missed, c.rx_errors,
+                p.queues.len(), c.rx_packets, c.rx_bytes, c.rx_missed, c.rx_errors,
                 c.tx_packets, c.tx_bytes, c.tx_errors, p.from_processes, p.from_processes_drops
             ));
+            for q in &p.queues {
+                let flow = match q.state {
+                    QueueUse::Flow { id, .. } => id.to_string(),
+                    _ => "-".to_string(),
+                };
+                out.push(format!(
+                    "queue port={} id={} state={} flow={flow} rule={} rx_packets={} rx_bytes={} drops={} strays={}",
+                    p.port.name, q.id, q.state_str(), q.rule.is_some() as u8, q.rx_packets, q.rx_bytes,
+                    q.drops, q.strays
+                ));
+            }
             let e = port::counters(p.port.exception_id);
             out.push(format!(
                 "exception port={} iface={} to_kernel={} to_kernel_drops={} from_kernel={} from_kernel_drops={} tap_rx_packets={} tap_tx_packets={}",
@@ -709,8 +806,15 @@ impl Daemon {
                 // SAFETY: the ring lives while the flow is open.
                 let queued = unsafe { sys::rte_ring_count(f.ring) };
                 let remote = f.remote.map_or("any".to_string(), |r| r.to_string());
+                let steering = match (rec.queue, &rec.fallback) {
+                    (Some(q), _) => format!("steering=hardware queue={q}"),
+                    (None, Some(why)) => {
+                        format!("steering=software fallback={}", why.replace(' ', "_"))
+                    }
+                    (None, None) => "steering=software".to_string(),
+                };
                 out.push(format!(
-                    "flow id={id} client={} port={} local={} remote={remote} ring={} rx_packets={} rx_bytes={} drops={} queued={queued}",
+                    "flow id={id} client={} port={} local={} remote={remote} ring={} {steering} rx_packets={} rx_bytes={} drops={} queued={queued}",
                     rec.client, p.port.name, f.local, rec.ring_name, f.rx_packets, f.rx_bytes, f.drops
                 ));
             }
@@ -723,11 +827,152 @@ impl Daemon {
         for c in std::mem::take(&mut self.clients) {
             self.release(c, "urdmad stopping");
         }
-        for p in &self.ports {
+        for p in &mut self.ports {
+            for q in &mut p.queues {
+                // Only quarantined queues still hold a rule here; closing the port is the
+                // last chance to remove it.
+                if let Some(r) = q.rule.take() {
+                    if let Err((_, why)) = hwflow::destroy(p.port.id, r) {
+                        tracing::error!(port = %p.port.name, queue = q.id, "rule not destroyed: {why}");
+                    }
+                }
+            }
             p.port.close();
         }
         // SAFETY: no port or ring references the pool any more.
         unsafe { sys::rte_mempool_free(self.pool) };
+    }
+}
+
+/// Receives one burst from a flow queue. A queue steered to a flow moves the burst onto the
+/// flow's ring as it is (the rule already chose these frames); any other queue's frames are
+/// classified in software and the kernel's sent to the exception path. Returns the count.
+///
+/// # Safety
+/// The port is started; `rx` and `kernel` are scratch space of at least [`BURST`].
+unsafe fn poll_flow_queue(
+    port: u16,
+    exception: u16,
+    q: &mut FlowQueue,
+    flows: &mut FlowTable,
+    rx: &mut [*mut sys::rte_mbuf; BURST],
+    kernel: &mut Vec<*mut sys::rte_mbuf>,
+) -> usize {
+    let n = usize::from(sys::rte_eth_rx_burst(
+        port,
+        q.id,
+        rx.as_mut_ptr(),
+        BURST as u16,
+    ));
+    if n == 0 {
+        return 0;
+    }
+    match q.state {
+        QueueUse::Flow { slot, ring, .. } => {
+            let done = sys::rte_ring_sp_enqueue_burst(
+                ring,
+                rx.as_ptr() as *const *mut std::ffi::c_void,
+                n as u32,
+                std::ptr::null_mut(),
+            ) as usize;
+            let mut bytes = 0u64;
+            for &m in &rx[..done] {
+                bytes += u64::from((*m).pkt_len);
+            }
+            for &m in &rx[done..n] {
+                sys::rte_pktmbuf_free(m);
+            }
+            q.rx_packets += done as u64;
+            q.rx_bytes += bytes;
+            q.drops += (n - done) as u64;
+            if let Some(f) = flows.get_mut(slot) {
+                f.rx_packets += done as u64;
+                f.rx_bytes += bytes;
+                f.drops += (n - done) as u64;
+            }
+        }
+        QueueUse::Free | QueueUse::Quarantined => {
+            q.strays += n as u64;
+            kernel.clear();
+            flows.dispatch(&rx[..n], kernel);
+            tx_all(exception, kernel);
+        }
+    }
+    n
+}
+
+/// Frees whatever waits on a flow queue (frames of a flow that is gone, or that arrived
+/// before its rule), bounded so that a flood cannot hold the loop.
+fn drain_queue(port: u16, q: &mut FlowQueue) {
+    let mut rx = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
+    for _ in 0..64 {
+        // SAFETY: the port is started; the mbufs are ours to free.
+        let n = unsafe { sys::rte_eth_rx_burst(port, q.id, rx.as_mut_ptr(), BURST as u16) };
+        if n == 0 {
+            return;
+        }
+        q.strays += u64::from(n);
+        for &m in &rx[..usize::from(n)] {
+            // SAFETY: received above.
+            unsafe { sys::rte_pktmbuf_free(m) };
+        }
+    }
+}
+
+/// Takes a free flow queue, empties it, and creates the flow's rule to it. The error says
+/// why the flow stays with software steering.
+fn steer_to_queue(
+    p: &mut PortState,
+    flow: u32,
+    slot: u32,
+    ring: *mut sys::rte_ring,
+    spec: &FlowSpec,
+) -> Result<u16, String> {
+    let port = p.port.id;
+    let q = p
+        .queues
+        .iter_mut()
+        .find(|q| q.state == QueueUse::Free)
+        .ok_or_else(|| format!("all {} flow queues are in use", p.port.flow_queues))?;
+    drain_queue(port, q);
+    let m = Match::Flow {
+        local: spec.local,
+        remote: spec.remote,
+    };
+    let rule = hwflow::create(port, m, q.id).map_err(|e| format!("rule not created: {e}"))?;
+    q.rule = Some(rule);
+    q.state = QueueUse::Flow {
+        id: flow,
+        slot,
+        ring,
+    };
+    Ok(q.id)
+}
+
+/// Destroys a flow's rule and returns its queue to the pool emptied, or quarantines the
+/// queue when the rule cannot be destroyed.
+fn unsteer_queue(p: &mut PortState, queue: u16, flow: u32) {
+    let port = p.port.id;
+    let name = &p.port.name;
+    let Some(q) = p.queues.get_mut(usize::from(queue) - 1) else {
+        return;
+    };
+    // The ring is about to be freed: the queue must stop referring to it first.
+    q.state = QueueUse::Quarantined;
+    let Some(rule) = q.rule.take() else {
+        drain_queue(port, q);
+        q.state = QueueUse::Free;
+        return;
+    };
+    match hwflow::destroy(port, rule) {
+        Ok(()) => {
+            drain_queue(port, q);
+            q.state = QueueUse::Free;
+        }
+        Err((rule, why)) => {
+            q.rule = Some(rule);
+            tracing::error!(port = %name, queue, flow, "rule not destroyed, queue quarantined: {why}");
+        }
     }
 }
 

@@ -175,6 +175,10 @@ impl FlowTable {
         self.flows.get(idx as usize).filter(|f| f.live)
     }
 
+    pub fn get_mut(&mut self, idx: u32) -> Option<&mut Flow> {
+        self.flows.get_mut(idx as usize).filter(|f| f.live)
+    }
+
     pub fn len(&self) -> usize {
         self.flows.len() - self.free.len()
     }

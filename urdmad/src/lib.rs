@@ -18,6 +18,8 @@ pub mod demux;
 #[cfg(feature = "daemon")]
 pub mod eal;
 #[cfg(feature = "daemon")]
+pub mod hwflow;
+#[cfg(feature = "daemon")]
 pub mod logging;
 #[cfg(feature = "daemon")]
 pub mod port;

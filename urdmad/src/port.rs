@@ -2,9 +2,11 @@
 //! through which the kernel handles everything that is not a QP's data.
 
 use crate::config;
+use crate::hwflow::{self, Match, Rule};
 use crate::proto::{Mac, Steering};
 use dpdk_sys as sys;
 use std::ffi::CString;
+use std::net::SocketAddrV4;
 use std::ptr;
 
 /// `0000:03:00.0` or `03:00.0`: a PCI address rather than a vdev.
@@ -67,31 +69,56 @@ fn remove(port: u16) {
     }
 }
 
-/// Configures one RX and one TX queue and starts the port.
-fn start(port: u16, rx_desc: u16, tx_desc: u16, pool: *mut sys::rte_mempool) -> Result<(), String> {
-    // SAFETY: the port exists and is stopped; pool is a valid mempool.
+/// Configures `queues` RX and as many TX queues: some PMDs (TAP) insist on equal numbers;
+/// urdmad transmits on TX queue 0 only.
+fn configure(port: u16, queues: u16) -> Result<(), String> {
+    let conf: sys::rte_eth_conf = Default::default();
+    // SAFETY: the port exists and is stopped.
+    let rc = unsafe { sys::rte_eth_dev_configure(port, queues, queues, &conf) };
+    if rc < 0 {
+        return Err(format!("configure: {}", err(rc)));
+    }
+    Ok(())
+}
+
+/// Configures RX queue 0, `flow_queues` more RX queues (and TX queues to match), and starts
+/// the port.
+fn start(
+    port: u16,
+    rx_desc: u16,
+    tx_desc: u16,
+    flow_queues: u16,
+    flow_desc: u16,
+    pool: *mut sys::rte_mempool,
+) -> Result<(), String> {
+    configure(port, 1 + flow_queues)?;
+    // SAFETY: the port exists, is configured and stopped; pool is a valid mempool.
     unsafe {
-        let conf: sys::rte_eth_conf = Default::default();
-        let rc = sys::rte_eth_dev_configure(port, 1, 1, &conf);
-        if rc < 0 {
-            return Err(format!("configure: {}", err(rc)));
-        }
         let mut rxd = rx_desc;
         let mut txd = tx_desc;
         sys::rte_eth_dev_adjust_nb_rx_tx_desc(port, &mut rxd, &mut txd);
+        let mut fd = flow_desc;
+        let mut unused = tx_desc;
+        sys::rte_eth_dev_adjust_nb_rx_tx_desc(port, &mut fd, &mut unused);
         let socket = sys::rte_eth_dev_socket_id(port);
         let socket = if socket < 0 {
             sys::SOCKET_ID_ANY
         } else {
             socket
         } as u32;
-        let rc = sys::rte_eth_rx_queue_setup(port, 0, rxd, socket, ptr::null(), pool);
-        if rc < 0 {
-            return Err(format!("RX queue setup: {}", err(rc)));
+        for q in 0..=flow_queues {
+            let n = if q == 0 { rxd } else { fd };
+            let rc = sys::rte_eth_rx_queue_setup(port, q, n, socket, ptr::null(), pool);
+            if rc < 0 {
+                return Err(format!("RX queue {q} setup: {}", err(rc)));
+            }
         }
-        let rc = sys::rte_eth_tx_queue_setup(port, 0, txd, socket, ptr::null());
-        if rc < 0 {
-            return Err(format!("TX queue setup: {}", err(rc)));
+        for q in 0..=flow_queues {
+            let n = if q == 0 { txd } else { unused };
+            let rc = sys::rte_eth_tx_queue_setup(port, q, n, socket, ptr::null());
+            if rc < 0 {
+                return Err(format!("TX queue {q} setup: {}", err(rc)));
+            }
         }
         let rc = sys::rte_eth_dev_start(port);
         if rc < 0 {
@@ -110,62 +137,64 @@ fn mac_of(port: u16) -> Mac {
     Mac(a.addr_bytes)
 }
 
-/// Whether the PMD would accept a rule steering one UDP port to a queue. Asked before the
-/// port is started, on the configured port. Returns the reason when it would not.
+/// Whether the PMD accepts what hardware steering needs, asked on the port configured with
+/// its flow queues: a rule per flow (Ethernet / IPv4 to an address / UDP to a port → a flow
+/// queue) and a catch-all rule keeping everything else on queue 0. The reason when not.
 fn probe_rte_flow(port: u16) -> Result<(), String> {
-    // SAFETY: all structures live on this stack frame for the duration of the call.
+    hwflow::validate(port, SAMPLE, 1).map_err(|e| format!("per-flow rule refused: {e}"))?;
+    hwflow::validate(port, Match::Everything, 0).map_err(|e| format!("catch-all rule refused: {e}"))
+}
+
+/// A flow no real QP uses (TEST-NET-1): the rule created and destroyed at start-up.
+const SAMPLE: Match = Match::Flow {
+    local: SocketAddrV4::new(std::net::Ipv4Addr::new(192, 0, 2, 1), 4791),
+    remote: None,
+};
+
+/// Validation is not enough: a PMD may accept a rule it then fails to install (a TAP on a
+/// kernel without tc flower does). So the started port gets its catch-all rule, and a
+/// sample flow rule is created and destroyed. Returns the catch-all rule; on failure every
+/// rule of the port is flushed and the reason returned.
+fn install_rte_flow(port: u16) -> Result<Rule, String> {
+    let result = hwflow::create(port, Match::Everything, 0)
+        .map_err(|e| format!("catch-all rule not created: {e}"))
+        .and_then(|all| {
+            let sample = hwflow::create(port, SAMPLE, 1)
+                .map_err(|e| format!("flow rule not created: {e}"))?;
+            hwflow::destroy(port, sample)
+                .map_err(|(_, e)| format!("flow rule not destroyed: {e}"))?;
+            Ok(all)
+        });
+    if result.is_err() {
+        let mut e: sys::rte_flow_error = Default::default();
+        // SAFETY: valid port and out-pointer.
+        unsafe { sys::rte_flow_flush(port, &mut e) };
+    }
+    result
+}
+
+/// The PMD's driver name ("net_tap", "net_ixgbe", ...).
+fn driver_name(port: u16) -> String {
+    let mut info: sys::rte_eth_dev_info = Default::default();
+    // SAFETY: valid port and out-pointer; driver_name is a static string of the PMD.
     unsafe {
-        let mut udp_spec: sys::rte_flow_item_udp = Default::default();
-        let mut udp_mask: sys::rte_flow_item_udp = Default::default();
-        udp_spec.hdr.dst_port = 4791u16.to_be();
-        udp_mask.hdr.dst_port = 0xffff;
-        let items = [
-            sys::rte_flow_item {
-                type_: sys::RTE_FLOW_ITEM_TYPE_ETH,
-                ..Default::default()
-            },
-            sys::rte_flow_item {
-                type_: sys::RTE_FLOW_ITEM_TYPE_IPV4,
-                ..Default::default()
-            },
-            sys::rte_flow_item {
-                type_: sys::RTE_FLOW_ITEM_TYPE_UDP,
-                spec: &udp_spec as *const _ as *const _,
-                mask: &udp_mask as *const _ as *const _,
-                ..Default::default()
-            },
-            sys::rte_flow_item {
-                type_: sys::RTE_FLOW_ITEM_TYPE_END,
-                ..Default::default()
-            },
-        ];
-        let queue = sys::rte_flow_action_queue { index: 0 };
-        let actions = [
-            sys::rte_flow_action {
-                type_: sys::RTE_FLOW_ACTION_TYPE_QUEUE,
-                conf: &queue as *const _ as *const _,
-            },
-            sys::rte_flow_action {
-                type_: sys::RTE_FLOW_ACTION_TYPE_END,
-                conf: ptr::null(),
-            },
-        ];
-        let mut attr: sys::rte_flow_attr = Default::default();
-        attr.set_ingress(1);
-        let mut error: sys::rte_flow_error = Default::default();
-        let rc = sys::rte_flow_validate(port, &attr, items.as_ptr(), actions.as_ptr(), &mut error);
-        if rc == 0 {
-            Ok(())
-        } else {
-            let msg = if error.message.is_null() {
-                err(rc)
-            } else {
-                std::ffi::CStr::from_ptr(error.message)
-                    .to_string_lossy()
-                    .into_owned()
-            };
-            Err(msg)
+        if sys::rte_eth_dev_info_get(port, &mut info) != 0 || info.driver_name.is_null() {
+            return String::new();
         }
+        std::ffi::CStr::from_ptr(info.driver_name)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// Most flow queues a PMD can take. DPDK 22.11's TAP hands every queue's file descriptor to
+/// secondary processes in one message of at most 8 descriptors (RX and TX queues alike) and
+/// overruns its stack beyond that, so a TAP gets at most 4 queues of each kind.
+fn flow_queue_limit(driver: &str) -> u16 {
+    if driver == "net_tap" {
+        3
+    } else {
+        config::MAX_FLOW_QUEUES
     }
 }
 
@@ -249,6 +278,10 @@ pub struct Port {
     pub steering: Steering,
     /// Why hardware steering is not used (empty when it is).
     pub steering_reason: String,
+    /// RX queues 1..=flow_queues are flow queues.
+    pub flow_queues: u16,
+    /// The catch-all rule keeping unsteered traffic on queue 0.
+    default_rule: Option<Rule>,
     /// Sysctl values to put back on close.
     saved_sysctls: Vec<(String, String)>,
 }
@@ -263,23 +296,62 @@ impl Port {
     ) -> Result<Port, String> {
         let id = probe(&cfg.device).map_err(|e| format!("port {}: {e}", cfg.name))?;
         let mac = mac_of(id);
-        if let Err(e) = start(id, cfg.rx_descriptors, cfg.tx_descriptors, pool) {
+        // Hardware steering is chosen once, here, from what the PMD says about the rules on
+        // the port configured with its flow queues and then from whether they can really be
+        // created and destroyed; a refusal costs a restart of the port, a log line and the
+        // reason in status.
+        let wanted = cfg.flow_queues.min(flow_queue_limit(&driver_name(id)));
+        if wanted < cfg.flow_queues {
+            tracing::warn!(port = %cfg.name, configured = cfg.flow_queues, used = wanted,
+                "the PMD supports fewer flow queues than configured");
+        }
+        let (mut steering, mut steering_reason, mut flow_queues) = match cfg.steering {
+            config::SteeringChoice::Software => (Steering::Software, "configured".to_string(), 0),
+            config::SteeringChoice::Auto if wanted == 0 => {
+                (Steering::Software, "flow_queues = 0".to_string(), 0)
+            }
+            config::SteeringChoice::Auto => {
+                match configure(id, 1 + wanted).and_then(|()| probe_rte_flow(id)) {
+                    Ok(()) => (Steering::Hardware, String::new(), wanted),
+                    Err(why) => (
+                        Steering::Software,
+                        format!("rte_flow unsupported: {why}"),
+                        0,
+                    ),
+                }
+            }
+        };
+        let started = |queues| {
+            start(
+                id,
+                cfg.rx_descriptors,
+                cfg.tx_descriptors,
+                queues,
+                cfg.flow_queue_descriptors,
+                pool,
+            )
+        };
+        if let Err(e) = started(flow_queues) {
             remove(id);
             return Err(format!("port {} ({}): {e}", cfg.name, cfg.device));
         }
-        // Hardware steering needs a receive queue per flow handed to the owning process;
-        // until that exists every port demultiplexes in software, and the probe only
-        // records what the PMD would offer.
-        let (steering, steering_reason) = match cfg.steering {
-            config::SteeringChoice::Software => (Steering::Software, "configured".to_string()),
-            config::SteeringChoice::Auto => match probe_rte_flow(id) {
-                Ok(()) => (
-                    Steering::Software,
-                    "rte_flow accepted, per-flow hardware queues not implemented".to_string(),
-                ),
-                Err(why) => (Steering::Software, format!("rte_flow unsupported: {why}")),
-            },
-        };
+        let mut default_rule = None;
+        if steering == Steering::Hardware {
+            match install_rte_flow(id) {
+                Ok(r) => default_rule = Some(r),
+                Err(why) => {
+                    steering = Steering::Software;
+                    steering_reason = format!("rte_flow unsupported: {why}");
+                    flow_queues = 0;
+                    // SAFETY: started above.
+                    unsafe { sys::rte_eth_dev_stop(id) };
+                    if let Err(e) = started(0) {
+                        remove(id);
+                        return Err(format!("port {} ({}): {e}", cfg.name, cfg.device));
+                    }
+                }
+            }
+        }
         let tap = format!("net_tap_urdma{index},iface={},mac={mac}", cfg.exception);
         let exception_id = match probe(&tap) {
             Ok(t) => t,
@@ -291,7 +363,7 @@ impl Port {
                 ));
             }
         };
-        if let Err(e) = start(exception_id, 512, 512, pool) {
+        if let Err(e) = start(exception_id, 512, 512, 0, 0, pool) {
             remove(exception_id);
             remove(id);
             return Err(format!(
@@ -302,7 +374,7 @@ impl Port {
         let saved_sysctls = kernel_iface(&cfg.device).map(take_over).unwrap_or_default();
         tracing::info!(
             port = %cfg.name, device = %cfg.device, %mac, exception = %cfg.exception,
-            steering = steering.as_str(), reason = %steering_reason, "port up"
+            steering = steering.as_str(), reason = %steering_reason, flow_queues, "port up"
         );
         Ok(Port {
             index,
@@ -314,12 +386,19 @@ impl Port {
             exception_id,
             steering,
             steering_reason,
+            flow_queues,
+            default_rule,
             saved_sysctls,
         })
     }
 
     /// Stops the port and removes its TAP.
-    pub fn close(&self) {
+    pub fn close(&mut self) {
+        if let Some(r) = self.default_rule.take() {
+            if let Err((_, why)) = hwflow::destroy(self.id, r) {
+                tracing::error!(port = %self.name, "catch-all rule not destroyed: {why}");
+            }
+        }
         remove(self.exception_id);
         remove(self.id);
         restore(&self.saved_sysctls);

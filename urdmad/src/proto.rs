@@ -17,7 +17,7 @@
 //! ATTACH                                   -> ATTACHED client=3 prefix=urdma lcore=3 pool=urd_mbufs ports=1
 //!                                             PORT index=0 name=port0 mac=02:00:00:00:00:01 tx=urd_tx_3_0 steering=software
 //! OPEN port=0 local=10.0.0.1:4791 remote=10.0.0.2:4791 mac=02:..   (remote and mac optional)
-//!                                          -> OPENED flow=7 rx=urd_rx_7
+//!                                          -> OPENED flow=7 rx=urd_rx_7 steering=hardware queue=3
 //! CLOSE flow=7                             -> CLOSED flow=7
 //! STATUS                                   -> STATUS lines=N, then N report lines
 //! DETACH                                   -> DETACHED
@@ -29,6 +29,13 @@
 //! initialises EAL with [`Attachment::eal_args`], looks up the mempool and rings by name and
 //! owns them until it detaches or its connection closes. Closing the connection (including
 //! by dying) is a detach: the daemon then removes the process's flows and frees its rings.
+//!
+//! `OPENED` names how the flow is steered: `steering=hardware queue=Q` when an `rte_flow`
+//! rule sends its datagrams to the port's RX queue Q, `steering=software` when urdmad
+//! classifies them (the port has no hardware steering, its flow queues are all taken, or the
+//! rule could not be created). Either way the process receives from the `rx` ring; the two
+//! fields are informational and were added without a version change: decoders ignore fields
+//! they do not know, and an `OPENED` without them means software steering.
 //!
 //! Ring discipline: each flow's RX ring has one producer (the daemon) and one consumer
 //! (the process); each TX ring has one producer (the process) and one consumer (the
@@ -251,6 +258,10 @@ pub enum Response {
     Opened {
         flow: u32,
         rx_ring: String,
+        /// How this flow's datagrams reach `rx_ring`.
+        steering: Steering,
+        /// The port's RX queue dedicated to the flow, with hardware steering.
+        queue: Option<u16>,
     },
     Closed {
         flow: u32,
@@ -444,7 +455,22 @@ impl Response {
                 }
                 out
             }
-            Response::Opened { flow, rx_ring } => format!("OPENED flow={flow} rx={rx_ring}\n"),
+            Response::Opened {
+                flow,
+                rx_ring,
+                steering,
+                queue,
+            } => {
+                let mut out = format!(
+                    "OPENED flow={flow} rx={rx_ring} steering={}",
+                    steering.as_str()
+                );
+                if let Some(q) = queue {
+                    let _ = write!(out, " queue={q}");
+                }
+                out.push('\n');
+                out
+            }
             Response::Closed { flow } => format!("CLOSED flow={flow}\n"),
             Response::Status { lines } => format!("STATUS lines={lines}\n"),
             Response::Detached => "DETACHED\n".into(),
@@ -496,6 +522,13 @@ impl Response {
             "OPENED" => Response::Opened {
                 flow: f.num("flow")?,
                 rx_ring: f.name("rx")?,
+                steering: f
+                    .opt("steering")
+                    .map_or(Ok(Steering::Software), str::parse)?,
+                queue: f
+                    .opt("queue")
+                    .map(|v| v.parse().map_err(|_| ProtoError::BadValue("queue")))
+                    .transpose()?,
             },
             "CLOSED" => Response::Closed {
                 flow: f.num("flow")?,
@@ -578,6 +611,14 @@ mod tests {
         roundtrip_resp(Response::Opened {
             flow: 1,
             rx_ring: "urd_rx_1".into(),
+            steering: Steering::Software,
+            queue: None,
+        });
+        roundtrip_resp(Response::Opened {
+            flow: 2,
+            rx_ring: "urd_rx_2".into(),
+            steering: Steering::Hardware,
+            queue: Some(3),
         });
         roundtrip_resp(Response::Closed { flow: 1 });
         roundtrip_resp(Response::Status { lines: 12 });
@@ -586,6 +627,20 @@ mod tests {
             code: ErrorCode::Access,
             message: "uid 65534 is not allowed".into(),
         });
+    }
+
+    #[test]
+    fn opened_without_steering_fields_means_software() {
+        assert_eq!(
+            Response::decode("OPENED flow=7 rx=urd_rx_7", || None).unwrap(),
+            Response::Opened {
+                flow: 7,
+                rx_ring: "urd_rx_7".into(),
+                steering: Steering::Software,
+                queue: None,
+            }
+        );
+        assert!(Response::decode("OPENED flow=7 rx=r queue=x", || None).is_err());
     }
 
     #[test]

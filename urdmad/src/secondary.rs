@@ -3,7 +3,7 @@
 //! client uses it as is.
 
 use crate::client::Connection;
-use crate::proto::{Attachment, FlowSpec, Request, Response};
+use crate::proto::{Attachment, FlowSpec, Request, Response, Steering};
 use dpdk_sys as sys;
 use std::ffi::CString;
 use std::net::SocketAddrV4;
@@ -60,6 +60,9 @@ fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, String> {
 pub struct Flow {
     pub id: u32,
     pub spec: FlowSpec,
+    /// How urdmad steers the flow (the ring is read the same way either way).
+    pub steering: Steering,
+    pub queue: Option<u16>,
     ring: *mut sys::rte_ring,
 }
 
@@ -103,11 +106,18 @@ impl Session {
 
     pub fn open(&mut self, spec: FlowSpec) -> Result<&Flow, String> {
         match self.conn.request(&Request::Open(spec.clone()))? {
-            Response::Opened { flow, rx_ring } => {
+            Response::Opened {
+                flow,
+                rx_ring,
+                steering,
+                queue,
+            } => {
                 let ring = lookup_ring(&rx_ring)?;
                 self.flows.push(Flow {
                     id: flow,
                     spec,
+                    steering,
+                    queue,
                     ring,
                 });
                 Ok(self.flows.last().unwrap())

@@ -51,7 +51,13 @@ fn open_all(s: &mut Session, args: &Args) -> Result<(), String> {
             remote: None,
             remote_mac: None,
         })?;
-        println!("OPENED flow={} local={}", f.id, local);
+        let queue = f.queue.map_or("none".to_string(), |q| q.to_string());
+        println!(
+            "OPENED flow={} local={} steering={} queue={queue}",
+            f.id,
+            local,
+            f.steering.as_str()
+        );
     }
     Ok(())
 }

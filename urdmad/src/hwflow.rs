@@ -1,0 +1,204 @@
+//! Hardware steering: `rte_flow` rules that send one flow's datagrams to an RX queue of its
+//! own, and the pool of such queues of a port.
+//!
+//! Every creation and destruction is checked. A rule that cannot be created leaves the flow
+//! to software steering; a rule that cannot be destroyed quarantines its queue, which is
+//! never handed out again (its packets might still be steered there).
+
+use dpdk_sys as sys;
+use std::ffi::CStr;
+use std::net::SocketAddrV4;
+use std::ptr;
+
+/// Priority of per-flow rules; the catch-all rule has a lower one (a larger number).
+const FLOW_PRIORITY: u32 = 0;
+const DEFAULT_PRIORITY: u32 = 1;
+
+/// What a rule matches.
+#[derive(Clone, Copy, Debug)]
+pub enum Match {
+    /// IPv4/UDP to `local`, and from `remote` when given.
+    Flow {
+        local: SocketAddrV4,
+        remote: Option<SocketAddrV4>,
+    },
+    /// Every frame: without it a multi-queue port may spread unmatched traffic over the
+    /// flow queues (a TAP hashes by flow), where it would reach a process unchecked.
+    Everything,
+}
+
+fn error_text(rc: i32, e: &sys::rte_flow_error) -> String {
+    if e.message.is_null() {
+        sys::rte_strerror_string(rc)
+    } else {
+        // SAFETY: PMDs set a NUL-terminated static or per-port message.
+        unsafe { CStr::from_ptr(e.message) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// Builds the rule for `m` → `queue` and hands its parts to `f`; the structures live on
+/// this stack frame for the duration of `f`.
+fn with_rule<T>(
+    m: Match,
+    queue: u16,
+    f: impl FnOnce(&sys::rte_flow_attr, &[sys::rte_flow_item], &[sys::rte_flow_action]) -> T,
+) -> T {
+    let mut ip_spec: sys::rte_flow_item_ipv4 = Default::default();
+    let mut ip_mask: sys::rte_flow_item_ipv4 = Default::default();
+    let mut udp_spec: sys::rte_flow_item_udp = Default::default();
+    let mut udp_mask: sys::rte_flow_item_udp = Default::default();
+    let mut attr: sys::rte_flow_attr = Default::default();
+    attr.set_ingress(1);
+    let end = sys::rte_flow_item {
+        type_: sys::RTE_FLOW_ITEM_TYPE_END,
+        ..Default::default()
+    };
+    let eth = sys::rte_flow_item {
+        type_: sys::RTE_FLOW_ITEM_TYPE_ETH,
+        ..Default::default()
+    };
+    let items: Vec<sys::rte_flow_item> = match m {
+        Match::Everything => {
+            attr.priority = DEFAULT_PRIORITY;
+            vec![eth, end]
+        }
+        Match::Flow { local, remote } => {
+            attr.priority = FLOW_PRIORITY;
+            ip_spec.hdr.dst_addr = u32::from(*local.ip()).to_be();
+            ip_mask.hdr.dst_addr = u32::MAX;
+            udp_spec.hdr.dst_port = local.port().to_be();
+            udp_mask.hdr.dst_port = u16::MAX;
+            if let Some(r) = remote {
+                ip_spec.hdr.src_addr = u32::from(*r.ip()).to_be();
+                ip_mask.hdr.src_addr = u32::MAX;
+                udp_spec.hdr.src_port = r.port().to_be();
+                udp_mask.hdr.src_port = u16::MAX;
+            }
+            vec![
+                eth,
+                sys::rte_flow_item {
+                    type_: sys::RTE_FLOW_ITEM_TYPE_IPV4,
+                    spec: &ip_spec as *const _ as *const _,
+                    mask: &ip_mask as *const _ as *const _,
+                    ..Default::default()
+                },
+                sys::rte_flow_item {
+                    type_: sys::RTE_FLOW_ITEM_TYPE_UDP,
+                    spec: &udp_spec as *const _ as *const _,
+                    mask: &udp_mask as *const _ as *const _,
+                    ..Default::default()
+                },
+                end,
+            ]
+        }
+    };
+    let q = sys::rte_flow_action_queue { index: queue };
+    let actions = [
+        sys::rte_flow_action {
+            type_: sys::RTE_FLOW_ACTION_TYPE_QUEUE,
+            conf: &q as *const _ as *const _,
+        },
+        sys::rte_flow_action {
+            type_: sys::RTE_FLOW_ACTION_TYPE_END,
+            conf: ptr::null(),
+        },
+    ];
+    f(&attr, &items, &actions)
+}
+
+/// Whether the PMD would accept the rule; the reason when not.
+pub fn validate(port: u16, m: Match, queue: u16) -> Result<(), String> {
+    with_rule(m, queue, |attr, items, actions| {
+        let mut e: sys::rte_flow_error = Default::default();
+        // SAFETY: the rule's structures outlive the call.
+        let rc =
+            unsafe { sys::rte_flow_validate(port, attr, items.as_ptr(), actions.as_ptr(), &mut e) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(error_text(rc, &e))
+        }
+    })
+}
+
+/// A created rule.
+pub struct Rule(*mut sys::rte_flow);
+
+pub fn create(port: u16, m: Match, queue: u16) -> Result<Rule, String> {
+    with_rule(m, queue, |attr, items, actions| {
+        let mut e: sys::rte_flow_error = Default::default();
+        // SAFETY: the rule's structures outlive the call.
+        let f =
+            unsafe { sys::rte_flow_create(port, attr, items.as_ptr(), actions.as_ptr(), &mut e) };
+        if f.is_null() {
+            Err(error_text(-sys::rte_errno(), &e))
+        } else {
+            Ok(Rule(f))
+        }
+    })
+}
+
+/// Destroys a rule; on failure the rule is handed back (it may still be in force).
+pub fn destroy(port: u16, rule: Rule) -> Result<(), (Rule, String)> {
+    let mut e: sys::rte_flow_error = Default::default();
+    // SAFETY: the rule was created on this port and not destroyed yet.
+    let rc = unsafe { sys::rte_flow_destroy(port, rule.0, &mut e) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        let why = error_text(rc, &e);
+        Err((rule, why))
+    }
+}
+
+/// What a flow queue is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueUse {
+    Free,
+    /// Steered to flow `id`, whose frames go onto `ring` (the flow's `slot` in the port's
+    /// flow table holds its counters).
+    Flow {
+        id: u32,
+        slot: u32,
+        ring: *mut sys::rte_ring,
+    },
+    /// Its rule could not be destroyed: never handed out again.
+    Quarantined,
+}
+
+/// One dedicated RX queue of a port.
+pub struct FlowQueue {
+    pub id: u16,
+    pub state: QueueUse,
+    pub rule: Option<Rule>,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    /// Frames dropped because the flow's ring was full.
+    pub drops: u64,
+    /// Frames found on the queue while it belonged to no flow (sent to software steering).
+    pub strays: u64,
+}
+
+impl FlowQueue {
+    pub fn new(id: u16) -> FlowQueue {
+        FlowQueue {
+            id,
+            state: QueueUse::Free,
+            rule: None,
+            rx_packets: 0,
+            rx_bytes: 0,
+            drops: 0,
+            strays: 0,
+        }
+    }
+
+    pub fn state_str(&self) -> &'static str {
+        match self.state {
+            QueueUse::Free => "free",
+            QueueUse::Flow { .. } => "flow",
+            QueueUse::Quarantined => "quarantined",
+        }
+    }
+}
