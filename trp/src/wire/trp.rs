@@ -17,7 +17,7 @@
 //! +-------------------------------+
 //! ```
 
-use super::{be16, be32, need, put16, put32, WireError};
+use super::{be16, be32, need, put32, WireError};
 
 pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 20;
@@ -222,10 +222,20 @@ impl Repr {
     #[inline]
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr, WireError> {
         p.check_len()?;
-        if p.version() != VERSION {
-            return Err(WireError::TrpVersion(p.version()));
+        let b = p.buffer.as_ref();
+        // check_len guarantees the fixed header: read it as an array, so
+        // the field reads below need no bounds checks.
+        let h: &[u8; HEADER_LEN] =
+            b[..HEADER_LEN]
+                .try_into()
+                .map_err(|_| WireError::Truncated {
+                    need: HEADER_LEN,
+                    have: b.len(),
+                })?;
+        if h[field::VERSION] != VERSION {
+            return Err(WireError::TrpVersion(h[field::VERSION]));
         }
-        let opcode = Opcode::from_u8(p.opcode())?;
+        let opcode = Opcode::from_u8(h[field::OPCODE])?;
         let mut sack = SackRanges::new();
         for i in 0..p.sack_count() {
             let (start, end) = p.sack_range(i);
@@ -235,13 +245,14 @@ impl Repr {
             }
             sack.push(start, end);
         }
+        let word = |at: usize| u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
         Ok(Repr {
             opcode,
-            flags: p.flags(),
-            dst_conn: p.dst_conn(),
-            psn: p.psn(),
-            ack_psn: p.ack_psn(),
-            window: p.window(),
+            flags: h[field::FLAGS],
+            dst_conn: word(field::DST_CONN),
+            psn: word(field::PSN),
+            ack_psn: word(field::ACK),
+            window: u16::from_be_bytes([h[field::WINDOW], h[field::WINDOW + 1]]),
             sack,
         })
     }
@@ -255,15 +266,18 @@ impl Repr {
     /// `buffer_len()` bytes (callers size it from `MAX_HEADER_LEN`).
     #[inline]
     pub fn emit(&self, buf: &mut [u8]) {
-        buf[field::VERSION] = VERSION;
-        buf[field::OPCODE] = self.opcode as u8;
-        buf[field::FLAGS] = self.flags;
-        buf[field::NSACK] = self.sack.len() as u8;
-        put32(buf, field::DST_CONN, self.dst_conn);
-        put32(buf, field::PSN, self.psn);
-        put32(buf, field::ACK, self.ack_psn);
-        put16(buf, field::WINDOW, self.window);
-        put16(buf, field::RESERVED, 0);
+        // Built in a register-sized array and stored at once: one bounds
+        // check instead of one per field.
+        let mut h = [0u8; HEADER_LEN];
+        h[field::VERSION] = VERSION;
+        h[field::OPCODE] = self.opcode as u8;
+        h[field::FLAGS] = self.flags;
+        h[field::NSACK] = self.sack.len() as u8;
+        h[field::DST_CONN..field::PSN].copy_from_slice(&self.dst_conn.to_be_bytes());
+        h[field::PSN..field::ACK].copy_from_slice(&self.psn.to_be_bytes());
+        h[field::ACK..field::WINDOW].copy_from_slice(&self.ack_psn.to_be_bytes());
+        h[field::WINDOW..field::RESERVED].copy_from_slice(&self.window.to_be_bytes());
+        buf[..HEADER_LEN].copy_from_slice(&h);
         for (i, &(s, e)) in self.sack.as_slice().iter().enumerate() {
             let at = HEADER_LEN + i * SACK_RANGE_LEN;
             put32(buf, at, s);
