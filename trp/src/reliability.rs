@@ -254,20 +254,30 @@ impl<K> Sender<K> {
     }
 
     #[inline]
-    fn on_delivered(&mut self) {
+    /// Grows the window for `n` newly delivered segments: by one each in
+    /// slow start, by one per window's worth in congestion avoidance.
+    /// Steps through runs rather than single segments; the result is the
+    /// same as growing segment by segment.
+    fn on_delivered(&mut self, mut n: u32) {
         if self.recovery_end.is_some() && !self.rto_recovery {
             return;
         }
-        if self.cwnd < self.ssthresh {
-            self.cwnd += 1;
-        } else {
-            self.cwnd_acc += 1;
-            if self.cwnd_acc >= self.cwnd {
-                self.cwnd_acc = 0;
-                self.cwnd += 1;
+        while n > 0 {
+            let k;
+            if self.cwnd < self.ssthresh {
+                k = n.min(self.ssthresh - self.cwnd);
+                self.cwnd += k;
+            } else {
+                k = n.min(self.cwnd.saturating_sub(self.cwnd_acc).max(1));
+                self.cwnd_acc += k;
+                if self.cwnd_acc >= self.cwnd {
+                    self.cwnd_acc = 0;
+                    self.cwnd += 1;
+                }
             }
+            self.cwnd = self.cwnd.min(self.p.max_cwnd);
+            n -= k;
         }
-        self.cwnd = self.cwnd.min(self.p.max_cwnd);
     }
 
     fn rtt_sample(&mut self, r: u64) {
@@ -297,7 +307,22 @@ impl<K> Sender<K> {
 
     /// Processes a cumulative ACK and SACK ranges. Returns the number of
     /// PSNs newly acknowledged cumulatively.
+    #[inline]
     pub fn on_ack(&mut self, now: Instant, ack: u32, sack: &SackRanges) -> u32 {
+        // Most packets of a one-way transfer acknowledge nothing new: skip
+        // the work when it would change nothing (the timer is already in
+        // the state `on_ack_news` would leave it in).
+        if ack == self.una
+            && sack.is_empty()
+            && self.recovery_end.is_none()
+            && self.rto_deadline.is_some() == (self.outstanding() > 0)
+        {
+            return 0;
+        }
+        self.on_ack_news(now, ack, sack)
+    }
+
+    fn on_ack_news(&mut self, now: Instant, ack: u32, sack: &SackRanges) -> u32 {
         if !(psn_le(self.una, ack) && psn_le(ack, self.nxt)) {
             return 0;
         }
@@ -307,26 +332,27 @@ impl<K> Sender<K> {
         // retransmission just filled.
         let mut newest_clean: Option<(u64, Instant)> = None;
         let mut newest_any = 0u64;
-        let mut acked = 0;
         let delivered_before = self.delivered_xmit;
-        while self.una != ack {
-            let s = self.segs.pop_front().expect("una < nxt has a segment");
-            self.una = self.una.wrapping_add(1);
-            acked += 1;
-            if s.sacked {
-                self.sacked -= 1;
-            } else {
-                if s.lost {
-                    self.lost -= 1;
-                }
-                self.on_delivered();
-            }
-            self.delivered_xmit = self.delivered_xmit.max(s.xmit);
+        // Read the acknowledged entries in place and drop them in one go:
+        // one ACK often covers hundreds of segments.
+        let n = ack.wrapping_sub(self.una);
+        let mut was_sacked = 0;
+        let mut was_lost = 0;
+        for s in self.segs.range(..n as usize) {
+            was_sacked += u32::from(s.sacked);
+            was_lost += u32::from(s.lost && !s.sacked);
             newest_any = newest_any.max(s.xmit);
             if s.retrans == 0 && newest_clean.is_none_or(|(x, _)| s.xmit > x) {
                 newest_clean = Some((s.xmit, s.sent_at));
             }
         }
+        self.segs.drain(..n as usize);
+        self.una = ack;
+        let acked = n;
+        self.sacked -= was_sacked;
+        self.lost -= was_lost;
+        self.delivered_xmit = self.delivered_xmit.max(newest_any);
+        self.on_delivered(n - was_sacked);
         // Ranges are reduced to offsets from `una`, clamped to what is
         // outstanding: serial comparisons alone are not transitive across
         // half the PSN space, and a peer may send any numbers.
@@ -357,7 +383,7 @@ impl<K> Sender<K> {
                     if s.retrans == 0 && newest_clean.is_none_or(|(x, _)| s.xmit > x) {
                         newest_clean = Some((s.xmit, s.sent_at));
                     }
-                    self.on_delivered();
+                    self.on_delivered(1);
                 }
             }
             if to > from {
