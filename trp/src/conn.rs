@@ -260,6 +260,10 @@ fn scatter<M: Memory + ?Sized>(mem: &mut M, sges: &[Sge], mut off: u64, mut data
     }
 }
 
+// Error paths are cold: keeping them out of line keeps the per-segment
+// path short.
+#[cold]
+#[inline(never)]
 fn terminate(
     layer: Layer,
     etype: u8,
@@ -277,6 +281,8 @@ fn terminate(
 }
 
 /// The Terminate RFC 5040/5041 prescribe for a malformed segment.
+#[cold]
+#[inline(never)]
 fn wire_error_term(e: WireError, segment: &[u8]) -> Terminate {
     let tagged = segment.first().is_some_and(|b| b & 0x80 != 0);
     let (layer, etype, code) = match e {
@@ -1184,24 +1190,53 @@ impl Connection {
         while let Some(psn) = self.rx.pop_in_order() {
             let slot = self.rx.slot(psn);
             let ev = std::mem::take(&mut self.rx_events[slot]);
-            if !matches!(self.state, QpState::Rts | QpState::Closing) {
+            // Most PSNs (all but the last segment of a message) have no
+            // in-order effect: keep their path free of the rest.
+            if matches!(ev, RxEvent::None) || !matches!(self.state, QpState::Rts | QpState::Closing)
+            {
                 continue;
             }
-            match ev {
-                RxEvent::None => {}
-                RxEvent::Recv {
-                    msn,
-                    invalidate,
-                    solicited,
-                    len,
-                    imm,
-                } => {
-                    // A hostile peer can end the same message twice.
-                    if msn != self.rq_msn || self.rq.is_empty() {
+            self.deliver_event(now, mem, ev);
+        }
+    }
+
+    /// Applies one PSN's in-order effect.
+    #[inline(never)]
+    fn deliver_event<M: Memory + ?Sized>(&mut self, now: Instant, mem: &mut M, ev: RxEvent) {
+        match ev {
+            RxEvent::None => {}
+            RxEvent::Recv {
+                msn,
+                invalidate,
+                solicited,
+                len,
+                imm,
+            } => {
+                // A hostile peer can end the same message twice.
+                if msn != self.rq_msn || self.rq.is_empty() {
+                    let t = Terminate {
+                        layer: Layer::Ddp,
+                        etype: term::DDP_UNTAGGED,
+                        code: term::U_MSN_RANGE,
+                        ddp_header: None,
+                        rdmap_header: None,
+                    };
+                    self.fail(
+                        now,
+                        FailReason::TerminateSent(t),
+                        None,
+                        None,
+                        false,
+                        Some(t),
+                    );
+                    return;
+                }
+                if let Some(stag) = invalidate {
+                    if mem.invalidate(stag, self.cfg.pd).is_err() {
                         let t = Terminate {
-                            layer: Layer::Ddp,
-                            etype: term::DDP_UNTAGGED,
-                            code: term::U_MSN_RANGE,
+                            layer: Layer::Rdmap,
+                            etype: term::RDMAP_REMOTE_OPERATION,
+                            code: term::STAG_CANNOT_INVALIDATE,
                             ddp_header: None,
                             rdmap_header: None,
                         };
@@ -1213,150 +1248,130 @@ impl Connection {
                             false,
                             Some(t),
                         );
-                        continue;
+                        return;
                     }
-                    if let Some(stag) = invalidate {
-                        if mem.invalidate(stag, self.cfg.pd).is_err() {
-                            let t = Terminate {
-                                layer: Layer::Rdmap,
-                                etype: term::RDMAP_REMOTE_OPERATION,
-                                code: term::STAG_CANNOT_INVALIDATE,
-                                ddp_header: None,
-                                rdmap_header: None,
-                            };
-                            self.fail(
-                                now,
-                                FailReason::TerminateSent(t),
-                                None,
-                                None,
-                                false,
-                                Some(t),
-                            );
-                            continue;
-                        }
-                    }
-                    let e = self
-                        .rq
-                        .pop_front()
-                        .expect("placement checked the receive exists");
-                    self.rq_msn = self.rq_msn.wrapping_add(1);
-                    self.cq.push_back(Completion {
-                        wr_id: e.wr_id,
-                        queue: Queue::Recv,
-                        status: WcStatus::Success,
-                        opcode: if imm.is_some() {
-                            WcOpcode::RecvRdmaWithImm
-                        } else {
-                            WcOpcode::Recv
-                        },
-                        byte_len: len,
-                        imm,
-                        invalidated: invalidate,
-                        solicited,
+                }
+                let e = self
+                    .rq
+                    .pop_front()
+                    .expect("placement checked the receive exists");
+                self.rq_msn = self.rq_msn.wrapping_add(1);
+                self.cq.push_back(Completion {
+                    wr_id: e.wr_id,
+                    queue: Queue::Recv,
+                    status: WcStatus::Success,
+                    opcode: if imm.is_some() {
+                        WcOpcode::RecvRdmaWithImm
+                    } else {
+                        WcOpcode::Recv
+                    },
+                    byte_len: len,
+                    imm,
+                    invalidated: invalidate,
+                    solicited,
+                });
+            }
+            RxEvent::ReadRequest { msn, rr } => {
+                // Rebuild the offending header for a Terminate: only
+                // MSN varies in a valid Read Request's DDP header.
+                let mut h = [0u8; ddp::UNTAGGED_HEADER_LEN];
+                segment::Repr {
+                    opcode: Opcode::ReadRequest,
+                    last: true,
+                    buffer: BufferRef::Untagged {
+                        ulp_word: 0,
+                        qn: qn::READ_REQUEST,
+                        msn,
+                        mo: 0,
+                    },
+                }
+                .emit(&mut h);
+                let mut hdr = HeaderCopy::from_segment(&h);
+                if let Some(c) = hdr.as_mut() {
+                    c.segment_len = (ddp::UNTAGGED_HEADER_LEN + rdmap::READ_REQUEST_LEN) as u16;
+                }
+                let mut t = Terminate {
+                    layer: Layer::Ddp,
+                    etype: term::DDP_UNTAGGED,
+                    code: 0,
+                    ddp_header: hdr,
+                    rdmap_header: Some(rr),
+                };
+                if msn != self.rr_msn {
+                    t.code = term::U_MSN_RANGE;
+                } else if self.rjobs.len() >= usize::from(self.cfg.ird) {
+                    t.code = term::U_NO_BUFFER;
+                } else if let Err(e) = mr::check(
+                    mem,
+                    rr.src_stag,
+                    self.cfg.pd,
+                    rr.src_to,
+                    u64::from(rr.size),
+                    Access::REMOTE_READ,
+                ) {
+                    (t.layer, t.etype, t.code) = e.read_term();
+                } else {
+                    self.rr_msn = self.rr_msn.wrapping_add(1);
+                    self.rjobs.push_back(ReadJob {
+                        src_addr: rr.src_to,
+                        sink_stag: rr.sink_stag,
+                        sink_to: rr.sink_to,
+                        size: rr.size,
+                        off: 0,
                     });
+                    return;
                 }
-                RxEvent::ReadRequest { msn, rr } => {
-                    // Rebuild the offending header for a Terminate: only
-                    // MSN varies in a valid Read Request's DDP header.
-                    let mut h = [0u8; ddp::UNTAGGED_HEADER_LEN];
-                    segment::Repr {
-                        opcode: Opcode::ReadRequest,
-                        last: true,
-                        buffer: BufferRef::Untagged {
-                            ulp_word: 0,
-                            qn: qn::READ_REQUEST,
-                            msn,
-                            mo: 0,
-                        },
-                    }
-                    .emit(&mut h);
-                    let mut hdr = HeaderCopy::from_segment(&h);
-                    if let Some(c) = hdr.as_mut() {
-                        c.segment_len = (ddp::UNTAGGED_HEADER_LEN + rdmap::READ_REQUEST_LEN) as u16;
-                    }
-                    let mut t = Terminate {
-                        layer: Layer::Ddp,
-                        etype: term::DDP_UNTAGGED,
-                        code: 0,
-                        ddp_header: hdr,
-                        rdmap_header: Some(rr),
-                    };
-                    if msn != self.rr_msn {
-                        t.code = term::U_MSN_RANGE;
-                    } else if self.rjobs.len() >= usize::from(self.cfg.ird) {
-                        t.code = term::U_NO_BUFFER;
-                    } else if let Err(e) = mr::check(
-                        mem,
-                        rr.src_stag,
-                        self.cfg.pd,
-                        rr.src_to,
-                        u64::from(rr.size),
-                        Access::REMOTE_READ,
-                    ) {
-                        (t.layer, t.etype, t.code) = e.read_term();
-                    } else {
-                        self.rr_msn = self.rr_msn.wrapping_add(1);
-                        self.rjobs.push_back(ReadJob {
-                            src_addr: rr.src_to,
-                            sink_stag: rr.sink_stag,
-                            sink_to: rr.sink_to,
-                            size: rr.size,
-                            off: 0,
-                        });
-                        continue;
-                    }
-                    self.fail(
-                        now,
-                        FailReason::TerminateSent(t),
-                        None,
-                        None,
-                        false,
-                        Some(t),
-                    );
-                }
-                RxEvent::ReadResponseDone => {
-                    if let Some(seq) = self.reads_out.pop_front() {
-                        let i = seq.wrapping_sub(self.sq_head_seq) as usize;
-                        if let Some(e) = self.sq.get_mut(i) {
-                            e.reads_done += 1;
-                        }
+                self.fail(
+                    now,
+                    FailReason::TerminateSent(t),
+                    None,
+                    None,
+                    false,
+                    Some(t),
+                );
+            }
+            RxEvent::ReadResponseDone => {
+                if let Some(seq) = self.reads_out.pop_front() {
+                    let i = seq.wrapping_sub(self.sq_head_seq) as usize;
+                    if let Some(e) = self.sq.get_mut(i) {
+                        e.reads_done += 1;
                     }
                 }
-                RxEvent::Terminate(t) => {
-                    let protection = (t.layer == Layer::Rdmap
-                        && t.etype == term::RDMAP_REMOTE_PROTECTION)
-                        || (t.layer == Layer::Ddp && t.etype == term::DDP_TAGGED);
-                    let status = if protection {
-                        WcStatus::RemoteAccess
-                    } else {
-                        WcStatus::RemoteOperation
-                    };
-                    self.fail(
-                        now,
-                        FailReason::TerminateReceived(t),
-                        Some(status),
-                        None,
-                        false,
-                        None,
-                    );
-                }
-                RxEvent::Fail { term, rq_status } => {
-                    let term = *term;
-                    self.fail(
-                        now,
-                        FailReason::TerminateSent(term),
-                        None,
-                        rq_status,
-                        false,
-                        Some(term),
-                    );
-                }
-                RxEvent::Fin => {
-                    self.peer_fin = true;
-                    self.events.push_back(Event::PeerClosed);
-                    if self.state == QpState::Rts {
-                        self.goto::<state::Rts, state::Closing>();
-                    }
+            }
+            RxEvent::Terminate(t) => {
+                let protection = (t.layer == Layer::Rdmap
+                    && t.etype == term::RDMAP_REMOTE_PROTECTION)
+                    || (t.layer == Layer::Ddp && t.etype == term::DDP_TAGGED);
+                let status = if protection {
+                    WcStatus::RemoteAccess
+                } else {
+                    WcStatus::RemoteOperation
+                };
+                self.fail(
+                    now,
+                    FailReason::TerminateReceived(t),
+                    Some(status),
+                    None,
+                    false,
+                    None,
+                );
+            }
+            RxEvent::Fail { term, rq_status } => {
+                let term = *term;
+                self.fail(
+                    now,
+                    FailReason::TerminateSent(term),
+                    None,
+                    rq_status,
+                    false,
+                    Some(term),
+                );
+            }
+            RxEvent::Fin => {
+                self.peer_fin = true;
+                self.events.push_back(Event::PeerClosed);
+                if self.state == QpState::Rts {
+                    self.goto::<state::Rts, state::Closing>();
                 }
             }
         }

@@ -8,13 +8,13 @@ use core::time::Duration;
 use std::collections::VecDeque;
 
 /// `a < b` in 32-bit serial arithmetic.
-#[inline]
+#[inline(always)]
 pub fn psn_lt(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) < 0
 }
 
 /// `a <= b` in 32-bit serial arithmetic.
-#[inline]
+#[inline(always)]
 pub fn psn_le(a: u32, b: u32) -> bool {
     !psn_lt(b, a)
 }
@@ -557,16 +557,16 @@ impl Receiver {
     pub fn slots(&self) -> usize {
         self.slot_mask as usize + 1
     }
-    #[inline]
+    #[inline(always)]
     pub fn slot(&self, psn: u32) -> usize {
         (psn & self.slot_mask) as usize
     }
-    #[inline]
+    #[inline(always)]
     fn bit(&self, psn: u32) -> bool {
         let s = self.slot(psn);
         self.bits[s / 64] & (1 << (s % 64)) != 0
     }
-    #[inline]
+    #[inline(always)]
     fn set(&mut self, psn: u32, v: bool) {
         let s = self.slot(psn);
         if v {
@@ -576,7 +576,7 @@ impl Receiver {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn classify(&self, psn: u32) -> Arrival {
         let d = psn.wrapping_sub(self.nxt);
         if psn_lt(psn, self.nxt) {
@@ -591,7 +591,7 @@ impl Receiver {
     }
 
     /// Records a new PSN (after `classify` said New).
-    #[inline]
+    #[inline(always)]
     pub fn mark(&mut self, psn: u32) {
         self.set(psn, true);
         if psn_lt(self.highest, psn) {
@@ -600,7 +600,7 @@ impl Receiver {
     }
 
     /// Takes the next in-order PSN if it has arrived.
-    #[inline]
+    #[inline(always)]
     pub fn pop_in_order(&mut self) -> Option<u32> {
         if !self.bit(self.nxt) {
             return None;
@@ -615,7 +615,7 @@ impl Receiver {
     }
 
     /// Whether PSNs above a gap are held.
-    #[inline]
+    #[inline(always)]
     pub fn has_gap(&self) -> bool {
         psn_lt(self.nxt, self.highest)
     }
@@ -648,7 +648,7 @@ impl Receiver {
     }
 
     /// Schedules an acknowledgement after receiving a packet.
-    #[inline]
+    #[inline(always)]
     pub fn on_packet(&mut self, now: Instant, arrival: Arrival, ack_request: bool) {
         match arrival {
             Arrival::New { in_order: true } if !self.has_gap() => {
