@@ -6,7 +6,7 @@
 //! untagged (18 bytes): control(2) RsvdULP(4) QN(4) MSN(4) MO(4)
 //! ```
 
-use super::{be32, be64, need, put32, put64, WireError};
+use super::{be32, be64, need, WireError};
 
 pub const VERSION: u8 = 1;
 pub const TAGGED_HEADER_LEN: usize = 14;
@@ -94,6 +94,24 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 }
 
+#[inline]
+fn header<const N: usize>(b: &[u8]) -> Result<&[u8; N], WireError> {
+    b.get(..N)
+        .and_then(|h| h.try_into().ok())
+        .ok_or(WireError::Truncated {
+            need: N,
+            have: b.len(),
+        })
+}
+
+#[inline]
+fn check_version(control: u8) -> Result<(), WireError> {
+    match control & MASK_DV {
+        VERSION => Ok(()),
+        v => Err(WireError::DdpVersion(v)),
+    }
+}
+
 /// Where the segment's payload goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BufferRef {
@@ -119,26 +137,31 @@ pub struct Repr {
 impl Repr {
     #[inline]
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr, WireError> {
-        p.check_len()?;
-        if p.version() != VERSION {
-            return Err(WireError::DdpVersion(p.version()));
-        }
-        let buffer = if p.tagged() {
+        let b = p.buffer.as_ref();
+        need(b.len(), 2)?;
+        let control = b[field::CONTROL];
+        // The header is read as a fixed-size array: after its one length
+        // check no field read is bounds-checked.
+        let buffer = if control & FLAG_TAGGED != 0 {
+            let h: &[u8; TAGGED_HEADER_LEN] = header(b)?;
+            check_version(control)?;
             BufferRef::Tagged {
-                stag: p.stag(),
-                to: p.tagged_offset(),
+                stag: be32(h, field::STAG),
+                to: be64(h, field::TO),
             }
         } else {
+            let h: &[u8; UNTAGGED_HEADER_LEN] = header(b)?;
+            check_version(control)?;
             BufferRef::Untagged {
-                ulp_word: p.ulp_word(),
-                qn: p.queue_number(),
-                msn: p.msn(),
-                mo: p.message_offset(),
+                ulp_word: be32(h, field::ULP_WORD),
+                qn: be32(h, field::QN),
+                msn: be32(h, field::MSN),
+                mo: be32(h, field::MO),
             }
         };
         Ok(Repr {
-            last: p.last(),
-            ulp_control: p.ulp_control(),
+            last: control & FLAG_LAST != 0,
+            ulp_control: b[field::ULP_CONTROL],
             buffer,
         })
     }
@@ -158,11 +181,15 @@ impl Repr {
         if self.last {
             control |= FLAG_LAST;
         }
+        // Each header is built in a fixed-size array and stored at once.
         match self.buffer {
             BufferRef::Tagged { stag, to } => {
-                buf[field::CONTROL] = control | FLAG_TAGGED;
-                put32(buf, field::STAG, stag);
-                put64(buf, field::TO, to);
+                let mut h = [0u8; TAGGED_HEADER_LEN];
+                h[field::CONTROL] = control | FLAG_TAGGED;
+                h[field::ULP_CONTROL] = self.ulp_control;
+                h[field::STAG..field::TO].copy_from_slice(&stag.to_be_bytes());
+                h[field::TO..].copy_from_slice(&to.to_be_bytes());
+                buf[..TAGGED_HEADER_LEN].copy_from_slice(&h);
             }
             BufferRef::Untagged {
                 ulp_word,
@@ -170,14 +197,16 @@ impl Repr {
                 msn,
                 mo,
             } => {
-                buf[field::CONTROL] = control;
-                put32(buf, field::ULP_WORD, ulp_word);
-                put32(buf, field::QN, qn);
-                put32(buf, field::MSN, msn);
-                put32(buf, field::MO, mo);
+                let mut h = [0u8; UNTAGGED_HEADER_LEN];
+                h[field::CONTROL] = control;
+                h[field::ULP_CONTROL] = self.ulp_control;
+                h[field::ULP_WORD..field::QN].copy_from_slice(&ulp_word.to_be_bytes());
+                h[field::QN..field::MSN].copy_from_slice(&qn.to_be_bytes());
+                h[field::MSN..field::MO].copy_from_slice(&msn.to_be_bytes());
+                h[field::MO..].copy_from_slice(&mo.to_be_bytes());
+                buf[..UNTAGGED_HEADER_LEN].copy_from_slice(&h);
             }
         }
-        buf[field::ULP_CONTROL] = self.ulp_control;
     }
 }
 

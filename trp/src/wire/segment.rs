@@ -26,8 +26,8 @@ impl Repr {
     /// buffer model and queue number, and the fixed bodies.
     #[inline]
     pub fn parse(bytes: &[u8]) -> Result<(Repr, Body<'_>), WireError> {
-        let p = ddp::Packet::new_checked(bytes)?;
-        let d = ddp::Repr::parse(&p)?;
+        // Repr::parse checks the length itself.
+        let d = ddp::Repr::parse(&ddp::Packet::new_unchecked(bytes))?;
         let opcode = rdmap::parse_control(d.ulp_control)?;
         let op = opcode as u8;
         match (opcode.queue_number(), d.buffer) {
@@ -44,7 +44,7 @@ impl Repr {
                 })
             }
         }
-        let payload = &bytes[p.header_len()..];
+        let payload = bytes.get(d.buffer_len()..).unwrap_or_default();
         let fixed = |len: usize| -> Result<(), WireError> {
             if !d.last {
                 Err(WireError::NotLast { opcode: op })
