@@ -1380,6 +1380,10 @@ impl Connection {
     /// Completes finished send work in order and finishes closes.
     #[inline]
     fn progress(&mut self) {
+        // The common case on a receiving end: nothing of ours to finish.
+        if self.state == QpState::Rts && self.sq.is_empty() {
+            return;
+        }
         let una = self.tx.una();
         if matches!(self.state, QpState::Rts | QpState::Closing) {
             while let Some(e) = self.sq.front() {
