@@ -1023,12 +1023,21 @@ impl Connection {
                         self.stats.rx_deferred += 1;
                         return Ok(());
                     };
-                    self.rx.mark(h.psn);
-                    let slot = self.rx.slot(h.psn);
-                    self.rx_events[slot] = ev;
-                    self.rx
-                        .on_packet(now, arrival, h.flags & trp::FLAG_ACK_REQUEST != 0);
-                    self.deliver(now, mem);
+                    if self.rx.take_in_order(h.psn) {
+                        // Nothing waits behind it: its effect applies now.
+                        self.rx.on_packet(now, arrival, ack_request);
+                        if !matches!(ev, RxEvent::None)
+                            && matches!(self.state, QpState::Rts | QpState::Closing)
+                        {
+                            self.deliver_event(now, mem, ev);
+                        }
+                    } else {
+                        self.rx.mark(h.psn);
+                        let slot = self.rx.slot(h.psn);
+                        self.rx_events[slot] = ev;
+                        self.rx.on_packet(now, arrival, ack_request);
+                        self.deliver(now, mem);
+                    }
                 }
                 Arrival::New { .. } => {}
                 _ => {

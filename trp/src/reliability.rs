@@ -599,6 +599,20 @@ impl Receiver {
         }
     }
 
+    /// Accepts `psn` and moves past it at once if it is the next expected
+    /// PSN and nothing is held above it (the common in-order case: it need
+    /// not be parked in the window). Otherwise does nothing and returns
+    /// false. Only for PSNs `classify` called New.
+    #[inline(always)]
+    pub fn take_in_order(&mut self, psn: u32) -> bool {
+        if psn != self.nxt || self.has_gap() {
+            return false;
+        }
+        self.nxt = self.nxt.wrapping_add(1);
+        self.highest = self.nxt;
+        true
+    }
+
     /// Takes the next in-order PSN if it has arrived.
     #[inline(always)]
     pub fn pop_in_order(&mut self) -> Option<u32> {
