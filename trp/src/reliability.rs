@@ -68,6 +68,9 @@ pub struct Sender<K> {
     srtt: Option<u64>,
     rttvar: u64,
     rto: u64,
+    /// `p.min_rto` and `p.max_rto` in nanoseconds, converted once.
+    min_rto_ns: u64,
+    max_rto_ns: u64,
     retries: u32,
     rto_deadline: Option<Instant>,
     /// After a timeout with a single packet outstanding, that packet is sent
@@ -116,6 +119,8 @@ impl<K> Sender<K> {
             srtt: None,
             rttvar: 0,
             rto: p.initial_rto.as_nanos() as u64,
+            min_rto_ns: p.min_rto.as_nanos() as u64,
+            max_rto_ns: p.max_rto.as_nanos() as u64,
             retries: 0,
             rto_deadline: None,
             probe_again: None,
@@ -178,7 +183,7 @@ impl<K> Sender<K> {
     #[inline]
     fn arm(&mut self, now: Instant) {
         if self.rto_deadline.is_none() {
-            self.rto_deadline = Some(now + Duration::from_nanos(self.rto));
+            self.rto_deadline = Some(Instant(now.0.saturating_add(self.rto)));
         }
     }
 
@@ -298,10 +303,9 @@ impl<K> Sender<K> {
     fn base_rto(&self) -> u64 {
         match self.srtt {
             None => self.p.initial_rto.as_nanos() as u64,
-            Some(srtt) => (srtt + (4 * self.rttvar).max(GRANULARITY)).clamp(
-                self.p.min_rto.as_nanos() as u64,
-                self.p.max_rto.as_nanos() as u64,
-            ),
+            Some(srtt) => {
+                (srtt + (4 * self.rttvar).max(GRANULARITY)).clamp(self.min_rto_ns, self.max_rto_ns)
+            }
         }
     }
 
@@ -462,7 +466,7 @@ impl<K> Sender<K> {
         if self.retries > self.p.max_retries {
             return Timeout::RetryExceeded;
         }
-        self.rto = (self.rto * 2).min(self.p.max_rto.as_nanos() as u64);
+        self.rto = (self.rto * 2).min(self.max_rto_ns);
         self.ssthresh = (self.pipe() / 2).max(2);
         // Loss window of two (RFC 5681 uses one): on a very lossy path one
         // probe and its ACK both survive too rarely.
