@@ -268,12 +268,16 @@ impl<K> Sender<K> {
             return;
         }
         while n > 0 {
+            // A window above the cap (a cut or a timeout can leave one when
+            // the cap is below 2) is clamped after the first step: take
+            // that step alone.
+            let run = if self.cwnd > self.p.max_cwnd { 1 } else { n };
             let k;
             if self.cwnd < self.ssthresh {
-                k = n.min(self.ssthresh - self.cwnd);
+                k = run.min(self.ssthresh - self.cwnd);
                 self.cwnd += k;
             } else {
-                k = n.min(self.cwnd.saturating_sub(self.cwnd_acc).max(1));
+                k = run.min(self.cwnd.saturating_sub(self.cwnd_acc).max(1));
                 self.cwnd_acc += k;
                 if self.cwnd_acc >= self.cwnd {
                     self.cwnd_acc = 0;
@@ -816,5 +820,61 @@ mod tests {
         let got: Vec<u32> = std::iter::from_fn(|| r.pop_in_order()).collect();
         assert_eq!(got, vec![10, 11, 12, 13]);
         assert_eq!(r.sack_ranges().as_slice(), &[(15, 16), (20, 21)]);
+    }
+
+    /// Window growth over a run of deliveries equals growth one delivery
+    /// at a time (RFC 5681: +1 per segment in slow start, +1 per window in
+    /// congestion avoidance), from any starting state.
+    #[test]
+    fn window_growth_per_run_matches_per_segment() {
+        for max_cwnd in [1, 2, 7, 64] {
+            for ssthresh in [1, 2, 3, 10, 64, 100] {
+                for cwnd in [1, 2, 5, 9, 63, 64] {
+                    for acc in [0, 1, 4, 8, 70] {
+                        for n in [0, 1, 2, 3, 17, 200] {
+                            let mut p = params();
+                            p.max_cwnd = max_cwnd;
+                            let mut s: Sender<()> = Sender::new(p, 0, 64);
+                            (s.cwnd, s.ssthresh, s.cwnd_acc) = (cwnd, ssthresh, acc);
+                            let (mut c, mut a) = (cwnd, acc);
+                            for _ in 0..n {
+                                if c < ssthresh {
+                                    c += 1;
+                                } else {
+                                    a += 1;
+                                    if a >= c {
+                                        a = 0;
+                                        c += 1;
+                                    }
+                                }
+                                c = c.min(max_cwnd);
+                            }
+                            s.on_delivered(n);
+                            assert_eq!(
+                                (s.cwnd, s.cwnd_acc),
+                                (c, a),
+                                "max {max_cwnd} ssthresh {ssthresh} cwnd {cwnd} acc {acc} n {n}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn in_order_arrival_is_taken_only_without_a_gap() {
+        let mut r = Receiver::new(10, 64, Duration::from_micros(100));
+        assert!(!r.take_in_order(11), "not the next PSN");
+        assert!(r.take_in_order(10));
+        assert_eq!(r.nxt(), 11);
+        r.mark(13);
+        assert!(!r.take_in_order(11), "13 is held above a gap");
+        r.mark(11);
+        r.mark(12);
+        let got: Vec<u32> = std::iter::from_fn(|| r.pop_in_order()).collect();
+        assert_eq!(got, vec![11, 12, 13]);
+        assert!(r.take_in_order(14));
+        assert_eq!(r.sack_ranges().as_slice(), &[]);
     }
 }
