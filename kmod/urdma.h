@@ -70,6 +70,7 @@ struct urdma_dev {
 	struct net_device *netdev;
 	netdevice_tracker netdev_tracker;
 	struct list_head link;		/* on urdma_dev_list */
+	bool gone;			/* dealloc_driver ran, under urdma_dev_lock */
 
 	/* Port state last announced with an IB event, under rtnl. */
 	enum ib_port_state announced_state;

@@ -17,9 +17,22 @@
 #include "urdma.h"
 
 /*
+ * Every device this module created and still holds a reference to.
+ *
  * ib_device_get_by_netdev() cannot tell our devices apart from those of any
  * other driver that also uses RDMA_DRIVER_UNKNOWN, nor from an rxe device on
  * the same interface, so the notifier finds its devices here.
+ *
+ * The list is also the unload fence.  ib_core calls dealloc_driver, the last
+ * of our code that runs for a device, with the device's unregistration lock
+ * held, and ib_unregister_device() takes that lock, even on a device that is
+ * already unregistered.  So calling it on every entry, including a device
+ * that "rdma link delete" or a queued unregistration is tearing down right
+ * now, returns only when no thread is left in this module's code for that
+ * device.  Hence an entry (and the reference that keeps the lock's memory
+ * alive) outlives dealloc_driver; it is only marked gone there, and reaped
+ * on the next link add or at unload.  Unlike ib_unregister_driver(), this
+ * leaves the devices of other drivers using RDMA_DRIVER_UNKNOWN alone.
  */
 static LIST_HEAD(urdma_dev_list);
 static DEFINE_SPINLOCK(urdma_dev_lock);
@@ -54,7 +67,7 @@ static void urdma_dealloc_driver(struct ib_device *ibdev)
 	struct urdma_dev *udev = to_udev(ibdev);
 
 	spin_lock(&urdma_dev_lock);
-	list_del(&udev->link);
+	udev->gone = true;
 	spin_unlock(&urdma_dev_lock);
 
 	/* ib_core destroyed every user object before calling us. */
@@ -117,7 +130,8 @@ static struct urdma_dev *urdma_dev_get_by_netdev(struct net_device *netdev)
 
 	spin_lock(&urdma_dev_lock);
 	list_for_each_entry(udev, &urdma_dev_list, link) {
-		if (udev->netdev == netdev && ib_device_try_get(&udev->ibdev)) {
+		if (!udev->gone && udev->netdev == netdev &&
+		    ib_device_try_get(&udev->ibdev)) {
 			found = udev;
 			break;
 		}
@@ -126,7 +140,10 @@ static struct urdma_dev *urdma_dev_get_by_netdev(struct net_device *netdev)
 	return found;
 }
 
-/* Lists @udev unless its interface already has a device. */
+/*
+ * Lists @udev, with a reference of the list's own, unless its interface
+ * already has a device that is not gone.
+ */
 static int urdma_dev_list_add(struct urdma_dev *udev)
 {
 	struct urdma_dev *other;
@@ -134,13 +151,48 @@ static int urdma_dev_list_add(struct urdma_dev *udev)
 
 	spin_lock(&urdma_dev_lock);
 	list_for_each_entry(other, &urdma_dev_list, link) {
-		if (other->netdev == udev->netdev)
+		if (!other->gone && other->netdev == udev->netdev)
 			rv = -EEXIST;
 	}
-	if (!rv)
+	if (!rv) {
+		get_device(&udev->ibdev.dev);
 		list_add_tail(&udev->link, &urdma_dev_list);
+	}
 	spin_unlock(&urdma_dev_lock);
 	return rv;
+}
+
+/* Only for a device that never got registered, before its dealloc. */
+static void urdma_dev_list_del(struct urdma_dev *udev)
+{
+	spin_lock(&urdma_dev_lock);
+	list_del_init(&udev->link);
+	spin_unlock(&urdma_dev_lock);
+	put_device(&udev->ibdev.dev);
+}
+
+/*
+ * Drops the entries of devices that are gone, or of all devices (which
+ * unregisters those still registered).  May sleep: each entry waits until
+ * any unregistration of its device in flight, including the call of
+ * dealloc_driver, has finished.
+ */
+static void urdma_dev_reap(bool all)
+{
+	struct urdma_dev *udev, *next;
+	LIST_HEAD(reap);
+
+	spin_lock(&urdma_dev_lock);
+	list_for_each_entry_safe(udev, next, &urdma_dev_list, link) {
+		if (all || udev->gone)
+			list_move_tail(&udev->link, &reap);
+	}
+	spin_unlock(&urdma_dev_lock);
+
+	list_for_each_entry_safe(udev, next, &reap, link) {
+		ib_unregister_device(&udev->ibdev);
+		put_device(&udev->ibdev.dev);
+	}
 }
 
 static void urdma_port_event(struct urdma_dev *udev, enum ib_event_type type)
@@ -252,6 +304,9 @@ static int urdma_newlink(const char *ibdev_name, struct net_device *netdev)
 	if (netdev->type != ARPHRD_ETHER || netdev->addr_len != ETH_ALEN)
 		return -EINVAL;
 
+	/* Keeps the list as short as the devices that exist. */
+	urdma_dev_reap(false);
+
 	udev = urdma_dev_alloc(netdev);
 	if (!udev)
 		return -ENOMEM;
@@ -268,7 +323,16 @@ static int urdma_newlink(const char *ibdev_name, struct net_device *netdev)
 	udev->announced_state = urdma_port_state(udev);
 	rv = ib_register_device(&udev->ibdev, ibdev_name, NULL);
 	if (rv)
-		goto err_dealloc;
+		goto err_unlist;
+	dev_info(&udev->ibdev.dev, "urdma device on %s\n", netdev->name);
+
+	/*
+	 * Once registered, the device can be deleted at any time ("rdma link
+	 * delete" by name); the list's reference keeps its memory.  If it is
+	 * already going, there is nothing to catch up on.
+	 */
+	if (!ib_device_try_get(&udev->ibdev))
+		return 0;
 
 	/*
 	 * The notifier cannot take a device that is still registering, so
@@ -281,9 +345,11 @@ static int urdma_newlink(const char *ibdev_name, struct net_device *netdev)
 	else
 		urdma_port_update(udev);
 	rtnl_unlock();
-	dev_info(&udev->ibdev.dev, "urdma device on %s\n", netdev->name);
+	ib_device_put(&udev->ibdev);
 	return 0;
 
+err_unlist:
+	urdma_dev_list_del(udev);
 err_dealloc:
 	/* Runs urdma_dealloc_driver, which undoes the allocation. */
 	ib_dealloc_device(&udev->ibdev);
@@ -308,13 +374,14 @@ static int __init urdma_init(void)
 
 static void __exit urdma_exit(void)
 {
+	/* Waits for link adds in progress; none can start afterwards. */
 	rdma_link_unregister(&urdma_link_ops);
-	unregister_netdevice_notifier(&urdma_netdev_nb);
+	urdma_dev_reap(true);
 	/*
-	 * Also the fence for unregistrations queued by the notifier.  This
-	 * driver id is shared with any other out-of-tree driver using it.
+	 * Last, so that the NETDEV_UNREGISTER this replays for every
+	 * interface finds no device left to queue.
 	 */
-	ib_unregister_driver(RDMA_DRIVER_UNKNOWN);
+	unregister_netdevice_notifier(&urdma_netdev_nb);
 }
 
 module_init(urdma_init);
