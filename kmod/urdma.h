@@ -13,6 +13,7 @@
 #include <linux/kref.h>
 #include <linux/completion.h>
 #include <linux/mutex.h>
+#include <linux/stringify.h>
 #include <linux/netdevice.h>
 #include <linux/xarray.h>
 #include <rdma/ib_verbs.h>
@@ -20,7 +21,20 @@
 
 #include "urdma-abi.h"
 
-#define URDMA_FW_VERSION "0.1.0"
+/*
+ * The module's version, reported as the device's firmware version.  sysfs
+ * fw_ver shows the string; query_device carries the numbers in the layout
+ * rdma-core providers decode (major in bits 63..32, minor 31..16, sub
+ * 15..0), which is what ibv_devinfo prints.
+ */
+#define URDMA_FW_MAJOR		0
+#define URDMA_FW_MINOR		1
+#define URDMA_FW_SUB		0
+#define URDMA_FW_VERSION	__stringify(URDMA_FW_MAJOR) "." \
+				__stringify(URDMA_FW_MINOR) "." \
+				__stringify(URDMA_FW_SUB)
+#define URDMA_FW_VER_RAW	(((u64)URDMA_FW_MAJOR << 32) | \
+				 ((u64)URDMA_FW_MINOR << 16) | URDMA_FW_SUB)
 
 /*
  * Device limits.  They describe what this module accounts for and what the

@@ -34,7 +34,7 @@ int urdma_query_device(struct ib_device *ibdev, struct ib_device_attr *attr,
 		return -EINVAL;
 
 	memset(attr, 0, sizeof(*attr));
-	attr->fw_ver = 0;
+	attr->fw_ver = URDMA_FW_VER_RAW;
 	attr->sys_image_guid = ibdev->node_guid;
 	attr->max_mr_size = URDMA_MAX_MR_SIZE;
 	attr->page_size_cap = PAGE_SIZE;

@@ -309,6 +309,11 @@ static int do_info(void)
 	printf("max_qp_rd_atom=%u\nmax_qp_init_rd_atom=%u\n",
 	       dev_attr.max_qp_rd_atom, dev_attr.max_qp_init_rd_atom);
 	printf("port_state=%u\nlink_layer=%u\n", port.state, port.link_layer);
+	/* Decoded the way rdma-core providers (and liburdma) do. */
+	printf("fw_ver=%llu.%llu.%llu\n",
+	       (unsigned long long)(dev_attr.fw_ver >> 32),
+	       (unsigned long long)((dev_attr.fw_ver >> 16) & 0xffff),
+	       (unsigned long long)(dev_attr.fw_ver & 0xffff));
 	if (ctx.magic != URDMA_ABI_MAGIC || ctx.abi_version != URDMA_ABI_VERSION) {
 		printf("FAIL context reply: magic 0x%x version %u\n",
 		       ctx.magic, ctx.abi_version);

@@ -20,6 +20,10 @@ echo "$info"
 field() { awk -F= -v k="$1" '$1 == k {print $2}' <<<"$info"; }
 [ "$(field magic)" = "$(abi_define URDMA_ABI_MAGIC)" ] || fail "context magic $(field magic)"
 [ "$(field port_state)" = 4 ] || fail "query_port state $(field port_state), want 4 (ACTIVE)"
+# query_device (what ibv_devinfo prints) and sysfs agree on the version.
+fw=$(cat /sys/class/infiniband/urdma0/fw_ver)
+[ "$(field fw_ver)" = "$fw" ] || fail "query_device fw_ver $(field fw_ver), sysfs fw_ver $fw"
+[ "$fw" != 0.0.0 ] || fail "fw_ver is 0.0.0"
 # The limits come from the module; a device without them would be useless.
 for k in max_qp max_qp_wr max_sge max_cq max_cqe max_mr max_pd max_mr_size max_qp_rd_atom; do
 	[ "$(field $k)" -gt 0 ] 2>/dev/null || fail "$k is '$(field $k)'"
