@@ -264,9 +264,9 @@ impl Repr {
 
     /// Writes the header into the front of `buf`, which must hold at least
     /// `buffer_len()` bytes (callers size it from `MAX_HEADER_LEN`).
-    #[inline]
+    #[inline(always)]
     pub fn emit(&self, buf: &mut [u8]) {
-        // Built in a register-sized array and stored at once: one bounds
+        // Built in a fixed-size array and stored at once: one bounds
         // check instead of one per field.
         let mut h = [0u8; HEADER_LEN];
         h[field::VERSION] = VERSION;
