@@ -439,7 +439,7 @@ impl Connection {
 
     /// Arms or disarms the keep-alive that detects a peer gone silent while
     /// we wait for Read Responses.
-    #[inline]
+    #[inline(always)]
     fn arm_probe(&mut self, now: Instant) {
         let waiting = matches!(self.state, QpState::Rts | QpState::Closing)
             && !self.reads_out.is_empty()
@@ -1387,7 +1387,7 @@ impl Connection {
     }
 
     /// Completes finished send work in order and finishes closes.
-    #[inline]
+    #[inline(always)]
     fn progress(&mut self) {
         // The common case on a receiving end: nothing of ours to finish.
         if self.state == QpState::Rts && self.sq.is_empty() {
