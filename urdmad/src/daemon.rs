@@ -384,9 +384,14 @@ impl Daemon {
                 tracing::warn!("{MAX_CONNECTIONS} connections open; closing a new one");
                 continue;
             }
-            let Ok(peer) = access::peer_of(&stream) else {
-                continue;
+            let peer = match access::peer_of(&stream) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("control connection without credentials: {e}");
+                    continue;
+                }
             };
+            tracing::debug!(pid = peer.pid, uid = peer.uid, "control connection");
             let refused = access::check(
                 peer,
                 &access::supplementary_groups(peer.pid),

@@ -219,7 +219,10 @@ impl Bed {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("urdmad did not start serving within 30 s");
+        panic!(
+            "urdmad did not start serving within 30 s; its log: {}",
+            d.log_text()
+        );
     }
 
     /// The peer's MAC address.

@@ -1,0 +1,409 @@
+//! Per-flow steering on a port whose PMD implements rte_flow: a TAP port (`net_tap`, whose
+//! rules are tc flower filters with a skbedit queue action on the TAP's multiq qdisc).
+//!
+//! urdmad runs in namespace A with two TAPs there: the data port (`…d`, the DPDK port under
+//! test) and its exception interface. The "wire peer" is namespace A's kernel sending UDP
+//! out of the data TAP: it holds 10.98.0.2 on it and a permanent neighbour entry for the
+//! flows' address 10.98.0.1 with the port's MAC.
+//!
+//! The `hardware_*` tests need a kernel with sch_multiq, cls_flower and act_skbedit (Debian's
+//! 6.1 has them as modules; the development hosts' kernel has none), so they are ignored in a
+//! plain `cargo test` and run in the VM:
+//!   scripts/vm --no-kmod -- TESTBINARY --ignored --test-threads=1
+//! Each of them first asserts that the port really runs in hardware mode. On any kernel,
+//! `tap_port_steering_follows_what_the_kernel_offers` checks the start-up choice against an
+//! independent probe of the kernel and that flows work in whichever mode was chosen.
+
+mod common;
+
+use common::*;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const FLOW_IP: Ipv4Addr = Ipv4Addr::new(10, 98, 0, 1);
+const SENDER_IP: Ipv4Addr = Ipv4Addr::new(10, 98, 0, 2);
+
+fn flow(port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(FLOW_IP, port)
+}
+
+/// A bed whose urdmad port is a TAP, with the kernel of namespace A as the sender.
+struct TapBed {
+    bed: Bed,
+    dtap: String,
+    d: Urdmad,
+    sender: UdpSocket,
+}
+
+impl TapBed {
+    /// `port_extra` lines go into the `[[port]]` section.
+    fn start(tag: &str, port_extra: &str) -> TapBed {
+        // The sch_multiq/cls_flower/act_skbedit modules load on demand where they exist.
+        let bed = Bed::new(tag);
+        let dtap = format!("{}d", bed.veth_a.trim_end_matches('a'));
+        let device = format!("net_tap_data{tag},iface={dtap}");
+        let text = bed.config("", Some(&device)) + port_extra + "\n";
+        let cfg = bed.write_config("tap.toml", &text);
+        let d = bed.start_with(&cfg);
+        let mac = field(&d.status(), "port", "", "mac").expect("port mac");
+        for args in [
+            vec!["link", "set", &dtap, "up"],
+            vec!["addr", "add", "10.98.0.2/24", "dev", &dtap],
+        ] {
+            let mut a = vec!["ip", "-n", &bed.ns_a];
+            a.extend(args);
+            sh(&a);
+        }
+        sh(&[
+            "ip",
+            "-n",
+            &bed.ns_a,
+            "neigh",
+            "replace",
+            &FLOW_IP.to_string(),
+            "lladdr",
+            &mac,
+            "dev",
+            &dtap,
+            "nud",
+            "permanent",
+        ]);
+        let sender = udp_in(&bed.ns_a, SocketAddrV4::new(SENDER_IP, 6000));
+        TapBed {
+            bed,
+            dtap,
+            d,
+            sender,
+        }
+    }
+
+    fn send(&self, datagrams: &[(u16, &str)]) {
+        for (port, payload) in datagrams {
+            self.sender
+                .send_to(payload.as_bytes(), flow(*port))
+                .expect("send");
+        }
+    }
+
+    fn status(&self) -> Vec<String> {
+        self.d.status()
+    }
+
+    /// The tc filters the TAP PMD installed for rte_flow rules, as the queue each one
+    /// steers to.
+    fn tc_rules(&self) -> Vec<u16> {
+        let out = run_bounded(
+            Command::new("ip").args([
+                "netns",
+                "exec",
+                &self.bed.ns_a,
+                "tc",
+                "filter",
+                "show",
+                "dev",
+                &self.dtap,
+                "parent",
+                "1:",
+            ]),
+            Duration::from_secs(10),
+        );
+        assert!(out.status.success(), "tc filter show failed");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split("skbedit queue_mapping ").nth(1))
+            .map(|rest| rest.split_whitespace().next().unwrap().parse().unwrap())
+            .collect()
+    }
+
+    fn num(&self, st: &[String], kind: &str, filter: &str, key: &str) -> u64 {
+        field(st, kind, filter, key)
+            .unwrap_or_else(|| panic!("no {key} on a {kind} line with {filter:?}: {st:?}"))
+            .parse()
+            .unwrap()
+    }
+
+    fn assert_hardware(&self) {
+        let st = self.status();
+        assert_eq!(
+            field(&st, "port", "", "steering").as_deref(),
+            Some("hardware"),
+            "the port must run with hardware steering (a kernel with sch_multiq, cls_flower and act_skbedit): {st:?}"
+        );
+    }
+
+    /// Waits until status has no flow rule and every flow queue is free, and tc shows only
+    /// the catch-all rule (to queue 0).
+    fn assert_no_rules_within(&self, limit: Duration) {
+        let end = Instant::now() + limit;
+        loop {
+            let st = self.status();
+            let clean = self.num(&st, "daemon", "", "flow_rules") == 0
+                && self.num(&st, "port", "", "free_queues")
+                    == self.num(&st, "port", "", "flow_queues")
+                && self.num(&st, "daemon", "", "flows") == 0;
+            let tc = self.tc_rules();
+            if clean && tc == [0] {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "rules or queues not released within {limit:?}: tc {tc:?}, status {st:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `OPENED flow=N local=A steering=S queue=Q` → (N, S, Q).
+fn opened(line: &str) -> (String, String, String) {
+    let get = |k: &str| {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+            .to_owned()
+    };
+    (get("flow"), get("steering"), get("queue"))
+}
+
+/// The payloads a client printed for flow `id`.
+fn received(lines: &[String], id: &str) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|l| l.starts_with(&format!("RX flow={id} ")))
+        .map(|l| l.rsplit("payload=").next().unwrap().to_owned())
+        .collect()
+}
+
+/// Whether this kernel can do what the TAP PMD's rte_flow needs, asked of the kernel itself
+/// on a veth in namespace B.
+fn kernel_has_tc_flower(bed: &Bed) -> bool {
+    let ok = |args: &[&str]| {
+        run_bounded(
+            Command::new("tc").args(["-n", &bed.ns_b]).args(args),
+            Duration::from_secs(10),
+        )
+        .status
+        .success()
+    };
+    ok(&[
+        "qdisc",
+        "add",
+        "dev",
+        &bed.veth_b,
+        "root",
+        "handle",
+        "1:",
+        "multiq",
+    ]) && ok(&[
+        "filter",
+        "add",
+        "dev",
+        &bed.veth_b,
+        "parent",
+        "1:",
+        "protocol",
+        "ip",
+        "flower",
+        "ip_proto",
+        "udp",
+        "dst_port",
+        "9",
+        "action",
+        "skbedit",
+        "queue_mapping",
+        "0",
+    ])
+}
+
+/// Two flows open, datagrams to each and to an unknown port; returns the client's lines.
+fn two_flows_exchange(t: &TapBed, expect: &str) -> Vec<String> {
+    let mut c = TestClient::spawn(
+        &t.bed.socket(),
+        &[
+            "--open",
+            &flow(5001).to_string(),
+            "--open",
+            &flow(5002).to_string(),
+            "--run-secs",
+            "6",
+        ],
+    );
+    let (f1, s1, _) = opened(&c.wait_for("OPENED", Duration::from_secs(30)));
+    let (f2, s2, _) = opened(&c.wait_for("OPENED", Duration::from_secs(10)));
+    c.wait_for("READY", Duration::from_secs(10));
+    assert_eq!((s1.as_str(), s2.as_str()), (expect, expect));
+    let before = t.num(&t.status(), "exception", "", "to_kernel");
+    t.send(&[
+        (5001, "one-a"),
+        (5002, "two-a"),
+        (7000, "kernel-a"),
+        (5001, "one-b"),
+        (7001, "kernel-b"),
+        (5002, "two-b"),
+    ]);
+    let lines = c.collect(Duration::from_secs(2)).to_vec();
+    assert_eq!(received(&lines, &f1), ["one-a", "one-b"], "{lines:?}");
+    assert_eq!(received(&lines, &f2), ["two-a", "two-b"], "{lines:?}");
+    let st = t.status();
+    assert!(
+        t.num(&st, "exception", "", "to_kernel") >= before + 2,
+        "unknown ports must reach the kernel: {st:?}"
+    );
+    assert_eq!(c.wait(Duration::from_secs(20)).code(), Some(0));
+    lines
+}
+
+#[test]
+fn tap_port_steering_follows_what_the_kernel_offers() {
+    let t = TapBed::start("ta", "");
+    let capable = kernel_has_tc_flower(&t.bed);
+    let st = t.status();
+    let mode = field(&st, "port", "", "steering").unwrap();
+    let reason = field(&st, "port", "", "steering_reason").unwrap();
+    if capable {
+        assert_eq!(mode, "hardware", "{st:?}");
+        // The TAP PMD shares at most 8 queue descriptors with secondaries: 3 flow queues.
+        assert_eq!(t.num(&st, "port", "", "flow_queues"), 3, "{st:?}");
+        assert_eq!(t.tc_rules(), [0], "only the catch-all rule at start");
+    } else {
+        assert_eq!(mode, "software", "{st:?}");
+        assert!(reason.contains("rule_not_created"), "{reason}");
+        assert_eq!(t.num(&st, "port", "", "flow_queues"), 0, "{st:?}");
+    }
+    two_flows_exchange(&t, &mode);
+    if capable {
+        t.assert_no_rules_within(Duration::from_secs(2));
+    } else {
+        let end = Instant::now() + Duration::from_secs(2);
+        while t.num(&t.status(), "daemon", "", "flows") != 0 {
+            assert!(Instant::now() < end, "flows not released");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs tc flower in the kernel: run in the VM (see the module documentation)"]
+fn hardware_two_flows_on_their_own_queues_and_rules_removed_on_close_and_kill() {
+    let t = TapBed::start("hw", "");
+    t.assert_hardware();
+    two_flows_exchange(&t, "hardware");
+    // The client detached at its end (one flow closed by CLOSE, the other by DETACH).
+    t.assert_no_rules_within(Duration::from_secs(2));
+
+    // Counted on the flow queues, not by software classification.
+    let st = t.status();
+    let on_queues: u64 = st
+        .iter()
+        .filter(|l| l.starts_with("queue "))
+        .map(|l| {
+            l.split_whitespace()
+                .find_map(|kv| kv.strip_prefix("rx_packets="))
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert!(
+        on_queues >= 4,
+        "datagrams did not arrive on flow queues: {st:?}"
+    );
+
+    // kill -9: the rules go within a second; the queues return to the pool.
+    let mut c = TestClient::spawn(
+        &t.bed.socket(),
+        &[
+            "--open",
+            &flow(5003).to_string(),
+            "--open",
+            &flow(5004).to_string(),
+            "--run-secs",
+            "30",
+        ],
+    );
+    c.wait_for("READY", Duration::from_secs(30));
+    let st = t.status();
+    assert_eq!(t.num(&st, "daemon", "", "flow_rules"), 2, "{st:?}");
+    let mut tc = t.tc_rules();
+    tc.sort();
+    assert_eq!(tc.len(), 3, "catch-all and two flow rules: {tc:?}");
+    // SAFETY: signalling the process we started.
+    unsafe { libc::kill(c.pid(), libc::SIGKILL) };
+    let _ = c.wait(Duration::from_secs(5));
+    t.assert_no_rules_within(Duration::from_secs(1));
+}
+
+#[test]
+#[ignore = "needs tc flower in the kernel: run in the VM (see the module documentation)"]
+fn hardware_fifty_cycles_leak_no_rule_and_no_queue() {
+    let t = TapBed::start("cy", "");
+    t.assert_hardware();
+    let baseline = t.num(&t.status(), "pool", "", "in_use");
+    let out = wait_bounded(
+        Command::new(TESTCLIENT)
+            .arg("--socket")
+            .arg(t.bed.socket())
+            .args([
+                "--open",
+                &flow(5001).to_string(),
+                "--open",
+                &flow(5002).to_string(),
+                "--cycles",
+                "50",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(240),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    t.assert_no_rules_within(Duration::from_secs(2));
+    let st = t.status();
+    assert_eq!(t.num(&st, "port", "", "quarantined_queues"), 0, "{st:?}");
+    assert_eq!(t.num(&st, "daemon", "", "rings"), 0, "{st:?}");
+    assert_eq!(t.num(&st, "pool", "", "in_use"), baseline, "{st:?}");
+    // The queues still work after the cycles.
+    two_flows_exchange(&t, "hardware");
+}
+
+#[test]
+#[ignore = "needs tc flower in the kernel: run in the VM (see the module documentation)"]
+fn hardware_pool_exhausted_flow_falls_back_to_software_and_works() {
+    let t = TapBed::start("ex", "flow_queues = 1");
+    t.assert_hardware();
+    let mut c = TestClient::spawn(
+        &t.bed.socket(),
+        &[
+            "--open",
+            &flow(5001).to_string(),
+            "--open",
+            &flow(5002).to_string(),
+            "--run-secs",
+            "6",
+        ],
+    );
+    let (f1, s1, q1) = opened(&c.wait_for("OPENED", Duration::from_secs(30)));
+    let (f2, s2, q2) = opened(&c.wait_for("OPENED", Duration::from_secs(10)));
+    c.wait_for("READY", Duration::from_secs(10));
+    assert_eq!((s1.as_str(), q1.as_str()), ("hardware", "1"));
+    assert_eq!((s2.as_str(), q2.as_str()), ("software", "none"));
+    let st = t.status();
+    let fb = field(&st, "flow", &format!("id={f2} "), "fallback").expect("fallback reason");
+    assert!(fb.contains("in_use"), "{fb}");
+    assert_eq!(
+        field(&st, "flow", &format!("id={f1} "), "steering").as_deref(),
+        Some("hardware")
+    );
+    t.send(&[(5001, "one"), (5002, "two"), (5002, "two-again")]);
+    let lines = c.collect(Duration::from_secs(2)).to_vec();
+    assert_eq!(received(&lines, &f1), ["one"], "{lines:?}");
+    assert_eq!(received(&lines, &f2), ["two", "two-again"], "{lines:?}");
+    assert_eq!(c.wait(Duration::from_secs(20)).code(), Some(0));
+    t.assert_no_rules_within(Duration::from_secs(2));
+}
