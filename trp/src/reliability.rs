@@ -521,7 +521,8 @@ pub struct Receiver {
     unacked: u32,
     ack_now: bool,
     ack_deadline: Option<Instant>,
-    ack_delay: Duration,
+    /// In nanoseconds, converted once.
+    ack_delay_ns: u64,
 }
 
 /// How a PSN relates to the receive window.
@@ -548,7 +549,7 @@ impl Receiver {
             unacked: 0,
             ack_now: false,
             ack_deadline: None,
-            ack_delay,
+            ack_delay_ns: ack_delay.as_nanos().min(u128::from(u64::MAX)) as u64,
         }
     }
 
@@ -678,7 +679,7 @@ impl Receiver {
                 if self.unacked >= 2 || ack_request {
                     self.ack_now = true;
                 } else if self.ack_deadline.is_none() {
-                    self.ack_deadline = Some(now + self.ack_delay);
+                    self.ack_deadline = Some(Instant(now.0.saturating_add(self.ack_delay_ns)));
                 }
             }
             _ => self.ack_now = true,
