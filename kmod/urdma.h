@@ -130,6 +130,7 @@ struct urdma_qp {
 	/* iw_cm takes references while it looks at the QP. */
 	struct kref ref;
 	struct completion released;
+	bool cm_found;			/* iw_get_qp returned it; under qp_xa's lock */
 
 	struct mutex lock;		/* serializes modify and query */
 	enum ib_qp_state state;
@@ -213,6 +214,7 @@ int urdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 void urdma_qp_get(struct ib_qp *ibqp);
 void urdma_qp_put(struct ib_qp *ibqp);
 struct ib_qp *urdma_get_qp(struct ib_device *ibdev, int qpn);
+void urdma_qp_unpublish(struct urdma_dev *udev, struct urdma_qp *qp);
 int urdma_connect(struct iw_cm_id *id, struct iw_cm_conn_param *param);
 int urdma_accept(struct iw_cm_id *id, struct iw_cm_conn_param *param);
 int urdma_reject(struct iw_cm_id *id, const void *pdata, u8 pdata_len);

@@ -363,9 +363,7 @@ int urdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 
 err_qpn:
 	/* iw_cm may have found the QP meanwhile: same exit as destroy. */
-	xa_erase(&udev->qp_xa, qpn);
-	urdma_qp_put(ibqp);
-	wait_for_completion(&qp->released);
+	urdma_qp_unpublish(udev, qp);
 err_count:
 	mutex_destroy(&qp->lock);
 	atomic_dec(&udev->num_qp);
@@ -490,10 +488,8 @@ int urdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	struct urdma_dev *udev = to_udev(ibqp->device);
 	struct urdma_qp *qp = to_uqp(ibqp);
 
-	xa_erase(&udev->qp_xa, ibqp->qp_num);
 	/* ib_core frees the QP when we return: wait for iw_cm to let go. */
-	urdma_qp_put(ibqp);
-	wait_for_completion(&qp->released);
+	urdma_qp_unpublish(udev, qp);
 	mutex_destroy(&qp->lock);
 	atomic_dec(&udev->num_qp);
 	return 0;
