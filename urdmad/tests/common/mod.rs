@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 pub const URDMAD: &str = env!("CARGO_BIN_EXE_urdmad");
 pub const TESTCLIENT: &str = env!("CARGO_BIN_EXE_urdmad-testclient");
+/// How long urdmad may take to start serving.
+pub const START_LIMIT: Duration = Duration::from_secs(120);
 pub const LOCAL_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
 pub const PEER_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
 
@@ -198,7 +200,8 @@ impl Bed {
             socket: self.socket(),
             log,
         };
-        let end = Instant::now() + Duration::from_secs(30);
+        // Generous: in the VM (emulated CPU, cold caches) EAL alone can take half a minute.
+        let end = Instant::now() + START_LIMIT;
         while Instant::now() < end {
             if let Some(st) = d.child.as_mut().unwrap().try_wait().unwrap() {
                 d.child = None;
@@ -220,7 +223,7 @@ impl Bed {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!(
-            "urdmad did not start serving within 30 s; its log: {}",
+            "urdmad did not start serving within {START_LIMIT:?}; its log: {}",
             d.log_text()
         );
     }
