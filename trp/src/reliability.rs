@@ -55,6 +55,10 @@ pub struct Sender<K> {
     lost_q: VecDeque<u32>,
     sacked: u32,
     lost: u32,
+    /// Outstanding records with `retrans > 0`. While it, `sacked` and
+    /// `lost` are all zero, transmission order is PSN order and an ACK can
+    /// retire records without visiting each.
+    retransmitted: u32,
     xmit_count: u64,
     delivered_xmit: u64,
     cwnd: u32,
@@ -108,6 +112,7 @@ impl<K> Sender<K> {
             lost_q: VecDeque::new(),
             sacked: 0,
             lost: 0,
+            retransmitted: 0,
             xmit_count: 0,
             delivered_xmit: 0,
             cwnd,
@@ -227,6 +232,7 @@ impl<K> Sender<K> {
             self.xmit_count += 1;
             let s = &mut self.segs[i];
             s.lost = false;
+            self.retransmitted += u32::from(s.retrans == 0);
             s.retrans = s.retrans.saturating_add(1);
             s.sent_at = now;
             s.xmit = self.xmit_count;
@@ -346,15 +352,31 @@ impl<K> Sender<K> {
         let n = ack.wrapping_sub(self.una);
         let mut was_sacked = 0;
         let mut was_lost = 0;
-        for s in self.segs.range(..n as usize) {
-            was_sacked += u32::from(s.sacked);
-            was_lost += u32::from(s.lost && !s.sacked);
-            newest_any = newest_any.max(s.xmit);
-            if s.retrans == 0 && newest_clean.is_none_or(|(x, _)| s.xmit > x) {
+        let mut was_retransmitted = 0;
+        if self.sacked == 0 && self.lost == 0 && self.retransmitted == 0 {
+            // Nothing outstanding was SACKed, lost or sent twice: the last
+            // acknowledged record is both the newest sent and a clean one.
+            if let Some(s) = n.checked_sub(1).and_then(|i| self.segs.get(i as usize)) {
+                newest_any = s.xmit;
                 newest_clean = Some((s.xmit, s.sent_at));
+            }
+            debug_assert!(self
+                .segs
+                .range(..n as usize)
+                .all(|s| !s.sacked && !s.lost && s.retrans == 0 && s.xmit <= newest_any));
+        } else {
+            for s in self.segs.range(..n as usize) {
+                was_sacked += u32::from(s.sacked);
+                was_lost += u32::from(s.lost && !s.sacked);
+                was_retransmitted += u32::from(s.retrans > 0);
+                newest_any = newest_any.max(s.xmit);
+                if s.retrans == 0 && newest_clean.is_none_or(|(x, _)| s.xmit > x) {
+                    newest_clean = Some((s.xmit, s.sent_at));
+                }
             }
         }
         self.segs.drain(..n as usize);
+        self.retransmitted -= was_retransmitted;
         self.una = ack;
         let acked = n;
         self.sacked -= was_sacked;
@@ -503,6 +525,7 @@ impl<K> Sender<K> {
         self.una = self.nxt;
         self.sacked = 0;
         self.lost = 0;
+        self.retransmitted = 0;
         self.rto_deadline = None;
     }
 }
