@@ -40,6 +40,11 @@ check_limit max_mr_size URDMA_MAX_MR_SIZE
 check_limit max_qp_rd_atom URDMA_MAX_IRD
 check_limit max_qp_init_rd_atom URDMA_MAX_ORD
 
+# The firmware version the provider decodes from query_device is the one sysfs shows.
+fw_sysfs=$(cat /sys/class/infiniband/urdma0/fw_ver)
+[ "$(val fw_ver)" = "$fw_sysfs" ] || fail "fw_ver '$(val fw_ver)' from ibv_devinfo, sysfs says '$fw_sysfs'"
+[ "$fw_sysfs" != 0.0.0 ] || fail "fw_ver is 0.0.0"
+
 # The provider is silent unless URDMA_LOG asks, and then says what it did.
 quiet=$(env -u URDMA_LOG timeout 60 ibv_devinfo -d urdma0 2>&1 >/dev/null)
 [ -z "$quiet" ] || fail "ibv_devinfo wrote to stderr without URDMA_LOG: $(head -n1 <<<"$quiet")"
