@@ -203,6 +203,10 @@ impl Daemon {
                 }
             }
         }
+        // After the start-up probes, so that they are not what fails.
+        if let Some(f) = hwflow::arm_faults_from_env() {
+            tracing::warn!("rte_flow fault injection armed: {f}");
+        }
         let allowed_gid = access::group_id(&cfg.daemon.group);
         if allowed_gid.is_none() && !cfg.daemon.group.is_empty() {
             tracing::warn!(group = %cfg.daemon.group, "group does not exist: only root may attach");

@@ -9,6 +9,40 @@ use dpdk_sys as sys;
 use std::ffi::CStr;
 use std::net::SocketAddrV4;
 use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Test-only fault injection, for the paths a working PMD never takes: the environment
+/// variable `URDMAD_TEST_FAIL_RULE="create:K,destroy:K"` makes the K-th per-flow rule
+/// creation or destruction after start-up fail (the rule of a failed destruction stays in
+/// force, as after a real failure). Read once when the ports are up; unset in production.
+pub const FAULT_ENV: &str = "URDMAD_TEST_FAIL_RULE";
+static FAIL_CREATE_AT: AtomicU32 = AtomicU32::new(0);
+static FAIL_DESTROY_AT: AtomicU32 = AtomicU32::new(0);
+static CREATED: AtomicU32 = AtomicU32::new(0);
+static DESTROYED: AtomicU32 = AtomicU32::new(0);
+
+/// Arms the faults named in [`FAULT_ENV`], if any; returns what was armed for the log.
+pub fn arm_faults_from_env() -> Option<String> {
+    let v = std::env::var(FAULT_ENV).ok()?;
+    for part in v.split(',') {
+        let (what, k) = part.split_once(':')?;
+        let k: u32 = k.trim().parse().ok()?;
+        match what.trim() {
+            "create" => FAIL_CREATE_AT.store(k, Ordering::Relaxed),
+            "destroy" => FAIL_DESTROY_AT.store(k, Ordering::Relaxed),
+            _ => return None,
+        }
+    }
+    CREATED.store(0, Ordering::Relaxed);
+    DESTROYED.store(0, Ordering::Relaxed);
+    Some(v)
+}
+
+/// Whether this call is the one armed to fail.
+fn injected(counter: &AtomicU32, at: &AtomicU32) -> bool {
+    let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
+    n == at.load(Ordering::Relaxed)
+}
 
 /// Priority of per-flow rules; the catch-all rule has a lower one (a larger number).
 const FLOW_PRIORITY: u32 = 0;
@@ -127,6 +161,9 @@ pub fn validate(port: u16, m: Match, queue: u16) -> Result<(), String> {
 pub struct Rule(*mut sys::rte_flow);
 
 pub fn create(port: u16, m: Match, queue: u16) -> Result<Rule, String> {
+    if matches!(m, Match::Flow { .. }) && injected(&CREATED, &FAIL_CREATE_AT) {
+        return Err(format!("injected failure ({FAULT_ENV})"));
+    }
     with_rule(m, queue, |attr, items, actions| {
         let mut e: sys::rte_flow_error = Default::default();
         // SAFETY: the rule's structures outlive the call.
@@ -142,6 +179,9 @@ pub fn create(port: u16, m: Match, queue: u16) -> Result<Rule, String> {
 
 /// Destroys a rule; on failure the rule is handed back (it may still be in force).
 pub fn destroy(port: u16, rule: Rule) -> Result<(), (Rule, String)> {
+    if injected(&DESTROYED, &FAIL_DESTROY_AT) {
+        return Err((rule, format!("injected failure ({FAULT_ENV})")));
+    }
     let mut e: sys::rte_flow_error = Default::default();
     // SAFETY: the rule was created on this port and not destroyed yet.
     let rc = unsafe { sys::rte_flow_destroy(port, rule.0, &mut e) };

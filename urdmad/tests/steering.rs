@@ -39,13 +39,17 @@ struct TapBed {
 impl TapBed {
     /// `port_extra` lines go into the `[[port]]` section.
     fn start(tag: &str, port_extra: &str) -> TapBed {
+        Self::start_env(tag, port_extra, &[])
+    }
+
+    fn start_env(tag: &str, port_extra: &str, env: &[(&str, &str)]) -> TapBed {
         // The sch_multiq/cls_flower/act_skbedit modules load on demand where they exist.
         let bed = Bed::new(tag);
         let dtap = format!("{}d", bed.veth_a.trim_end_matches('a'));
         let device = format!("net_tap_data{tag},iface={dtap}");
         let text = bed.config("", Some(&device)) + port_extra + "\n";
         let cfg = bed.write_config("tap.toml", &text);
-        let d = bed.start_with(&cfg);
+        let d = bed.start_with_env(&cfg, env);
         let mac = field(&d.status(), "port", "", "mac").expect("port mac");
         for args in [
             vec!["link", "set", &dtap, "up"],
@@ -406,4 +410,67 @@ fn hardware_pool_exhausted_flow_falls_back_to_software_and_works() {
     assert_eq!(received(&lines, &f2), ["two", "two-again"], "{lines:?}");
     assert_eq!(c.wait(Duration::from_secs(20)).code(), Some(0));
     t.assert_no_rules_within(Duration::from_secs(2));
+}
+
+#[test]
+#[ignore = "needs tc flower in the kernel: run in the VM (see the module documentation)"]
+fn hardware_rule_failures_fall_back_and_quarantine() {
+    // The second flow rule's creation fails; so does the first destruction.
+    let t = TapBed::start_env("rf", "", &[("URDMAD_TEST_FAIL_RULE", "create:2,destroy:1")]);
+    t.assert_hardware();
+    let mut c = TestClient::spawn(
+        &t.bed.socket(),
+        &[
+            "--open",
+            &flow(5001).to_string(),
+            "--open",
+            &flow(5002).to_string(),
+            "--run-secs",
+            "5",
+        ],
+    );
+    let (f1, s1, q1) = opened(&c.wait_for("OPENED", Duration::from_secs(30)));
+    let (f2, s2, _) = opened(&c.wait_for("OPENED", Duration::from_secs(10)));
+    c.wait_for("READY", Duration::from_secs(10));
+    assert_eq!((s1.as_str(), s2.as_str()), ("hardware", "software"));
+    let st = t.status();
+    let fb = field(&st, "flow", &format!("id={f2} "), "fallback").expect("fallback reason");
+    assert!(fb.contains("rule_not_created"), "{fb}");
+    t.send(&[(5001, "one"), (5002, "two")]);
+    let lines = c.collect(Duration::from_secs(2)).to_vec();
+    assert_eq!(received(&lines, &f1), ["one"], "{lines:?}");
+    assert_eq!(received(&lines, &f2), ["two"], "{lines:?}");
+    assert_eq!(c.wait(Duration::from_secs(20)).code(), Some(0));
+
+    // The first flow's rule could not be destroyed: its queue is quarantined, the rule is
+    // still counted and still in the kernel, and the queue is never handed out again.
+    let end = Instant::now() + Duration::from_secs(2);
+    while t.num(&t.status(), "daemon", "", "flows") != 0 {
+        assert!(Instant::now() < end, "flows not released");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st = t.status();
+    assert_eq!(t.num(&st, "port", "", "quarantined_queues"), 1, "{st:?}");
+    assert_eq!(t.num(&st, "daemon", "", "flow_rules"), 1, "{st:?}");
+    assert_eq!(
+        field(&st, "queue", &format!("id={q1} "), "state").as_deref(),
+        Some("quarantined")
+    );
+    let mut tc = t.tc_rules();
+    tc.sort();
+    assert_eq!(tc, [0, q1.parse::<u16>().unwrap()], "{tc:?}");
+    for round in 0..2 {
+        let mut c = TestClient::spawn(
+            &t.bed.socket(),
+            &["--open", &flow(5003).to_string(), "--run-secs", "4"],
+        );
+        let (f3, s3, q3) = opened(&c.wait_for("OPENED", Duration::from_secs(30)));
+        c.wait_for("READY", Duration::from_secs(10));
+        assert_eq!(s3, "hardware", "round {round}");
+        assert_ne!(q3, q1, "a quarantined queue was handed out again");
+        t.send(&[(5003, "three")]);
+        let lines = c.collect(Duration::from_secs(2)).to_vec();
+        assert_eq!(received(&lines, &f3), ["three"], "{lines:?}");
+        assert_eq!(c.wait(Duration::from_secs(20)).code(), Some(0));
+    }
 }

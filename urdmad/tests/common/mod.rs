@@ -184,12 +184,18 @@ impl Bed {
     }
 
     pub fn start_with(&self, config: &Path) -> Urdmad {
+        self.start_with_env(config, &[])
+    }
+
+    /// Like [`Bed::start_with`], with extra environment variables for urdmad.
+    pub fn start_with_env(&self, config: &Path, env: &[(&str, &str)]) -> Urdmad {
         let log = self.dir.join(format!(
             "{}.log",
             config.file_stem().unwrap_or_default().to_string_lossy()
         ));
         let child = self
             .urdmad_cmd(config)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
