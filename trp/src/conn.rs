@@ -961,13 +961,17 @@ impl Connection {
         bytes: &[u8],
     ) -> Result<(), WireError> {
         self.stats.rx_packets += 1;
-        let pkt = trp::Packet::new_checked(bytes).inspect_err(|_| self.stats.rx_malformed += 1)?;
+        // `parse` checks the lengths itself: checking them when the view is
+        // made too would do it twice per datagram.
+        let pkt = trp::Packet::new_unchecked(bytes);
         let h = trp::Repr::parse(&pkt).inspect_err(|_| self.stats.rx_malformed += 1)?;
+        // Every SACK range the header announces was parsed into `h`, so its
+        // length is the header's (no need to read the count again), and
+        // `parse` checked that `bytes` holds it: the slice cannot panic.
+        let payload = &bytes[h.buffer_len()..];
         if h.opcode == trp::Opcode::ConnectRequest {
             // The requester did not get our Accept: repeat it now.
-            if let (Some(psn), Ok(body)) =
-                (self.handshake_psn, handshake::Repr::parse(pkt.payload()))
-            {
+            if let (Some(psn), Ok(body)) = (self.handshake_psn, handshake::Repr::parse(payload)) {
                 if h.dst_conn == 0 && body.src_conn == self.peer_conn {
                     self.tx.mark_lost(psn);
                 }
@@ -1015,7 +1019,7 @@ impl Connection {
             match arrival {
                 Arrival::New { in_order } if self.state != QpState::Error => {
                     let ev = match h.opcode {
-                        trp::Opcode::Data => self.place(mem, in_order, pkt.payload()),
+                        trp::Opcode::Data => self.place(mem, in_order, payload),
                         trp::Opcode::Fin => Some(RxEvent::Fin),
                         _ => Some(RxEvent::None),
                     };
