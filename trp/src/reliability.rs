@@ -774,6 +774,27 @@ mod tests {
     }
 
     #[test]
+    fn ack_without_visiting_records_samples_the_newest() {
+        let mut s: Sender<()> = Sender::new(params(), 0, 64);
+        // A retransmitted record outstanding: Karn's rule must still see it.
+        s.push((), Instant(0));
+        s.push((), Instant(0));
+        s.mark_lost(0);
+        assert_eq!(s.next_retransmit(Instant(1_000_000)), Some(0));
+        assert_eq!(s.retransmitted, 1);
+        s.on_ack(Instant(5_000_000), 1, &SackRanges::new());
+        assert_eq!(s.srtt(), None);
+        assert_eq!(s.retransmitted, 0);
+        // Only clean records left: an ACK of several samples the newest.
+        s.push((), Instant(6_000_000));
+        s.push((), Instant(8_000_000));
+        assert_eq!(s.on_ack(Instant(11_000_000), 4, &SackRanges::new()), 3);
+        assert_eq!(s.srtt(), Some(Duration::from_millis(3)));
+        assert_eq!(s.outstanding(), 0);
+        assert_eq!(s.rto_deadline(), None);
+    }
+
+    #[test]
     fn retry_limit() {
         let mut s: Sender<()> = Sender::new(params(), 0, 64);
         s.push((), Instant(0));
