@@ -97,12 +97,31 @@ fn main() {
         .prepend_enum_name(false)
         .size_t_is_usize(true)
         .generate_comments(false)
-        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .parse_callbacks(Box::new(RerunOnSources {
+            staged: out.clone(),
+        }))
         .generate()
         .expect("bindgen failed on rdma-core's driver.h");
     bindings
         .write_to_file(out.join("bindings.rs"))
         .expect("write bindings.rs");
+}
+
+/// Asks cargo to rerun this script when a header bindgen read changes, except the ones this
+/// script staged in OUT_DIR: cargo dates a script's run from its start, so files it writes
+/// look newer than the run and would make the next build, and everything after it, redo
+/// the bindings once more.  Their sources are watched by `copy` instead.
+#[derive(Debug)]
+struct RerunOnSources {
+    staged: PathBuf,
+}
+
+impl bindgen::callbacks::ParseCallbacks for RerunOnSources {
+    fn include_file(&self, filename: &str) {
+        if !Path::new(filename).starts_with(&self.staged) {
+            println!("cargo:rerun-if-changed={filename}");
+        }
+    }
 }
 
 /// Finds rdma-core v55: `RDMA_CORE_SRC` if set, else the pinned crates.io
