@@ -1,6 +1,6 @@
 //! Connection life cycle and error paths through the simulator.
 
-use trp::sim::{LinkConfig, Pair};
+use trp::sim::{Endpoint, LinkConfig, Pair};
 use trp::wire::rdmap::{term, Layer};
 use trp::{
     Access, Completion, Config, Event, FailReason, Incoming, Memory, QpState, Queue, RecvWr,
@@ -64,28 +64,24 @@ fn send(p: &mut Pair, wr_id: u64, op: SendOp, s: &[Sge]) {
         .unwrap();
 }
 
+fn post_recv(e: &mut Endpoint, wr_id: u64, addr: u64, len: u32) {
+    e.conn
+        .post_recv(
+            &e.mem,
+            &RecvWr {
+                wr_id,
+                sges: &sge(addr, len),
+            },
+        )
+        .unwrap();
+}
+
 #[test]
 fn peer_vanishes() {
     let mut p = pair(Config::default(), Config::default());
     let s = sge(0, 100_000);
-    p.a.conn
-        .post_recv(
-            &p.a.mem,
-            &RecvWr {
-                wr_id: 100,
-                sges: &sge(200_000, 64),
-            },
-        )
-        .unwrap();
-    p.a.conn
-        .post_recv(
-            &p.a.mem,
-            &RecvWr {
-                wr_id: 101,
-                sges: &sge(200_100, 64),
-            },
-        )
-        .unwrap();
+    post_recv(&mut p.a, 100, 200_000, 64);
+    post_recv(&mut p.a, 101, 200_100, 64);
     // The peer is gone before anything arrives.
     p.ab.up = false;
     p.ba.up = false;
@@ -175,24 +171,8 @@ fn peer_vanishes() {
 #[test]
 fn graceful_close_flushes_receives() {
     let mut p = pair(Config::default(), Config::default());
-    p.b.conn
-        .post_recv(
-            &p.b.mem,
-            &RecvWr {
-                wr_id: 10,
-                sges: &sge(0, 4096),
-            },
-        )
-        .unwrap();
-    p.b.conn
-        .post_recv(
-            &p.b.mem,
-            &RecvWr {
-                wr_id: 11,
-                sges: &sge(4096, 4096),
-            },
-        )
-        .unwrap();
+    post_recv(&mut p.b, 10, 0, 4096);
+    post_recv(&mut p.b, 11, 4096, 4096);
     send(
         &mut p,
         1,
@@ -244,15 +224,7 @@ fn graceful_close_flushes_receives() {
 #[test]
 fn abort_reaches_peer() {
     let mut p = pair(Config::default(), Config::default());
-    p.b.conn
-        .post_recv(
-            &p.b.mem,
-            &RecvWr {
-                wr_id: 10,
-                sges: &sge(0, 64),
-            },
-        )
-        .unwrap();
+    post_recv(&mut p.b, 10, 0, 64);
     let now = p.now;
     p.a.conn.abort(now);
     assert_eq!(p.a.conn.state(), QpState::Closed);
@@ -352,24 +324,8 @@ fn write_outside_region_terminates() {
 #[test]
 fn send_too_long_for_receive() {
     let mut p = pair(Config::default(), Config::default());
-    p.b.conn
-        .post_recv(
-            &p.b.mem,
-            &RecvWr {
-                wr_id: 10,
-                sges: &sge(0, 10),
-            },
-        )
-        .unwrap();
-    p.b.conn
-        .post_recv(
-            &p.b.mem,
-            &RecvWr {
-                wr_id: 11,
-                sges: &sge(0, 10),
-            },
-        )
-        .unwrap();
+    post_recv(&mut p.b, 10, 0, 10);
+    post_recv(&mut p.b, 11, 0, 10);
     send(
         &mut p,
         1,
@@ -554,15 +510,7 @@ fn failed_peer_answers_with_abort() {
 #[test]
 fn message_ended_twice_terminates_instead_of_panicking() {
     let mut p = pair(Config::default(), Config::default());
-    p.b.conn
-        .post_recv(
-            &p.b.mem,
-            &RecvWr {
-                wr_id: 10,
-                sges: &sge(0, 64),
-            },
-        )
-        .unwrap();
+    post_recv(&mut p.b, 10, 0, 64);
     p.ab.capture = Some(Vec::new());
     send(
         &mut p,
@@ -603,15 +551,7 @@ fn message_ended_twice_terminates_instead_of_panicking() {
 fn send_with_invalidate_of_protected_stag_terminates() {
     let mut p = pair(Config::default(), Config::default());
     // STag 2 is registered as not invalidatable.
-    p.b.conn
-        .post_recv(
-            &p.b.mem,
-            &RecvWr {
-                wr_id: 10,
-                sges: &sge(0, 64),
-            },
-        )
-        .unwrap();
+    post_recv(&mut p.b, 10, 0, 64);
     send(
         &mut p,
         1,
