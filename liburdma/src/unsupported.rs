@@ -24,13 +24,8 @@ pub(crate) unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
-    catch(libc::EOPNOTSUPP, || {
-        if !bad_wr.is_null() {
-            // SAFETY: libibverbs passes the caller's out-pointer.
-            unsafe { *bad_wr = wr };
-        }
-        libc::EOPNOTSUPP
-    })
+    // SAFETY: libibverbs passes the caller's list and out-pointer.
+    unsafe { refuse_post(wr, bad_wr) }
 }
 
 pub(crate) unsafe extern "C" fn post_recv(
@@ -38,13 +33,8 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    catch(libc::EOPNOTSUPP, || {
-        if !bad_wr.is_null() {
-            // SAFETY: as in post_send.
-            unsafe { *bad_wr = wr };
-        }
-        libc::EOPNOTSUPP
-    })
+    // SAFETY: libibverbs passes the caller's list and out-pointer.
+    unsafe { refuse_post(wr, bad_wr) }
 }
 
 pub(crate) unsafe extern "C" fn post_srq_recv(
@@ -52,9 +42,19 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
+    // SAFETY: libibverbs passes the caller's list and out-pointer.
+    unsafe { refuse_post(wr, bad_wr) }
+}
+
+/// The body of every post verb. It catches panics itself, so the entry
+/// points above, which only call it, unwind nothing into the caller.
+///
+/// # Safety
+/// `bad_wr` is null or valid for a write.
+unsafe fn refuse_post<W>(wr: *mut W, bad_wr: *mut *mut W) -> c_int {
     catch(libc::EOPNOTSUPP, || {
         if !bad_wr.is_null() {
-            // SAFETY: as in post_send.
+            // SAFETY: the caller vouches for `bad_wr`.
             unsafe { *bad_wr = wr };
         }
         libc::EOPNOTSUPP
