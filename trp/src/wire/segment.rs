@@ -130,48 +130,32 @@ mod tests {
 
     #[test]
     fn model_and_queue_checked() {
-        let mut b = [0u8; 18];
-        Repr {
-            opcode: Opcode::RdmaWrite,
-            last: true,
-            buffer: BufferRef::Untagged {
-                ulp_word: 0,
-                qn: 0,
-                msn: 1,
-                mo: 0,
-            },
-        }
-        .emit(&mut b);
+        let parse_untagged = |opcode, qn| {
+            let mut b = [0u8; 18];
+            Repr {
+                opcode,
+                last: true,
+                buffer: BufferRef::Untagged {
+                    ulp_word: 0,
+                    qn,
+                    msn: 1,
+                    mo: 0,
+                },
+            }
+            .emit(&mut b);
+            Repr::parse(&b).map(|_| ())
+        };
         assert!(matches!(
-            Repr::parse(&b),
+            parse_untagged(Opcode::RdmaWrite, 0),
             Err(WireError::BufferModel { .. })
         ));
-        Repr {
-            opcode: Opcode::Send,
-            last: true,
-            buffer: BufferRef::Untagged {
-                ulp_word: 0,
-                qn: 1,
-                msn: 1,
-                mo: 0,
-            },
-        }
-        .emit(&mut b);
         assert!(matches!(
-            Repr::parse(&b),
+            parse_untagged(Opcode::Send, 1),
             Err(WireError::QueueNumber { .. })
         ));
-        Repr {
-            opcode: Opcode::ReadRequest,
-            last: true,
-            buffer: BufferRef::Untagged {
-                ulp_word: 0,
-                qn: 1,
-                msn: 1,
-                mo: 0,
-            },
-        }
-        .emit(&mut b);
-        assert!(matches!(Repr::parse(&b), Err(WireError::BodyLen { .. })));
+        assert!(matches!(
+            parse_untagged(Opcode::ReadRequest, 1),
+            Err(WireError::BodyLen { .. })
+        ));
     }
 }
