@@ -1234,14 +1234,7 @@ impl Connection {
                         ddp_header: None,
                         rdmap_header: None,
                     };
-                    self.fail(
-                        now,
-                        FailReason::TerminateSent(t),
-                        None,
-                        None,
-                        false,
-                        Some(t),
-                    );
+                    self.fail_terminate(now, t);
                     return;
                 }
                 if let Some(stag) = invalidate {
@@ -1253,14 +1246,7 @@ impl Connection {
                             ddp_header: None,
                             rdmap_header: None,
                         };
-                        self.fail(
-                            now,
-                            FailReason::TerminateSent(t),
-                            None,
-                            None,
-                            false,
-                            Some(t),
-                        );
+                        self.fail_terminate(now, t);
                         return;
                     }
                 }
@@ -1334,14 +1320,7 @@ impl Connection {
                     });
                     return;
                 }
-                self.fail(
-                    now,
-                    FailReason::TerminateSent(t),
-                    None,
-                    None,
-                    false,
-                    Some(t),
-                );
+                self.fail_terminate(now, t);
             }
             RxEvent::ReadResponseDone => {
                 if let Some(seq) = self.reads_out.pop_front() {
@@ -1454,6 +1433,18 @@ impl Connection {
                 solicited: false,
             });
         }
+    }
+
+    /// We detected the error: the peer gets `t` and the failure names it.
+    fn fail_terminate(&mut self, now: Instant, t: Terminate) {
+        self.fail(
+            now,
+            FailReason::TerminateSent(t),
+            None,
+            None,
+            false,
+            Some(t),
+        );
     }
 
     /// Moves to Error: completes all outstanding work (the first send with
