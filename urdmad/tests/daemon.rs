@@ -162,6 +162,14 @@ fn flows_get_their_packets_the_kernel_the_rest_and_secondaries_transmit() {
     assert!(c.wait(Duration::from_secs(15)).success());
 }
 
+/// The baseline after one datagram has warmed the exception path, so that ARP does not
+/// change the counts mid-test.
+fn warm_baseline(bed: &Bed, d: &Urdmad) -> (String, String, String, String) {
+    send_from_peer(bed, vec![(7000, b"warm".to_vec())]);
+    std::thread::sleep(Duration::from_millis(300));
+    baseline(&d.status())
+}
+
 /// Status fields that must return to their starting values.
 fn baseline(st: &[String]) -> (String, String, String, String) {
     (
@@ -176,10 +184,7 @@ fn baseline(st: &[String]) -> (String, String, String, String) {
 fn hundred_attach_open_detach_cycles_return_to_baseline() {
     let bed = Bed::new("cy");
     let d = bed.start();
-    // Warm the exception path once so that ARP does not change counts mid-test.
-    send_from_peer(&bed, vec![(7000, b"warm".to_vec())]);
-    std::thread::sleep(Duration::from_millis(300));
-    let before = baseline(&d.status());
+    let before = warm_baseline(&bed, &d);
 
     // Traffic to both flow ports while processes come and go, so rings hold mbufs when
     // they are torn down; every cycle also transmits a frame.
@@ -585,9 +590,7 @@ fn urdmad_restarts_cleanly_after_being_killed() {
 fn a_full_flow_ring_drops_and_counts_and_its_mbufs_come_back() {
     let bed = Bed::new("rf");
     let d = bed.start();
-    send_from_peer(&bed, vec![(7000, b"warm".to_vec())]);
-    std::thread::sleep(Duration::from_millis(300));
-    let before = baseline(&d.status());
+    let before = warm_baseline(&bed, &d);
     let mut c = TestClient::spawn(
         &bed.socket(),
         &["--open", "10.99.0.1:5001", "--hold", "--run-secs", "20"],
@@ -732,26 +735,7 @@ fn two_ports_each_with_its_exception_path_flows_and_tx() {
         format!("{}2", bed.veth_b),
         format!("{}2", bed.tap),
     );
-    sh(&[
-        "ip", "link", "add", &a2, "type", "veth", "peer", "name", &b2,
-    ]);
-    sh(&["ip", "link", "set", &a2, "netns", &bed.ns_a]);
-    sh(&["ip", "link", "set", &b2, "netns", &bed.ns_b]);
-    sh(&["ip", "-n", &bed.ns_a, "link", "set", &a2, "up"]);
-    sh(&["ip", "-n", &bed.ns_b, "link", "set", &b2, "up"]);
-    sh(&[
-        "ip",
-        "-n",
-        &bed.ns_b,
-        "addr",
-        "add",
-        "10.98.0.2/24",
-        "dev",
-        &b2,
-    ]);
-    sh(&[
-        "ip", "netns", "exec", &bed.ns_b, "ethtool", "-K", &b2, "tx", "off",
-    ]);
+    bed.add_veth_pair(&a2, &b2, "10.98.0.2/24");
     let text = format!(
         "{}\n[[port]]\nname = \"p1\"\ndevice = \"net_af_packet1,iface={a2}\"\nexception = {tap2:?}\n",
         bed.config("", None)

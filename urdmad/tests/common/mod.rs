@@ -104,47 +104,26 @@ impl Bed {
         std::fs::create_dir_all(&bed.dir).unwrap();
         sh(&["ip", "netns", "add", &bed.ns_a]);
         sh(&["ip", "netns", "add", &bed.ns_b]);
-        sh(&[
-            "ip",
-            "link",
-            "add",
-            &bed.veth_a,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &bed.veth_b,
-        ]);
-        sh(&["ip", "link", "set", &bed.veth_a, "netns", &bed.ns_a]);
-        sh(&["ip", "link", "set", &bed.veth_b, "netns", &bed.ns_b]);
         sh(&["ip", "-n", &bed.ns_a, "link", "set", "lo", "up"]);
         sh(&["ip", "-n", &bed.ns_b, "link", "set", "lo", "up"]);
-        sh(&["ip", "-n", &bed.ns_a, "link", "set", &bed.veth_a, "up"]);
-        sh(&["ip", "-n", &bed.ns_b, "link", "set", &bed.veth_b, "up"]);
-        sh(&[
-            "ip",
-            "-n",
-            &bed.ns_b,
-            "addr",
-            "add",
-            &format!("{PEER_IP}/24"),
-            "dev",
-            &bed.veth_b,
-        ]);
+        bed.add_veth_pair(&bed.veth_a, &bed.veth_b, &format!("{PEER_IP}/24"));
+        bed
+    }
+
+    /// Joins the namespaces with the veth pair `a` (in A, left for urdmad) and `b` (in B,
+    /// given `peer_cidr`), both up.
+    pub fn add_veth_pair(&self, a: &str, b: &str, peer_cidr: &str) {
+        sh(&["ip", "link", "add", a, "type", "veth", "peer", "name", b]);
+        sh(&["ip", "link", "set", a, "netns", &self.ns_a]);
+        sh(&["ip", "link", "set", b, "netns", &self.ns_b]);
+        sh(&["ip", "-n", &self.ns_a, "link", "set", a, "up"]);
+        sh(&["ip", "-n", &self.ns_b, "link", "set", b, "up"]);
+        sh(&["ip", "-n", &self.ns_b, "addr", "add", peer_cidr, "dev", b]);
         // veth leaves UDP checksums to an offload that af_packet never performs; the kernel
         // behind the exception path would then drop the peer's datagrams as corrupt.
         sh(&[
-            "ip",
-            "netns",
-            "exec",
-            &bed.ns_b,
-            "ethtool",
-            "-K",
-            &bed.veth_b,
-            "tx",
-            "off",
+            "ip", "netns", "exec", &self.ns_b, "ethtool", "-K", b, "tx", "off",
         ]);
-        bed
     }
 
     pub fn socket(&self) -> PathBuf {
