@@ -8,28 +8,8 @@ use trp::{Access, Config, RecvWr, Region, SendOp, SendWr, Sge, VecMemory};
 
 fn memory() -> VecMemory {
     let mut m = VecMemory::new(1 << 16);
-    m.register(
-        1,
-        Region {
-            pd: 0,
-            base: 0,
-            len: 1 << 14,
-            access: Access::LOCAL_WRITE,
-            valid: true,
-        },
-        false,
-    );
-    m.register(
-        2,
-        Region {
-            pd: 0,
-            base: 1 << 14,
-            len: 1 << 14,
-            access: Access::ALL,
-            valid: true,
-        },
-        true,
-    );
+    m.register(1, Region::new(0, 0, 1 << 14, Access::LOCAL_WRITE), false);
+    m.register(2, Region::new(0, 1 << 14, 1 << 14, Access::ALL), true);
     m
 }
 

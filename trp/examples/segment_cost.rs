@@ -17,17 +17,7 @@ const MIB: u64 = 1 << 20;
 
 fn memory() -> VecMemory {
     let mut m = VecMemory::new(2 * MIB as usize);
-    m.register(
-        1,
-        Region {
-            pd: 0,
-            base: 0,
-            len: 2 * MIB,
-            access: Access::ALL,
-            valid: true,
-        },
-        false,
-    );
+    m.register(1, Region::new(0, 0, 2 * MIB, Access::ALL), false);
     m
 }
 

@@ -64,50 +64,23 @@ const GUARD: u64 = 3 * MEM / 4;
 
 fn memory() -> VecMemory {
     let mut m = VecMemory::new(MEM as usize);
-    m.register(
-        1,
-        Region {
-            pd: 0,
-            base: 0,
-            len: MEM / 4,
-            access: Access::LOCAL_WRITE,
-            valid: true,
-        },
-        false,
-    );
+    m.register(1, Region::new(0, 0, MEM / 4, Access::LOCAL_WRITE), false);
     m.register(
         2,
-        Region {
-            pd: 0,
-            base: MEM / 4,
-            len: MEM / 4,
-            access: Access::REMOTE_WRITE | Access::REMOTE_READ,
-            valid: true,
-        },
+        Region::new(
+            0,
+            MEM / 4,
+            MEM / 4,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        ),
         true,
     );
     m.register(
         3,
-        Region {
-            pd: 0,
-            base: MEM / 2,
-            len: MEM / 4,
-            access: Access::REMOTE_READ,
-            valid: true,
-        },
+        Region::new(0, MEM / 2, MEM / 4, Access::REMOTE_READ),
         true,
     );
-    m.register(
-        4,
-        Region {
-            pd: 1,
-            base: MEM / 2,
-            len: MEM / 4,
-            access: Access::ALL,
-            valid: true,
-        },
-        true,
-    );
+    m.register(4, Region::new(1, MEM / 2, MEM / 4, Access::ALL), true);
     m
 }
 

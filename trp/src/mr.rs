@@ -49,6 +49,19 @@ pub struct Region {
     pub valid: bool,
 }
 
+impl Region {
+    /// A region that has not been invalidated.
+    pub fn new(pd: u32, base: u64, len: u64, access: Access) -> Self {
+        Region {
+            pd,
+            base,
+            len,
+            access,
+            valid: true,
+        }
+    }
+}
+
 /// Why an STag cannot be invalidated by a remote Send with Invalidate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InvalidateError {
@@ -226,17 +239,7 @@ mod tests {
 
     fn mem() -> VecMemory {
         let mut m = VecMemory::new(4096);
-        m.register(
-            1,
-            Region {
-                pd: 7,
-                base: 1000,
-                len: 100,
-                access: Access::REMOTE_WRITE,
-                valid: true,
-            },
-            true,
-        );
+        m.register(1, Region::new(7, 1000, 100, Access::REMOTE_WRITE), true);
         m
     }
 

@@ -9,26 +9,15 @@ use trp::{
 
 fn memory() -> VecMemory {
     let mut m = VecMemory::new(1 << 20);
-    m.register(
-        1,
-        Region {
-            pd: 0,
-            base: 0,
-            len: 1 << 19,
-            access: Access::LOCAL_WRITE,
-            valid: true,
-        },
-        false,
-    );
+    m.register(1, Region::new(0, 0, 1 << 19, Access::LOCAL_WRITE), false);
     m.register(
         2,
-        Region {
-            pd: 0,
-            base: 1 << 19,
-            len: 1 << 19,
-            access: Access::REMOTE_WRITE | Access::REMOTE_READ,
-            valid: true,
-        },
+        Region::new(
+            0,
+            1 << 19,
+            1 << 19,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        ),
         false,
     );
     m

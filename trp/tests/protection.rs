@@ -25,17 +25,7 @@ enum Target {
 
 fn setup(target: Target, base: u64, len: u64, access: Access) -> (VecMemory, VecMemory) {
     let mut a = VecMemory::new(SIZE as usize);
-    a.register(
-        LKEY,
-        Region {
-            pd: PD,
-            base: 0,
-            len: SIZE,
-            access: Access::LOCAL_WRITE,
-            valid: true,
-        },
-        false,
-    );
+    a.register(LKEY, Region::new(PD, 0, SIZE, Access::LOCAL_WRITE), false);
     for (i, b) in a.bytes.iter_mut().enumerate() {
         *b = i as u8 ^ 0x5a;
     }

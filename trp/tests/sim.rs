@@ -35,24 +35,17 @@ fn memory(size: u64) -> VecMemory {
     let mut m = VecMemory::new(size as usize);
     m.register(
         LKEY,
-        Region {
-            pd: PD,
-            base: 0,
-            len: size / 2,
-            access: Access::LOCAL_WRITE,
-            valid: true,
-        },
+        Region::new(PD, 0, size / 2, Access::LOCAL_WRITE),
         false,
     );
     m.register(
         RKEY,
-        Region {
-            pd: PD,
-            base: size / 2,
-            len: size / 2,
-            access: Access::REMOTE_WRITE | Access::REMOTE_READ,
-            valid: true,
-        },
+        Region::new(
+            PD,
+            size / 2,
+            size / 2,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        ),
         false,
     );
     m
@@ -175,17 +168,7 @@ fn post_workload(p: &mut Pair, rng: &mut Rng, ops: usize, budget: u64, mem_size:
                     let stag = sides[y].next_stag;
                     sides[y].next_stag += 1;
                     let (_, ye) = ends(p, x);
-                    ye.register(
-                        stag,
-                        Region {
-                            pd: PD,
-                            base: 0,
-                            len: 1,
-                            access: Access::REMOTE_WRITE,
-                            valid: true,
-                        },
-                        true,
-                    );
+                    ye.register(stag, Region::new(PD, 0, 1, Access::REMOTE_WRITE), true);
                     exp.checks.push((y, Check::Invalidated { stag }));
                     Some(stag)
                 } else {

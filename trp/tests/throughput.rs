@@ -7,17 +7,7 @@ const MSG: u64 = 1 << 20;
 
 fn memory(size: u64) -> VecMemory {
     let mut m = VecMemory::new(size as usize);
-    m.register(
-        1,
-        Region {
-            pd: 0,
-            base: 0,
-            len: size,
-            access: Access::ALL,
-            valid: true,
-        },
-        false,
-    );
+    m.register(1, Region::new(0, 0, size, Access::ALL), false);
     m
 }
 
