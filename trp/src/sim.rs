@@ -227,6 +227,17 @@ pub struct Pair {
     buf: Vec<u8>,
 }
 
+/// Puts on `link` everything `from` wants to send; bounded so a connection
+/// that never runs dry cannot hang the simulation.
+fn transmit_all(now: Instant, from: &mut Endpoint, link: &mut Link, buf: &mut [u8]) {
+    for _ in 0..100_000 {
+        let Some(n) = from.conn.poll_transmit(now, &from.mem, buf) else {
+            break;
+        };
+        link.send(now, &buf[..n]);
+    }
+}
+
 fn earliest(ts: &[Option<Instant>]) -> Option<Instant> {
     ts.iter().flatten().copied().min()
 }
@@ -361,26 +372,8 @@ impl Pair {
     /// the next event and processes it. Returns false when nothing is left
     /// to happen.
     pub fn step(&mut self) -> bool {
-        for _ in 0..100_000 {
-            let Some(n) = self
-                .a
-                .conn
-                .poll_transmit(self.now, &self.a.mem, &mut self.buf)
-            else {
-                break;
-            };
-            self.ab.send(self.now, &self.buf[..n]);
-        }
-        for _ in 0..100_000 {
-            let Some(n) = self
-                .b
-                .conn
-                .poll_transmit(self.now, &self.b.mem, &mut self.buf)
-            else {
-                break;
-            };
-            self.ba.send(self.now, &self.buf[..n]);
-        }
+        transmit_all(self.now, &mut self.a, &mut self.ab, &mut self.buf);
+        transmit_all(self.now, &mut self.b, &mut self.ba, &mut self.buf);
         let Some(next) = earliest(&[
             self.ab.next_delivery(),
             self.ba.next_delivery(),
