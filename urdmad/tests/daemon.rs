@@ -162,6 +162,13 @@ fn flows_get_their_packets_the_kernel_the_rest_and_secondaries_transmit() {
     assert!(c.wait(Duration::from_secs(15)).success());
 }
 
+/// Stops `d` and checks that it exited with success and left nothing of the bed's behind.
+fn stop_cleanly(bed: &Bed, d: &mut Urdmad) {
+    let (status, log) = d.stop();
+    assert!(status.success(), "{log}");
+    bed.assert_nothing_left(&bed.socket());
+}
+
 /// The baseline after one datagram has warmed the exception path, so that ARP does not
 /// change the counts mid-test.
 fn warm_baseline(bed: &Bed, d: &Urdmad) -> (String, String, String, String) {
@@ -398,9 +405,7 @@ fn second_urdmad_on_the_same_prefix_is_refused_and_the_first_keeps_serving() {
     assert!(!other_socket.exists());
     assert!(!bed.link_exists(&bed.ns_a, "urdt2nd0"));
     assert!(first.try_status().is_ok(), "first urdmad must keep serving");
-    let (status, log) = first.stop();
-    assert!(status.success(), "{log}");
-    bed.assert_nothing_left(&bed.socket());
+    stop_cleanly(&bed, &mut first);
 }
 
 #[test]
@@ -581,9 +586,7 @@ fn urdmad_restarts_cleanly_after_being_killed() {
     let _ = wait_bounded(d.child.take().unwrap(), Duration::from_secs(10));
     // What systemd's Restart=on-failure then does: start again on the same prefix and socket.
     let mut again = bed.start();
-    let (status, log) = again.stop();
-    assert!(status.success(), "{log}");
-    bed.assert_nothing_left(&bed.socket());
+    stop_cleanly(&bed, &mut again);
 }
 
 #[test]
