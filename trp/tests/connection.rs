@@ -7,6 +7,12 @@ use trp::{
     Region, SendOp, SendWr, Sge, VecMemory, WcOpcode, WcStatus,
 };
 
+/// A Send that neither invalidates nor asks for a solicited event.
+const PLAIN_SEND: SendOp = SendOp::Send {
+    invalidate: None,
+    solicited: false,
+};
+
 fn memory() -> VecMemory {
     let mut m = VecMemory::new(1 << 20);
     m.register(1, Region::new(0, 0, 1 << 19, Access::LOCAL_WRITE), false);
@@ -83,15 +89,7 @@ fn peer_vanishes() {
         },
         &s,
     );
-    send(
-        &mut p,
-        2,
-        SendOp::Send {
-            invalidate: None,
-            solicited: false,
-        },
-        &s,
-    );
+    send(&mut p, 2, PLAIN_SEND, &s);
     for i in 3..40 {
         send(
             &mut p,
@@ -145,15 +143,7 @@ fn peer_vanishes() {
         .collect();
     assert_eq!(recvs, vec![(100, WcStatus::Flush), (101, WcStatus::Flush)]);
     // Posting after the failure completes at once with a flush.
-    send(
-        &mut p,
-        99,
-        SendOp::Send {
-            invalidate: None,
-            solicited: false,
-        },
-        &s,
-    );
+    send(&mut p, 99, PLAIN_SEND, &s);
     assert_eq!(drain(&mut p.a.conn)[0].status, WcStatus::Flush);
 }
 
@@ -280,15 +270,7 @@ fn write_outside_region_terminates() {
         },
         &sge(0, 100),
     );
-    send(
-        &mut p,
-        2,
-        SendOp::Send {
-            invalidate: None,
-            solicited: false,
-        },
-        &sge(0, 10),
-    );
+    send(&mut p, 2, PLAIN_SEND, &sge(0, 10));
     p.run_until(trp::Instant(p.now.0 + 100_000_000), |p| {
         p.a.conn.state() == QpState::Closed && p.b.conn.state() == QpState::Closed
     });
@@ -315,15 +297,7 @@ fn send_too_long_for_receive() {
     let mut p = pair(Config::default(), Config::default());
     post_recv(&mut p.b, 10, 0, 10);
     post_recv(&mut p.b, 11, 0, 10);
-    send(
-        &mut p,
-        1,
-        SendOp::Send {
-            invalidate: None,
-            solicited: false,
-        },
-        &sge(0, 100),
-    );
+    send(&mut p, 1, PLAIN_SEND, &sge(0, 100));
     p.run_until(trp::Instant(p.now.0 + 100_000_000), |p| {
         p.a.conn.state() == QpState::Closed
     });
@@ -501,15 +475,7 @@ fn message_ended_twice_terminates_instead_of_panicking() {
     let mut p = pair(Config::default(), Config::default());
     post_recv(&mut p.b, 10, 0, 64);
     p.ab.capture = Some(Vec::new());
-    send(
-        &mut p,
-        1,
-        SendOp::Send {
-            invalidate: None,
-            solicited: false,
-        },
-        &sge(0, 10),
-    );
+    send(&mut p, 1, PLAIN_SEND, &sge(0, 10));
     p.run_until(trp::Instant(p.now.0 + 10_000_000), |p| {
         p.a.conn.poll_completion().is_some()
     });
@@ -584,10 +550,7 @@ fn posts_are_checked_locally() {
         lkey: 1,
     }];
     let e = &mut p.a;
-    let op = SendOp::Send {
-        invalidate: None,
-        solicited: false,
-    };
+    let op = PLAIN_SEND;
     assert_eq!(
         e.conn.post_send(
             &e.mem,
