@@ -220,22 +220,28 @@ fn kernel_has_tc_flower(bed: &Bed) -> bool {
     ])
 }
 
+/// A test client that opens a flow to each of `ports` and stays attached for `secs` seconds.
+fn client_with_flows(t: &TapBed, ports: [u16; 2], secs: u32) -> TestClient {
+    let [a, b] = ports.map(|p| flow(p).to_string());
+    let secs = secs.to_string();
+    TestClient::spawn(
+        &t.bed.socket(),
+        &["--open", &a, "--open", &b, "--run-secs", &secs],
+    )
+}
+
+/// Waits for a two-flow client's two OPENED lines, in order, and its READY.
+fn two_opened(c: &mut TestClient) -> [(String, String, String); 2] {
+    let first = opened(&c.wait_for("OPENED", Duration::from_secs(30)));
+    let second = opened(&c.wait_for("OPENED", Duration::from_secs(10)));
+    c.wait_for("READY", Duration::from_secs(10));
+    [first, second]
+}
+
 /// Two flows open, datagrams to each and to an unknown port; returns the client's lines.
 fn two_flows_exchange(t: &TapBed, expect: &str) -> Vec<String> {
-    let mut c = TestClient::spawn(
-        &t.bed.socket(),
-        &[
-            "--open",
-            &flow(5001).to_string(),
-            "--open",
-            &flow(5002).to_string(),
-            "--run-secs",
-            "6",
-        ],
-    );
-    let (f1, s1, _) = opened(&c.wait_for("OPENED", Duration::from_secs(30)));
-    let (f2, s2, _) = opened(&c.wait_for("OPENED", Duration::from_secs(10)));
-    c.wait_for("READY", Duration::from_secs(10));
+    let mut c = client_with_flows(t, [5001, 5002], 6);
+    let [(f1, s1, _), (f2, s2, _)] = two_opened(&mut c);
     assert_eq!((s1.as_str(), s2.as_str()), (expect, expect));
     let before = t.num(&t.status(), "exception", "", "to_kernel");
     t.send(&[
@@ -315,17 +321,7 @@ fn hardware_two_flows_on_their_own_queues_and_rules_removed_on_close_and_kill() 
     );
 
     // kill -9: the rules go within a second; the queues return to the pool.
-    let mut c = TestClient::spawn(
-        &t.bed.socket(),
-        &[
-            "--open",
-            &flow(5003).to_string(),
-            "--open",
-            &flow(5004).to_string(),
-            "--run-secs",
-            "30",
-        ],
-    );
+    let mut c = client_with_flows(&t, [5003, 5004], 30);
     c.wait_for("READY", Duration::from_secs(30));
     let st = t.status();
     assert_eq!(t.num(&st, "daemon", "", "flow_rules"), 2, "{st:?}");
@@ -381,20 +377,8 @@ fn hardware_fifty_cycles_leak_no_rule_and_no_queue() {
 fn hardware_pool_exhausted_flow_falls_back_to_software_and_works() {
     let t = TapBed::start("ex", "flow_queues = 1");
     t.assert_hardware();
-    let mut c = TestClient::spawn(
-        &t.bed.socket(),
-        &[
-            "--open",
-            &flow(5001).to_string(),
-            "--open",
-            &flow(5002).to_string(),
-            "--run-secs",
-            "6",
-        ],
-    );
-    let (f1, s1, q1) = opened(&c.wait_for("OPENED", Duration::from_secs(30)));
-    let (f2, s2, q2) = opened(&c.wait_for("OPENED", Duration::from_secs(10)));
-    c.wait_for("READY", Duration::from_secs(10));
+    let mut c = client_with_flows(&t, [5001, 5002], 6);
+    let [(f1, s1, q1), (f2, s2, q2)] = two_opened(&mut c);
     assert_eq!((s1.as_str(), q1.as_str()), ("hardware", "1"));
     assert_eq!((s2.as_str(), q2.as_str()), ("software", "none"));
     let st = t.status();
@@ -418,20 +402,8 @@ fn hardware_rule_failures_fall_back_and_quarantine() {
     // The second flow rule's creation fails; so does the first destruction.
     let t = TapBed::start_env("rf", "", &[("URDMAD_TEST_FAIL_RULE", "create:2,destroy:1")]);
     t.assert_hardware();
-    let mut c = TestClient::spawn(
-        &t.bed.socket(),
-        &[
-            "--open",
-            &flow(5001).to_string(),
-            "--open",
-            &flow(5002).to_string(),
-            "--run-secs",
-            "5",
-        ],
-    );
-    let (f1, s1, q1) = opened(&c.wait_for("OPENED", Duration::from_secs(30)));
-    let (f2, s2, _) = opened(&c.wait_for("OPENED", Duration::from_secs(10)));
-    c.wait_for("READY", Duration::from_secs(10));
+    let mut c = client_with_flows(&t, [5001, 5002], 5);
+    let [(f1, s1, q1), (f2, s2, _)] = two_opened(&mut c);
     assert_eq!((s1.as_str(), s2.as_str()), ("hardware", "software"));
     let st = t.status();
     let fb = field(&st, "flow", &format!("id={f2} "), "fallback").expect("fallback reason");
