@@ -6,11 +6,13 @@
 //! Each end hands over at most `burst` datagrams before the other end runs
 //! (as a driver polling bursts of packets would); without it, each end
 //! sends all it may, so ACKs are fewer (about one per window).
+//! `segment_cost burst <n> [burst]`: the same, each end sending with
+//! `poll_transmit_burst` over 32 buffers, as a driver sending bursts does.
 //! `segment_cost copy <n>`: the same number of segments' payload copied
 //! once with memcpy, nothing else.
 
 use std::hint::black_box;
-use trp::sim::{LinkConfig, Pair};
+use trp::sim::{Endpoint, LinkConfig, Pair};
 use trp::{Access, Config, Region, SendOp, SendWr, Sge, VecMemory};
 
 const MIB: u64 = 1 << 20;
@@ -46,6 +48,8 @@ fn main() {
     let (mut a, mut b) = (p.a, p.b);
     let mut now = p.now;
     let mut buf = vec![0u8; 2048];
+    let mut bufs = vec![vec![0u8; 2048]; 32];
+    let mut lens = [0usize; 32];
     let sge = [Sge {
         addr: 0,
         len: MIB as u32,
@@ -63,26 +67,16 @@ fn main() {
         };
         a.conn.post_send(&a.mem, &wr).unwrap();
         loop {
-            let mut moved = 0;
-            while moved < burst {
-                let Some(len) = a.conn.poll_transmit(now, &a.mem, &mut buf) else {
-                    break;
-                };
-                b.conn
-                    .handle_datagram(now, &mut b.mem, &buf[..len])
-                    .unwrap();
-                moved += 1;
-            }
-            let mut acks = 0;
-            while acks < burst {
-                let Some(len) = b.conn.poll_transmit(now, &b.mem, &mut buf) else {
-                    break;
-                };
-                a.conn
-                    .handle_datagram(now, &mut a.mem, &buf[..len])
-                    .unwrap();
-                acks += 1;
-            }
+            let moved = if mode == "burst" {
+                send_bursts(&mut a, &mut b, now, burst, &mut bufs, &mut lens)
+            } else {
+                send_each(&mut a, &mut b, now, burst, &mut buf)
+            };
+            let acks = if mode == "burst" {
+                send_bursts(&mut b, &mut a, now, burst, &mut bufs, &mut lens)
+            } else {
+                send_each(&mut b, &mut a, now, burst, &mut buf)
+            };
             if a.conn.poll_completion().is_some() {
                 break;
             }
@@ -103,4 +97,61 @@ fn main() {
         a.conn.sender_stats(),
         b.conn.stats().tx_acks
     );
+}
+
+/// Hands up to `cap` datagrams from `from` to `to`, one `poll_transmit`
+/// each; returns how many.
+fn send_each(
+    from: &mut Endpoint,
+    to: &mut Endpoint,
+    now: trp::Instant,
+    cap: usize,
+    buf: &mut [u8],
+) -> usize {
+    let mut moved = 0;
+    while moved < cap {
+        let Some(len) = from.conn.poll_transmit(now, &from.mem, buf) else {
+            break;
+        };
+        to.conn
+            .handle_datagram(now, &mut to.mem, &buf[..len])
+            .unwrap();
+        moved += 1;
+    }
+    moved
+}
+
+/// The same with `poll_transmit_burst`.
+fn send_bursts(
+    from: &mut Endpoint,
+    to: &mut Endpoint,
+    now: trp::Instant,
+    cap: usize,
+    bufs: &mut [Vec<u8>],
+    lens: &mut [usize],
+) -> usize {
+    let mut moved = 0;
+    while moved < cap {
+        let k = bufs.len().min(cap - moved);
+        let n = from
+            .conn
+            .poll_transmit_burst(now, &from.mem, &mut bufs[..k], lens);
+        let mut received: [&[u8]; 32] = [&[]; 32];
+        for (r, (b, &len)) in received
+            .iter_mut()
+            .zip(bufs.iter().zip(lens.iter()))
+            .take(n)
+        {
+            *r = &b[..len];
+        }
+        let malformed = to
+            .conn
+            .handle_datagram_burst(now, &mut to.mem, &received[..n]);
+        assert_eq!(malformed, 0);
+        moved += n;
+        if n < k {
+            break;
+        }
+    }
+    moved
 }

@@ -28,6 +28,11 @@ pub struct Config {
     pub ord: u16,
     pub max_send_wr: usize,
     pub max_recv_wr: usize,
+    /// Take the fast paths for the common datagrams (see
+    /// `wire::predict`). Off, every datagram goes through the general
+    /// paths: the same behaviour, byte for byte, more slowly; tests compare
+    /// the two.
+    pub header_prediction: bool,
 }
 
 impl Default for Config {
@@ -47,6 +52,7 @@ impl Default for Config {
             ord: 16,
             max_send_wr: 4096,
             max_recv_wr: 4096,
+            header_prediction: true,
         }
     }
 }

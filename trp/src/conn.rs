@@ -15,6 +15,7 @@ use crate::time::Instant;
 use crate::verbs::{Completion, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use crate::wire::ddp::{self, BufferRef};
 use crate::wire::handshake;
+use crate::wire::predict::{self, TaggedWrite};
 use crate::wire::rdmap::{
     self, qn, term, HeaderCopy, Immediate, Layer, Opcode, ReadRequest, Terminate,
 };
@@ -108,6 +109,35 @@ struct SqEntry {
     reads_done: usize,
     issued: bool,
     last_psn: u32,
+}
+
+impl SqEntry {
+    /// Advances an RDMA Write (or a Write with Immediate's Write part) by
+    /// one segment: its header, its offset in the scatter list, its length.
+    #[inline(always)]
+    fn next_write_segment(
+        &mut self,
+        remote_addr: u64,
+        rkey: u32,
+        max_tagged: u32,
+    ) -> (segment::Repr, u32, u32) {
+        self.started = true;
+        let off = self.off;
+        let len = (self.len - off).min(max_tagged);
+        let last = off + len == self.len;
+        let hdr = segment::Repr {
+            opcode: Opcode::RdmaWrite,
+            last,
+            buffer: BufferRef::Tagged {
+                stag: rkey,
+                to: remote_addr.wrapping_add(u64::from(off)),
+            },
+        };
+        self.off += len;
+        self.write_done = last;
+        self.issued = last && matches!(self.op, SendOp::RdmaWrite { .. });
+        (hdr, off, len)
+    }
 }
 
 #[derive(Debug)]
@@ -222,8 +252,15 @@ fn wc_opcode(op: &SendOp) -> WcOpcode {
 }
 
 /// Copies bytes `off..off+out.len()` of a scatter list out of memory.
-#[inline]
+#[inline(always)]
 fn gather<M: Memory + ?Sized>(mem: &M, sges: &[Sge], mut off: u64, mut out: &mut [u8]) {
+    // Most work requests have one SGE: no loop, one copy.
+    if let [s] = sges {
+        if off + out.len() as u64 <= u64::from(s.len) {
+            mem.read(s.addr + off, out);
+            return;
+        }
+    }
     for s in sges {
         if out.is_empty() {
             return;
@@ -710,21 +747,8 @@ impl Connection {
                 | SendOp::RdmaWriteImm {
                     remote_addr, rkey, ..
                 } if !e.write_done => {
-                    e.started = true;
-                    let len = (e.len - e.off).min(max_tagged);
-                    let last = e.off + len == e.len;
-                    let hdr = segment::Repr {
-                        opcode: Opcode::RdmaWrite,
-                        last,
-                        buffer: BufferRef::Tagged {
-                            stag: rkey,
-                            to: remote_addr.wrapping_add(u64::from(e.off)),
-                        },
-                    };
-                    let src = Src::Sq { seq, off: e.off };
-                    e.off += len;
-                    e.write_done = last;
-                    e.issued = last && matches!(e.op, SendOp::RdmaWrite { .. });
+                    let (hdr, off, len) = e.next_write_segment(remote_addr, rkey, max_tagged);
+                    let src = Src::Sq { seq, off };
                     TxKind::Seg { hdr, src, len }
                 }
                 // A plain write is issued with its last segment; never seen here.
@@ -824,6 +848,59 @@ impl Connection {
             debug_assert!(false, "transmit buffer smaller than max_datagram");
             return None;
         }
+        if self.transmit_predictable() {
+            if let Some(n) = self.transmit_predicted(now, mem, buf) {
+                return Some(n);
+            }
+        }
+        self.transmit_general(now, mem, buf)
+    }
+
+    /// `poll_transmit` for up to `bufs.len()` datagrams at once, as a
+    /// driver sending bursts calls it: the same datagrams in the same
+    /// order, with the fast path's fixed conditions checked once per burst.
+    /// Returns how many were written; datagram `i` is `bufs[i][..lens[i]]`.
+    pub fn poll_transmit_burst<M: Memory + ?Sized, B: AsMut<[u8]>>(
+        &mut self,
+        now: Instant,
+        mem: &M,
+        bufs: &mut [B],
+        lens: &mut [usize],
+    ) -> usize {
+        let n = bufs.len().min(lens.len());
+        let mut i = 0;
+        if self.transmit_predictable() {
+            while i < n {
+                let buf = bufs[i].as_mut();
+                if buf.len() < self.datagram {
+                    break;
+                }
+                let Some(len) = self.transmit_predicted(now, mem, buf) else {
+                    break;
+                };
+                lens[i] = len;
+                i += 1;
+            }
+        }
+        while i < n {
+            let Some(len) = self.poll_transmit(now, mem, bufs[i].as_mut()) else {
+                break;
+            };
+            lens[i] = len;
+            i += 1;
+        }
+        i
+    }
+
+    /// Everything `transmit_predicted` leaves: kept out of line so the
+    /// fast path does not pay for this one's registers and stack frame.
+    #[inline(never)]
+    fn transmit_general<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        mem: &M,
+        buf: &mut [u8],
+    ) -> Option<usize> {
         if self.abort_pending {
             self.abort_pending = false;
             return Some(self.emit_control(buf, trp::Opcode::Abort));
@@ -859,6 +936,72 @@ impl Connection {
             return Some(self.emit_header(buf, op, self.tx.nxt(), flags, sack));
         }
         None
+    }
+
+    /// Whether nothing the general transmit path handles goes before new
+    /// segments: no abort, handshake packet, Read Response or
+    /// retransmission waiting. Only the general paths change this, so it
+    /// holds for a whole burst of `transmit_predicted`.
+    #[inline(always)]
+    fn transmit_predictable(&self) -> bool {
+        self.cfg.header_prediction
+            && !self.abort_pending
+            && self.state == QpState::Rts
+            && !self.accept_unsent
+            && self.handshake_psn.is_none()
+            && self.rjobs.is_empty()
+            && !self.tx.retransmit_pending()
+    }
+
+    /// The transmit fast path, when `transmit_predictable`: the next
+    /// segment of the RDMA Write at the send cursor if the window is open,
+    /// its headers built in one step. What it sends and records is what
+    /// `next_new` and `emit` would; in any other case it changes nothing
+    /// and returns None. `buf` holds at least `max_datagram()` bytes.
+    #[inline(always)]
+    fn transmit_predicted<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        mem: &M,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if !self.tx.can_send_new() {
+            return None;
+        }
+        let max_tagged = self.max_tagged();
+        let psn = self.tx.nxt();
+        let seq_cursor = self.sq_cursor;
+        let e = self.sq.get_mut(seq_cursor)?;
+        let (remote_addr, rkey) = match e.op {
+            SendOp::RdmaWrite { remote_addr, rkey }
+            | SendOp::RdmaWriteImm {
+                remote_addr, rkey, ..
+            } if !e.write_done => (remote_addr, rkey),
+            _ => return None,
+        };
+        let (h, rest) = buf.split_first_chunk_mut::<{ predict::HEADER_LEN }>()?;
+        let (hdr, off, len) = e.next_write_segment(remote_addr, rkey, max_tagged);
+        gather(mem, &e.sges, u64::from(off), &mut rest[..len as usize]);
+        if e.issued {
+            e.last_psn = psn;
+            self.sq_cursor += 1;
+        }
+        let src = Src::Sq { seq: e.seq, off };
+        let w = TaggedWrite {
+            flags: if hdr.last { trp::FLAG_ACK_REQUEST } else { 0 },
+            dst_conn: self.peer_conn,
+            psn,
+            ack_psn: self.rx.nxt(),
+            window: self.rx.window(),
+            last: hdr.last,
+            stag: rkey,
+            to: remote_addr.wrapping_add(u64::from(off)),
+            payload: &[],
+        };
+        predict::emit_tagged_write(&w, h);
+        self.tx.push(TxKind::Seg { hdr, src, len }, now);
+        self.rx.ack_sent();
+        Some(predict::HEADER_LEN + len as usize)
     }
 
     #[inline]
@@ -960,6 +1103,46 @@ impl Connection {
         mem: &mut M,
         bytes: &[u8],
     ) -> Result<(), WireError> {
+        if let Some(w) = predict::tagged_write(bytes) {
+            if self.receive_predicted(now, mem, &w) {
+                return Ok(());
+            }
+        }
+        self.receive_general(now, mem, bytes)
+    }
+
+    /// `handle_datagram` for each of a burst of received datagrams, in
+    /// order, as a driver receiving bursts calls it. Malformed datagrams
+    /// are dropped and counted (`stats().rx_malformed`) as by
+    /// `handle_datagram`; returns how many there were.
+    pub fn handle_datagram_burst<M: Memory + ?Sized, B: AsRef<[u8]>>(
+        &mut self,
+        now: Instant,
+        mem: &mut M,
+        datagrams: &[B],
+    ) -> usize {
+        let mut malformed = 0;
+        for d in datagrams {
+            let bytes = d.as_ref();
+            if let Some(w) = predict::tagged_write(bytes) {
+                if self.receive_predicted(now, mem, &w) {
+                    continue;
+                }
+            }
+            malformed += usize::from(self.receive_general(now, mem, bytes).is_err());
+        }
+        malformed
+    }
+
+    /// Everything `receive_predicted` leaves: kept out of line so the fast
+    /// path does not pay for this one's registers and stack frame.
+    #[inline(never)]
+    fn receive_general<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        mem: &mut M,
+        bytes: &[u8],
+    ) -> Result<(), WireError> {
         self.stats.rx_packets += 1;
         // `parse` checks the lengths itself: checking them when the view is
         // made too would do it twice per datagram.
@@ -1053,6 +1236,46 @@ impl Connection {
         self.progress();
         self.arm_probe(now);
         Ok(())
+    }
+
+    /// The receive fast path: what the general path does with an RDMA
+    /// Write segment in the common case (ours, established, the next PSN
+    /// with nothing held above it, no handshake left to finish, placement
+    /// allowed), done without building the general representations. When
+    /// any of that does not hold it changes nothing and returns false, and
+    /// the general path handles the datagram, errors included.
+    #[inline(always)]
+    fn receive_predicted<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        mem: &mut M,
+        w: &TaggedWrite<'_>,
+    ) -> bool {
+        let ours = w.dst_conn == self.local_conn
+            && self.cfg.header_prediction
+            && self.state == QpState::Rts
+            && self.handshake_psn.is_none();
+        let len = w.payload.len() as u64;
+        let pd = self.cfg.pd;
+        if !ours || mr::check(mem, w.stag, pd, w.to, len, Access::REMOTE_WRITE).is_err() {
+            return false;
+        }
+        let ack_request = w.flags & trp::FLAG_ACK_REQUEST != 0;
+        if !self.rx.accept_next(now, w.psn, ack_request) {
+            return false;
+        }
+        self.stats.rx_packets += 1;
+        self.probes = 0;
+        self.probe_deadline = None;
+        self.tx.on_ack(now, w.ack_psn, &SackRanges::new());
+        self.tx.set_peer_window(u32::from(w.window));
+        mem.write(w.to, w.payload);
+        self.progress();
+        // The keep-alive was just reset; it rearms only while Reads wait.
+        if !self.reads_out.is_empty() {
+            self.arm_probe(now);
+        }
+        true
     }
 
     /// Places a new segment's payload (any order) and returns what must

@@ -5,7 +5,7 @@
 use crate::mr::{Access, Memory, Region, VecMemory};
 use crate::sim::{LinkConfig, Pair};
 use crate::verbs::{RecvWr, Sge};
-use crate::wire::{ddp, handshake, rdmap, segment, trp};
+use crate::wire::{ddp, handshake, predict, rdmap, segment, trp};
 use crate::{Config, Incoming};
 
 /// Every parser on the same bytes; whatever parses must re-emit to bytes
@@ -54,6 +54,12 @@ pub fn parsers(data: &[u8]) {
         h.emit(&mut buf);
         assert_eq!(handshake::Repr::parse(&buf).unwrap(), h);
     }
+    // The receive path's header prediction accepts exactly what the
+    // general parsers read as an RDMA Write segment, with the same fields.
+    assert_eq!(
+        predict::tagged_write(data),
+        predict::by_general_parsers(data)
+    );
     let _ = Incoming::parse(data);
     let _ = rdmap::parse_control(data.first().copied().unwrap_or(0));
 }

@@ -251,6 +251,12 @@ impl<K> Sender<K> {
         None
     }
 
+    /// Whether `next_retransmit` may have a PSN to send.
+    #[inline]
+    pub fn retransmit_pending(&self) -> bool {
+        !self.lost_q.is_empty() || self.probe_again.is_some()
+    }
+
     /// Marks a PSN for immediate retransmission (e.g. the peer repeated a
     /// handshake packet because our answer was lost).
     pub fn mark_lost(&mut self, psn: u32) {
@@ -642,6 +648,28 @@ impl Receiver {
         }
         self.nxt = self.nxt.wrapping_add(1);
         self.highest = self.nxt;
+        true
+    }
+
+    /// `classify`, `take_in_order` and `on_packet` for a PSN that arrives
+    /// in order with nothing held above it, in one step; returns false,
+    /// changing nothing, for any other PSN.
+    #[inline(always)]
+    pub fn accept_next(&mut self, now: Instant, psn: u32, ack_request: bool) -> bool {
+        // Without a gap `highest == nxt`, and every PSN marked in the
+        // window lies above `nxt`: so `nxt` itself is unmarked, and new.
+        if psn != self.nxt || self.highest != self.nxt {
+            return false;
+        }
+        debug_assert!(!self.bit(psn));
+        self.nxt = self.nxt.wrapping_add(1);
+        self.highest = self.nxt;
+        self.unacked += 1;
+        if self.unacked >= 2 || ack_request {
+            self.ack_now = true;
+        } else if self.ack_deadline.is_none() {
+            self.ack_deadline = Some(Instant(now.0.saturating_add(self.ack_delay_ns)));
+        }
         true
     }
 

@@ -224,7 +224,11 @@ pub struct Pair {
     pub ab: Link,
     /// b -> a
     pub ba: Link,
+    /// Drive both ends through the burst calls (`poll_transmit_burst`,
+    /// `handle_datagram_burst`) instead of one datagram per call.
+    pub bursts: bool,
     buf: Vec<u8>,
+    burst_bufs: Vec<Vec<u8>>,
 }
 
 /// Puts on `link` everything `from` wants to send; bounded so a connection
@@ -235,6 +239,27 @@ fn transmit_all(now: Instant, from: &mut Endpoint, link: &mut Link, buf: &mut [u
             break;
         };
         link.send(now, &buf[..n]);
+    }
+}
+
+/// The same through `poll_transmit_burst`, 32 datagrams per call.
+fn transmit_all_in_bursts(
+    now: Instant,
+    from: &mut Endpoint,
+    link: &mut Link,
+    bufs: &mut [Vec<u8>],
+) {
+    let mut lens = [0usize; 32];
+    for _ in 0..100_000 / 32 {
+        let n = from
+            .conn
+            .poll_transmit_burst(now, &from.mem, bufs, &mut lens);
+        for (b, &len) in bufs.iter().zip(&lens).take(n) {
+            link.send(now, &b[..len]);
+        }
+        if n < bufs.len() {
+            break;
+        }
     }
 }
 
@@ -307,6 +332,8 @@ impl Pair {
                         },
                         ab,
                         ba,
+                        bursts: false,
+                        burst_bufs: vec![buf.clone(); 32],
                         buf,
                     });
                 }
@@ -372,8 +399,13 @@ impl Pair {
     /// the next event and processes it. Returns false when nothing is left
     /// to happen.
     pub fn step(&mut self) -> bool {
-        transmit_all(self.now, &mut self.a, &mut self.ab, &mut self.buf);
-        transmit_all(self.now, &mut self.b, &mut self.ba, &mut self.buf);
+        if self.bursts {
+            transmit_all_in_bursts(self.now, &mut self.a, &mut self.ab, &mut self.burst_bufs);
+            transmit_all_in_bursts(self.now, &mut self.b, &mut self.ba, &mut self.burst_bufs);
+        } else {
+            transmit_all(self.now, &mut self.a, &mut self.ab, &mut self.buf);
+            transmit_all(self.now, &mut self.b, &mut self.ba, &mut self.buf);
+        }
         let Some(next) = earliest(&[
             self.ab.next_delivery(),
             self.ba.next_delivery(),
@@ -388,13 +420,15 @@ impl Pair {
         // (ACKs) in between, as a real receive loop would.
         loop {
             let mut any = false;
-            if let Some(p) = self.ab.pop_due(now) {
-                let _ = self.b.conn.handle_datagram(now, &mut self.b.mem, &p);
-                any = true;
-            }
-            if let Some(p) = self.ba.pop_due(now) {
-                let _ = self.a.conn.handle_datagram(now, &mut self.a.mem, &p);
-                any = true;
+            for (link, to) in [(&mut self.ab, &mut self.b), (&mut self.ba, &mut self.a)] {
+                if let Some(p) = link.pop_due(now) {
+                    if self.bursts {
+                        to.conn.handle_datagram_burst(now, &mut to.mem, &[p]);
+                    } else {
+                        let _ = to.conn.handle_datagram(now, &mut to.mem, &p);
+                    }
+                    any = true;
+                }
             }
             if !any {
                 break;

@@ -336,6 +336,26 @@ struct Outcome {
     virtual_ns: u64,
     bytes: u64,
     stats: [trp::reliability::SenderStats; 2],
+    /// Every datagram each end sent, when `Drive::capture`.
+    sent: [Vec<Vec<u8>>; 2],
+}
+
+/// How the simulation drives the two ends.
+#[derive(Clone, Copy, Debug)]
+struct Drive {
+    header_prediction: bool,
+    bursts: bool,
+    capture: bool,
+}
+
+impl Default for Drive {
+    fn default() -> Self {
+        Drive {
+            header_prediction: true,
+            bursts: false,
+            capture: false,
+        }
+    }
 }
 
 fn run(seed: u64, loss: f64, ops: usize, budget: u64) -> Result<Outcome, String> {
@@ -343,16 +363,35 @@ fn run(seed: u64, loss: f64, ops: usize, budget: u64) -> Result<Outcome, String>
 }
 
 fn run_on(seed: u64, link: LinkConfig, ops: usize, budget: u64) -> Result<Outcome, String> {
+    run_driven(seed, link, ops, budget, Drive::default())
+}
+
+fn run_driven(
+    seed: u64,
+    link: LinkConfig,
+    ops: usize,
+    budget: u64,
+    drive: Drive,
+) -> Result<Outcome, String> {
     let mem_size = 2 * (budget * 2 + ops as u64 * 2 * 400 + (1 << 20));
     let mut rng = Rng::new(seed);
+    let cfg = Config {
+        header_prediction: drive.header_prediction,
+        ..config()
+    };
     let mut p = Pair::connect(
-        config(),
-        config(),
+        cfg,
+        cfg,
         link,
         rng.next_u64(),
         memory(mem_size),
         memory(mem_size),
     )?;
+    p.bursts = drive.bursts;
+    if drive.capture {
+        p.ab.capture = Some(Vec::new());
+        p.ba.capture = Some(Vec::new());
+    }
     let start = p.now;
     let exp = post_workload(&mut p, &mut rng, ops, budget, mem_size);
     let mut got: [Vec<Completion>; 2] = [Vec::new(), Vec::new()];
@@ -432,6 +471,10 @@ fn run_on(seed: u64, link: LinkConfig, ops: usize, budget: u64) -> Result<Outcom
         virtual_ns: elapsed,
         bytes,
         stats: [p.a.conn.sender_stats(), p.b.conn.sender_stats()],
+        sent: [
+            p.ab.capture.take().unwrap_or_default(),
+            p.ba.capture.take().unwrap_or_default(),
+        ],
     })
 }
 
@@ -543,5 +586,54 @@ fn undetected_corruption_never_panics_or_hangs() {
             closed || (got[0] >= want[0] && got[1] >= want[1])
         });
         assert!(ok, "seed {seed}: hung with {got:?} of {want:?} completions");
+    }
+}
+
+/// The fast paths (header prediction on both ends, burst calls) are only
+/// faster: the same workloads, driven through the general paths alone, one
+/// datagram per call, and with bursts, send the same datagrams byte for
+/// byte and finish identically. The lossy runs make both ends leave and
+/// re-enter the fast paths (retransmissions, SACKs, Reads, Sends).
+#[test]
+fn fast_paths_change_nothing() {
+    for (seed, loss) in [(11, 0.0), (12, 0.01), (13, 0.1), (14, 0.3)] {
+        let link = LinkConfig::lossy(loss);
+        let run = |drive: Drive| {
+            run_driven(
+                seed,
+                link,
+                200,
+                4 << 20,
+                Drive {
+                    capture: true,
+                    ..drive
+                },
+            )
+            .unwrap_or_else(|e| panic!("seed {seed} loss {loss}: {e}"))
+        };
+        let general = run(Drive {
+            header_prediction: false,
+            ..Drive::default()
+        });
+        for drive in [
+            Drive::default(),
+            Drive {
+                bursts: true,
+                ..Drive::default()
+            },
+        ] {
+            let fast = run(drive);
+            for side in 0..2 {
+                let (g, f) = (&general.sent[side], &fast.sent[side]);
+                assert!(!g.is_empty());
+                if let Some(i) = (0..g.len().max(f.len())).find(|&i| g.get(i) != f.get(i)) {
+                    panic!("seed {seed} loss {loss} {drive:?}: side {side} datagram {i} differs");
+                }
+            }
+            assert_eq!(
+                (general.virtual_ns, general.bytes, general.stats),
+                (fast.virtual_ns, fast.bytes, fast.stats)
+            );
+        }
     }
 }

@@ -12,9 +12,9 @@ pub const VERSION: u8 = 1;
 pub const TAGGED_HEADER_LEN: usize = 14;
 pub const UNTAGGED_HEADER_LEN: usize = 18;
 
-const FLAG_TAGGED: u8 = 0x80;
-const FLAG_LAST: u8 = 0x40;
-const MASK_DV: u8 = 0x03;
+pub(crate) const FLAG_TAGGED: u8 = 0x80;
+pub(crate) const FLAG_LAST: u8 = 0x40;
+pub(crate) const MASK_DV: u8 = 0x03;
 
 mod field {
     pub const CONTROL: usize = 0;

@@ -8,6 +8,7 @@
 pub mod ddp;
 mod error;
 pub mod handshake;
+pub mod predict;
 pub mod rdmap;
 pub mod segment;
 pub mod trp;
