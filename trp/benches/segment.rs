@@ -4,7 +4,7 @@
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use trp::wire::ddp::BufferRef;
 use trp::wire::rdmap::Opcode;
-use trp::wire::{segment, trp as trph};
+use trp::wire::{predict, segment, trp as trph};
 
 fn build_parse(c: &mut Criterion) {
     let payload = vec![0xa5u8; 4096];
@@ -39,6 +39,29 @@ fn build_parse(c: &mut Criterion) {
             let r = trph::Repr::parse(&p).unwrap();
             let (seg, body) = segment::Repr::parse(p.payload()).unwrap();
             black_box((r, seg, body));
+        })
+    });
+    // The same through the receive path's header prediction and the
+    // matching one-step emitter (`wire::predict`).
+    g.bench_function("build_parse_4k_tagged_predicted", |b| {
+        let mut psn = 0u32;
+        b.iter(|| {
+            psn = psn.wrapping_add(1);
+            let w = predict::TaggedWrite {
+                flags: 0,
+                dst_conn: 7,
+                psn,
+                ack_psn: 3,
+                window: 1024,
+                last: false,
+                stag: 0x1234,
+                to: u64::from(psn) * 4096,
+                payload: &[],
+            };
+            let (h, body) = buf.split_first_chunk_mut().unwrap();
+            predict::emit_tagged_write(&w, h);
+            body.copy_from_slice(black_box(&payload));
+            black_box(predict::tagged_write(black_box(&buf[..])).unwrap());
         })
     });
     // The yardstick: copying the same payload once.

@@ -1,21 +1,32 @@
-//! Workload for measuring the protocol core's cost per segment with
-//! callgrind (see docs/performance.md). Two connections exchange datagrams
-//! directly, with no simulated link, so only trp and the payload copies run.
+//! Workload for measuring the protocol core's cost per segment (see
+//! docs/performance.md). Two connections exchange datagrams directly, with
+//! no simulated link, so only trp and the payload copies run.
 //!
-//! `segment_cost core <n> [burst]`: n RDMA Writes of 1 MiB from a to b.
-//! Each end hands over at most `burst` datagrams before the other end runs
-//! (as a driver polling bursts of packets would); without it, each end
-//! sends all it may, so ACKs are fewer (about one per window).
-//! `segment_cost burst <n> [burst]`: the same, each end sending with
-//! `poll_transmit_burst` over 32 buffers, as a driver sending bursts does.
-//! `segment_cost copy <n>`: the same number of segments' payload copied
-//! once with memcpy, nothing else.
+//! - `segment_cost core <n> [burst]`: n RDMA Writes of 1 MiB from a to b,
+//!   one `poll_transmit` / `handle_datagram` per datagram. Each end hands
+//!   over at most `burst` datagrams before the other end runs (as a driver
+//!   polling bursts of packets would); without it, each end sends all it
+//!   may, so ACKs are fewer (about one per window).
+//! - `segment_cost burst <n> [burst]`: the same through
+//!   `poll_transmit_burst` / `handle_datagram_burst` over 32 buffers, as a
+//!   driver moving bursts of packets calls them.
+//! - `segment_cost copy <n>`: one memcpy per segment between two small
+//!   buffers that stay in L1, nothing else (the yardstick of earlier runs).
+//! - `segment_cost copies <n>`: the two copies every segment needs, with
+//!   the workload's own buffers and addresses: out of a's memory into a
+//!   datagram buffer, and out of it into b's memory.
+//! - `segment_cost time <n>`: wall-clock: `burst`, `core` with the fast
+//!   paths off (`Config::header_prediction`) and `copies` in turn, seven
+//!   times each, best of each; prints nanoseconds per segment and the
+//!   protocol's share (a run minus `copies`) as a ratio to the copies.
 
 use std::hint::black_box;
+use std::time::{Duration, Instant as Clock};
 use trp::sim::{Endpoint, LinkConfig, Pair};
-use trp::{Access, Config, Region, SendOp, SendWr, Sge, VecMemory};
+use trp::{Access, Config, Memory, Region, SendOp, SendWr, Sge, VecMemory};
 
 const MIB: u64 = 1 << 20;
+const BURST: usize = 32;
 
 fn memory() -> VecMemory {
     let mut m = VecMemory::new(2 * MIB as usize);
@@ -23,80 +34,174 @@ fn memory() -> VecMemory {
     m
 }
 
-fn main() {
-    let mut args = std::env::args().skip(1);
-    let mode = args.next().unwrap_or_else(|| "core".into());
-    let n: u64 = args.next().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let burst: usize = args
-        .next()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(usize::MAX);
-    let cfg = Config::default();
-    let p = Pair::connect(cfg, cfg, LinkConfig::default(), 1, memory(), memory()).unwrap();
-    let payload = u64::from(cfg.max_datagram) - 20 - 14;
-    let segments_per_mib = MIB.div_ceil(payload);
-    if mode == "copy" {
-        let src = vec![1u8; payload as usize];
-        let mut dst = vec![0u8; payload as usize];
-        for _ in 0..n * segments_per_mib {
-            dst.copy_from_slice(black_box(&src));
-            black_box(&mut dst);
-        }
-        println!("segments {}", n * segments_per_mib);
-        return;
-    }
-    let (mut a, mut b) = (p.a, p.b);
-    let mut now = p.now;
-    let mut buf = vec![0u8; 2048];
-    let mut bufs = vec![vec![0u8; 2048]; 32];
-    let mut lens = [0usize; 32];
-    let sge = [Sge {
-        addr: 0,
-        len: MIB as u32,
-        lkey: 1,
-    }];
-    for i in 0..n {
-        let wr = SendWr {
-            wr_id: i,
-            op: SendOp::RdmaWrite {
-                remote_addr: MIB,
-                rkey: 1,
-            },
-            sges: &sge,
-            signaled: true,
+/// Two established ends and the buffers datagrams pass through.
+struct Bench {
+    a: Endpoint,
+    b: Endpoint,
+    now: trp::Instant,
+    bufs: Vec<Vec<u8>>,
+    lens: [usize; BURST],
+    payload: u64,
+}
+
+impl Bench {
+    fn new(header_prediction: bool) -> Bench {
+        let cfg = Config {
+            header_prediction,
+            ..Config::default()
         };
-        a.conn.post_send(&a.mem, &wr).unwrap();
-        loop {
-            let moved = if mode == "burst" {
-                send_bursts(&mut a, &mut b, now, burst, &mut bufs, &mut lens)
-            } else {
-                send_each(&mut a, &mut b, now, burst, &mut buf)
+        let p = Pair::connect(cfg, cfg, LinkConfig::default(), 1, memory(), memory()).unwrap();
+        Bench {
+            a: p.a,
+            b: p.b,
+            now: p.now,
+            bufs: vec![vec![0u8; 2048]; BURST],
+            lens: [0; BURST],
+            payload: u64::from(cfg.max_datagram) - 20 - 14,
+        }
+    }
+
+    fn segments(&self, n: u64) -> u64 {
+        n * MIB.div_ceil(self.payload)
+    }
+
+    /// n RDMA Writes of 1 MiB from a to b, each waited for.
+    fn write(&mut self, n: u64, bursts: bool, cap: usize) {
+        let sge = [Sge {
+            addr: 0,
+            len: MIB as u32,
+            lkey: 1,
+        }];
+        let (a, b, bufs, lens) = (&mut self.a, &mut self.b, &mut self.bufs, &mut self.lens);
+        for i in 0..n {
+            let wr = SendWr {
+                wr_id: i,
+                op: SendOp::RdmaWrite {
+                    remote_addr: MIB,
+                    rkey: 1,
+                },
+                sges: &sge,
+                signaled: true,
             };
-            let acks = if mode == "burst" {
-                send_bursts(&mut b, &mut a, now, burst, &mut bufs, &mut lens)
-            } else {
-                send_each(&mut b, &mut a, now, burst, &mut buf)
-            };
-            if a.conn.poll_completion().is_some() {
-                break;
-            }
-            if moved > 0 || acks > 0 {
-                continue;
-            }
-            now = trp::Instant(now.0 + 1_000);
-            for e in [&mut a, &mut b] {
-                if e.conn.poll_timeout().is_some_and(|t| t <= now) {
-                    e.conn.handle_timeout(now);
+            a.conn.post_send(&a.mem, &wr).unwrap();
+            loop {
+                let now = self.now;
+                let (moved, acks) = if bursts {
+                    (
+                        send_bursts(a, b, now, cap, bufs, lens),
+                        send_bursts(b, a, now, cap, bufs, lens),
+                    )
+                } else {
+                    (
+                        send_each(a, b, now, cap, &mut bufs[0]),
+                        send_each(b, a, now, cap, &mut bufs[0]),
+                    )
+                };
+                if a.conn.poll_completion().is_some() {
+                    break;
+                }
+                if moved > 0 || acks > 0 {
+                    continue;
+                }
+                self.now = trp::Instant(now.0 + 1_000);
+                for e in [&mut *a, &mut *b] {
+                    if e.conn.poll_timeout().is_some_and(|t| t <= self.now) {
+                        e.conn.handle_timeout(self.now);
+                    }
                 }
             }
         }
     }
-    println!(
-        "segments {} sent {:?} acks {}",
-        n * segments_per_mib,
-        a.conn.sender_stats(),
-        b.conn.stats().tx_acks
-    );
+
+    /// The two copies of every segment of n 1 MiB Writes, through the same
+    /// memories, addresses and datagram buffers as `write`.
+    fn copies(&mut self, n: u64) {
+        for _ in 0..n {
+            let mut off = 0;
+            let mut i = 0;
+            while off < MIB {
+                let len = self.payload.min(MIB - off) as usize;
+                let buf = &mut self.bufs[i % BURST][34..34 + len];
+                self.a.mem.read(off, buf);
+                self.b.mem.write(MIB + off, black_box(buf));
+                off += len as u64;
+                i += 1;
+            }
+        }
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mode = args.next().unwrap_or_else(|| "core".into());
+    let n: u64 = args.next().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let cap: usize = args
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX);
+    let mut bench = Bench::new(true);
+    let segments = bench.segments(n);
+    match mode.as_str() {
+        "core" | "burst" => {
+            bench.write(n, mode == "burst", cap);
+            println!(
+                "segments {segments} sent {:?} acks {}",
+                bench.a.conn.sender_stats(),
+                bench.b.conn.stats().tx_acks
+            );
+        }
+        "copy" => {
+            let len = bench.payload as usize;
+            let src = vec![1u8; len];
+            let mut dst = vec![0u8; len];
+            for _ in 0..segments {
+                dst.copy_from_slice(black_box(&src));
+                black_box(&mut dst);
+            }
+            println!("segments {segments}");
+        }
+        "copies" => {
+            bench.copies(n);
+            println!("segments {segments}");
+        }
+        "time" => time(&mut bench, n),
+        m => {
+            eprintln!("segment_cost: unknown mode {m:?} (core, burst, copy, copies, time)");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn time(bench: &mut Bench, n: u64) {
+    let segments = bench.segments(n) as f64;
+    let run = |f: &mut dyn FnMut()| {
+        let t = Clock::now();
+        f();
+        t.elapsed()
+    };
+    // The general paths alone, one call per datagram: the core without
+    // its fast paths, for comparison.
+    let mut general = Bench::new(false);
+    // Warm up all three (page faults, caches, window growth).
+    bench.write(n, true, usize::MAX);
+    general.write(n, false, usize::MAX);
+    bench.copies(n);
+    let mut best = [Duration::MAX; 3];
+    for _ in 0..7 {
+        best[0] = best[0].min(run(&mut || bench.write(n, true, usize::MAX)));
+        best[1] = best[1].min(run(&mut || general.write(n, false, usize::MAX)));
+        best[2] = best[2].min(run(&mut || bench.copies(n)));
+    }
+    let [fast, slow, copies] = best.map(|d| d.as_nanos() as f64 / segments);
+    println!("ns per segment, both ends: two payload copies {copies:.1}");
+    for (name, t) in [("fast paths, bursts", fast), ("general paths only", slow)] {
+        let p = t - copies;
+        println!(
+            "{name}: {t:.1}, protocol {p:.1} = {:.2} x the two copies = {:.2} x one copy",
+            p / copies,
+            2.0 * p / copies
+        );
+    }
 }
 
 /// Hands up to `cap` datagrams from `from` to `to`, one `poll_transmit`
@@ -121,7 +226,7 @@ fn send_each(
     moved
 }
 
-/// The same with `poll_transmit_burst`.
+/// The same through the burst calls, `BURST` datagrams at a time.
 fn send_bursts(
     from: &mut Endpoint,
     to: &mut Endpoint,
@@ -136,7 +241,7 @@ fn send_bursts(
         let n = from
             .conn
             .poll_transmit_burst(now, &from.mem, &mut bufs[..k], lens);
-        let mut received: [&[u8]; 32] = [&[]; 32];
+        let mut received: [&[u8]; BURST] = [&[]; BURST];
         for (r, (b, &len)) in received
             .iter_mut()
             .zip(bufs.iter().zip(lens.iter()))
