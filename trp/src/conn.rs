@@ -849,8 +849,9 @@ impl Connection {
             return None;
         }
         if self.transmit_predictable() {
-            if let Some(n) = self.transmit_predicted(now, mem, buf) {
-                return Some(n);
+            let mut len = [0];
+            if self.transmit_predicted(now, mem, &mut [&mut *buf], &mut len) == 1 {
+                return Some(len[0]);
             }
         }
         self.transmit_general(now, mem, buf)
@@ -869,17 +870,17 @@ impl Connection {
     ) -> usize {
         let n = bufs.len().min(lens.len());
         let mut i = 0;
-        if self.transmit_predictable() {
+        let fit = bufs[..n]
+            .iter_mut()
+            .all(|b| b.as_mut().len() >= self.datagram);
+        if fit && self.transmit_predictable() {
+            // Each run stops at the end of a Write; the next may follow.
             while i < n {
-                let buf = bufs[i].as_mut();
-                if buf.len() < self.datagram {
+                let k = self.transmit_predicted(now, mem, &mut bufs[i..n], &mut lens[i..n]);
+                if k == 0 {
                     break;
                 }
-                let Some(len) = self.transmit_predicted(now, mem, buf) else {
-                    break;
-                };
-                lens[i] = len;
-                i += 1;
+                i += k;
             }
         }
         while i < n {
@@ -954,54 +955,66 @@ impl Connection {
     }
 
     /// The transmit fast path, when `transmit_predictable`: the next
-    /// segment of the RDMA Write at the send cursor if the window is open,
-    /// its headers built in one step. What it sends and records is what
-    /// `next_new` and `emit` would; in any other case it changes nothing
-    /// and returns None. `buf` holds at least `max_datagram()` bytes.
+    /// segments of the RDMA Write at the send cursor, as many as the
+    /// windows allow and `bufs` hold, their headers built in one step.
+    /// What it sends and records is what `next_new` and `emit` would for
+    /// each; it stops, changing nothing more, where they would do anything
+    /// else. Returns how many datagrams it wrote (`lens`); every buffer
+    /// holds at least `max_datagram()` bytes.
     #[inline(always)]
-    fn transmit_predicted<M: Memory + ?Sized>(
+    fn transmit_predicted<M: Memory + ?Sized, B: AsMut<[u8]>>(
         &mut self,
         now: Instant,
         mem: &M,
-        buf: &mut [u8],
-    ) -> Option<usize> {
-        if !self.tx.can_send_new() {
-            return None;
-        }
-        let max_tagged = self.max_tagged();
-        let psn = self.tx.nxt();
-        let seq_cursor = self.sq_cursor;
-        let e = self.sq.get_mut(seq_cursor)?;
+        bufs: &mut [B],
+        lens: &mut [usize],
+    ) -> usize {
+        let room = self.tx.room() as usize;
+        let Some(e) = self.sq.get_mut(self.sq_cursor) else {
+            return 0;
+        };
         let (remote_addr, rkey) = match e.op {
             SendOp::RdmaWrite { remote_addr, rkey }
             | SendOp::RdmaWriteImm {
                 remote_addr, rkey, ..
-            } if !e.write_done => (remote_addr, rkey),
-            _ => return None,
+            } => (remote_addr, rkey),
+            _ => return 0,
         };
-        let (h, rest) = buf.split_first_chunk_mut::<{ predict::HEADER_LEN }>()?;
-        let (hdr, off, len) = e.next_write_segment(remote_addr, rkey, max_tagged);
-        gather(mem, &e.sges, u64::from(off), &mut rest[..len as usize]);
-        if e.issued {
-            e.last_psn = psn;
-            self.sq_cursor += 1;
+        let max_tagged = (self.datagram - predict::HEADER_LEN) as u32;
+        let mut sent = 0;
+        for (buf, out_len) in bufs.iter_mut().zip(lens.iter_mut()).take(room) {
+            if e.write_done {
+                break;
+            }
+            let Some((h, rest)) = buf.as_mut().split_first_chunk_mut() else {
+                break;
+            };
+            let psn = self.tx.nxt();
+            let (hdr, off, len) = e.next_write_segment(remote_addr, rkey, max_tagged);
+            gather(mem, &e.sges, u64::from(off), &mut rest[..len as usize]);
+            if e.issued {
+                e.last_psn = psn;
+                self.sq_cursor += 1;
+            }
+            let w = TaggedWrite {
+                flags: if hdr.last { trp::FLAG_ACK_REQUEST } else { 0 },
+                dst_conn: self.peer_conn,
+                psn,
+                ack_psn: self.rx.nxt(),
+                window: self.rx.window(),
+                last: hdr.last,
+                stag: rkey,
+                to: remote_addr.wrapping_add(u64::from(off)),
+                payload: &[],
+            };
+            predict::emit_tagged_write(&w, h);
+            let src = Src::Sq { seq: e.seq, off };
+            self.tx.push(TxKind::Seg { hdr, src, len }, now);
+            self.rx.ack_sent();
+            *out_len = predict::HEADER_LEN + len as usize;
+            sent += 1;
         }
-        let src = Src::Sq { seq: e.seq, off };
-        let w = TaggedWrite {
-            flags: if hdr.last { trp::FLAG_ACK_REQUEST } else { 0 },
-            dst_conn: self.peer_conn,
-            psn,
-            ack_psn: self.rx.nxt(),
-            window: self.rx.window(),
-            last: hdr.last,
-            stag: rkey,
-            to: remote_addr.wrapping_add(u64::from(off)),
-            payload: &[],
-        };
-        predict::emit_tagged_write(&w, h);
-        self.tx.push(TxKind::Seg { hdr, src, len }, now);
-        self.rx.ack_sent();
-        Some(predict::HEADER_LEN + len as usize)
+        sent
     }
 
     #[inline]

@@ -172,7 +172,16 @@ impl<K> Sender<K> {
     /// and the congestion window.
     #[inline]
     pub fn can_send_new(&self) -> bool {
-        self.outstanding() < self.peer_window.min(self.p.max_cwnd) && self.pipe() < self.cwnd
+        self.room() > 0
+    }
+
+    /// How many new PSNs may be sent now, one after the other: each
+    /// `push` takes one place in both windows.
+    #[inline]
+    pub fn room(&self) -> u32 {
+        let peer = self.peer_window.min(self.p.max_cwnd);
+        let flow = peer.saturating_sub(self.outstanding());
+        flow.min(self.cwnd.saturating_sub(self.pipe()))
     }
 
     #[inline]
