@@ -8,7 +8,7 @@
 //! protection checks; nothing is allocated per packet.
 
 use crate::config::Config;
-use crate::mr::{self, Access, Memory};
+use crate::mr::{self, Access, Memory, Region};
 use crate::reliability::{psn_lt, Arrival, Params, Receiver, Sender, SenderStats, Timeout};
 use crate::state::{self, QpState, State, Transition};
 use crate::time::Instant;
@@ -1117,7 +1117,7 @@ impl Connection {
         bytes: &[u8],
     ) -> Result<(), WireError> {
         if let Some(w) = predict::tagged_write(bytes) {
-            if self.receive_predicted(now, mem, &w) {
+            if self.receive_predicted(now, mem, &w, &mut None) {
                 return Ok(());
             }
         }
@@ -1135,13 +1135,18 @@ impl Connection {
         datagrams: &[B],
     ) -> usize {
         let mut malformed = 0;
+        // The last region looked up: the table can change during the call
+        // only through the general path (Send with Invalidate), which
+        // forgets it.
+        let mut region = None;
         for d in datagrams {
             let bytes = d.as_ref();
             if let Some(w) = predict::tagged_write(bytes) {
-                if self.receive_predicted(now, mem, &w) {
+                if self.receive_predicted(now, mem, &w, &mut region) {
                     continue;
                 }
             }
+            region = None;
             malformed += usize::from(self.receive_general(now, mem, bytes).is_err());
         }
         malformed
@@ -1263,14 +1268,28 @@ impl Connection {
         now: Instant,
         mem: &mut M,
         w: &TaggedWrite<'_>,
+        region: &mut Option<(u32, Region)>,
     ) -> bool {
         let ours = w.dst_conn == self.local_conn
             && self.cfg.header_prediction
             && self.state == QpState::Rts
             && self.handshake_psn.is_none();
+        if !ours {
+            return false;
+        }
+        let r = match *region {
+            Some((stag, r)) if stag == w.stag => r,
+            _ => {
+                let Some(r) = mem.region(w.stag) else {
+                    return false;
+                };
+                *region = Some((w.stag, r));
+                r
+            }
+        };
         let len = w.payload.len() as u64;
         let pd = self.cfg.pd;
-        if !ours || mr::check(mem, w.stag, pd, w.to, len, Access::REMOTE_WRITE).is_err() {
+        if mr::check_region(&r, pd, w.to, len, Access::REMOTE_WRITE).is_err() {
             return false;
         }
         let ack_request = w.flags & trp::FLAG_ACK_REQUEST != 0;

@@ -74,6 +74,14 @@ pub enum InvalidateError {
 /// `write` and `read` are only called for ranges that passed [`check`]
 /// (or local SGEs validated when posted), so implementations may treat an
 /// out-of-range call as a bug.
+///
+/// During one `Connection::handle_datagram_burst` call the answers of
+/// `region` may change only through `invalidate`: the burst reuses a
+/// region it has looked up for the following segments of the same STag
+/// (still checking bounds, rights and PD for each). An implementation
+/// shared with other threads keeps its table fixed for the call, as it
+/// must anyway so that nothing is deregistered between a check and the
+/// write it allows.
 pub trait Memory {
     fn region(&self, stag: u32) -> Option<Region>;
     /// Marks the STag invalid in response to a remote Send with Invalidate.
@@ -127,6 +135,18 @@ pub fn check<M: Memory + ?Sized>(
     need: Access,
 ) -> Result<(), ProtectionError> {
     let r = mem.region(stag).ok_or(ProtectionError::UnknownStag)?;
+    check_region(&r, pd, to, len, need)
+}
+
+/// The checks of [`check`] after the region lookup.
+#[inline]
+pub fn check_region(
+    r: &Region,
+    pd: u32,
+    to: u64,
+    len: u64,
+    need: Access,
+) -> Result<(), ProtectionError> {
     if !r.valid {
         return Err(ProtectionError::Invalidated);
     }

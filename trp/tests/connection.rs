@@ -662,3 +662,51 @@ fn psn_space_wraps() {
     assert_eq!(&p.b.mem.bytes[1 << 19..(1 << 19) + 300_000], &data[..]);
     assert_eq!(&p.a.mem.bytes[1 << 19..(1 << 19) + 300_000], &data[..]);
 }
+
+/// A burst reuses the region it looked up for the next segments of the
+/// same STag, but not past a Send with Invalidate of that STag in the same
+/// burst: the Write after it is refused and nothing of it lands.
+#[test]
+fn write_after_invalidate_in_one_burst_is_refused() {
+    let mut p = pair(Config::default(), Config::default());
+    let base = 1 << 19;
+    p.b.mem
+        .register(3, Region::new(0, base, 4096, Access::REMOTE_WRITE), true);
+    p.a.mem.bytes[..100].fill(0xab);
+    post_recv(&mut p.b, 10, 0, 64);
+    let write = |remote_addr| SendOp::RdmaWrite {
+        remote_addr,
+        rkey: 3,
+    };
+    send(&mut p, 1, write(base), &sge(0, 100));
+    let invalidate = SendOp::Send {
+        invalidate: Some(3),
+        solicited: false,
+    };
+    send(&mut p, 2, invalidate, &sge(0, 8));
+    send(&mut p, 3, write(base + 200), &sge(0, 100));
+    let mut burst = Vec::new();
+    let mut buf = vec![0u8; p.a.conn.max_datagram()];
+    while let Some(n) = p.a.conn.poll_transmit(p.now, &p.a.mem, &mut buf) {
+        burst.push(buf[..n].to_vec());
+    }
+    assert_eq!(burst.len(), 3);
+    assert_eq!(
+        p.b.conn.handle_datagram_burst(p.now, &mut p.b.mem, &burst),
+        0
+    );
+    let at = |a: u64, n: usize| p.b.mem.bytes[a as usize..a as usize + n].to_vec();
+    assert_eq!(at(base, 100), vec![0xab; 100], "the first Write landed");
+    assert!(!p.b.mem.region(3).unwrap().valid, "the Send invalidated");
+    assert_eq!(at(base + 200, 100), vec![0; 100], "the last Write did not");
+    let t = match events(&mut p.b.conn)[..] {
+        [Event::Failed(FailReason::TerminateSent(t))] => t,
+        ref e => panic!("{e:?}"),
+    };
+    assert_eq!(
+        (t.layer, t.etype, t.code),
+        (Layer::Ddp, term::DDP_TAGGED, term::T_INVALID_STAG)
+    );
+    let recv = drain(&mut p.b.conn);
+    assert_eq!((recv[0].wr_id, recv[0].invalidated), (10, Some(3)));
+}
