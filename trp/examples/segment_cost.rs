@@ -10,15 +10,19 @@
 //! - `segment_cost burst <n> [burst]`: the same through
 //!   `poll_transmit_burst` / `handle_datagram_burst` over 32 buffers, as a
 //!   driver moving bursts of packets calls them.
+//! - `segment_cost general <n> [burst]`: `core` with the fast paths off
+//!   (`Config::header_prediction`): every datagram takes the general paths.
 //! - `segment_cost copy <n>`: one memcpy per segment between two small
 //!   buffers that stay in L1, nothing else (the yardstick of earlier runs).
-//! - `segment_cost copies <n>`: the two copies every segment needs, with
-//!   the workload's own buffers and addresses: out of a's memory into a
-//!   datagram buffer, and out of it into b's memory.
-//! - `segment_cost time <n>`: wall-clock: `burst`, `core` with the fast
-//!   paths off (`Config::header_prediction`) and `copies` in turn, seven
-//!   times each, best of each; prints nanoseconds per segment and the
-//!   protocol's share (a run minus `copies`) as a ratio to the copies.
+//! - `segment_cost copies <n> [buffers]`: the two copies every segment
+//!   needs, with the workload's own addresses: out of a's memory into a
+//!   datagram buffer (of 32 in turn, or of `buffers`), and out of it into
+//!   b's memory.
+//! - `segment_cost time <n>`: wall-clock, for one call per datagram and
+//!   for bursts: the copies through the same buffers, the workload, and
+//!   the workload with the fast paths off, in turn, seven times each, best
+//!   of each; prints nanoseconds per segment and the protocol's share (a
+//!   run minus the copies) as a ratio to the copies.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant as Clock};
@@ -114,14 +118,15 @@ impl Bench {
     }
 
     /// The two copies of every segment of n 1 MiB Writes, through the same
-    /// memories, addresses and datagram buffers as `write`.
-    fn copies(&mut self, n: u64) {
+    /// memories and addresses as `write` and the first `buffers` datagram
+    /// buffers in turn (`write` uses one, or 32 in bursts).
+    fn copies(&mut self, n: u64, buffers: usize) {
         for _ in 0..n {
             let mut off = 0;
             let mut i = 0;
             while off < MIB {
                 let len = self.payload.min(MIB - off) as usize;
-                let buf = &mut self.bufs[i % BURST][34..34 + len];
+                let buf = &mut self.bufs[i % buffers][34..34 + len];
                 self.a.mem.read(off, buf);
                 self.b.mem.write(MIB + off, black_box(buf));
                 off += len as u64;
@@ -139,10 +144,10 @@ fn main() {
         .next()
         .and_then(|v| v.parse().ok())
         .unwrap_or(usize::MAX);
-    let mut bench = Bench::new(true);
+    let mut bench = Bench::new(mode != "general");
     let segments = bench.segments(n);
     match mode.as_str() {
-        "core" | "burst" => {
+        "core" | "burst" | "general" => {
             bench.write(n, mode == "burst", cap);
             println!(
                 "segments {segments} sent {:?} acks {}",
@@ -161,12 +166,14 @@ fn main() {
             println!("segments {segments}");
         }
         "copies" => {
-            bench.copies(n);
+            bench.copies(n, if cap == usize::MAX { BURST } else { cap });
             println!("segments {segments}");
         }
         "time" => time(&mut bench, n),
         m => {
-            eprintln!("segment_cost: unknown mode {m:?} (core, burst, copy, copies, time)");
+            eprintln!(
+                "segment_cost: unknown mode {m:?} (core, burst, general, copy, copies, time)"
+            );
             std::process::exit(2);
         }
     }
@@ -179,28 +186,37 @@ fn time(bench: &mut Bench, n: u64) {
         f();
         t.elapsed()
     };
-    // The general paths alone, one call per datagram: the core without
-    // its fast paths, for comparison.
+    // The same ends without the fast paths, for comparison.
     let mut general = Bench::new(false);
-    // Warm up all three (page faults, caches, window growth).
-    bench.write(n, true, usize::MAX);
-    general.write(n, false, usize::MAX);
-    bench.copies(n);
-    let mut best = [Duration::MAX; 3];
-    for _ in 0..7 {
-        best[0] = best[0].min(run(&mut || bench.write(n, true, usize::MAX)));
-        best[1] = best[1].min(run(&mut || general.write(n, false, usize::MAX)));
-        best[2] = best[2].min(run(&mut || bench.copies(n)));
-    }
-    let [fast, slow, copies] = best.map(|d| d.as_nanos() as f64 / segments);
-    println!("ns per segment, both ends: two payload copies {copies:.1}");
-    for (name, t) in [("fast paths, bursts", fast), ("general paths only", slow)] {
-        let p = t - copies;
-        println!(
-            "{name}: {t:.1}, protocol {p:.1} = {:.2} x the two copies = {:.2} x one copy",
-            p / copies,
-            2.0 * p / copies
-        );
+    // Each driving (one call per datagram through one buffer, or bursts
+    // through 32) against the copies through the same buffers.
+    for bursts in [false, true] {
+        let buffers = if bursts { BURST } else { 1 };
+        // Warm up (page faults, caches, window growth).
+        bench.write(n, bursts, usize::MAX);
+        general.write(n, bursts, usize::MAX);
+        bench.copies(n, buffers);
+        let mut best = [Duration::MAX; 3];
+        for _ in 0..7 {
+            best[0] = best[0].min(run(&mut || bench.copies(n, buffers)));
+            best[1] = best[1].min(run(&mut || bench.write(n, bursts, usize::MAX)));
+            best[2] = best[2].min(run(&mut || general.write(n, bursts, usize::MAX)));
+        }
+        let [copies, fast, slow] = best.map(|d| d.as_nanos() as f64 / segments);
+        let calls = if bursts {
+            "bursts of 32"
+        } else {
+            "one call per datagram"
+        };
+        println!("{calls}: ns per segment, both ends; the two payload copies {copies:.1}");
+        for (paths, t) in [("fast paths", fast), ("general paths only", slow)] {
+            let p = t - copies;
+            println!(
+                "  {paths}: {t:.1}, protocol {p:.1} = {:.2} x the two copies = {:.2} x one copy",
+                p / copies,
+                2.0 * p / copies
+            );
+        }
     }
 }
 
