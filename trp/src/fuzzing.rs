@@ -98,6 +98,17 @@ fn memory() -> VecMemory {
 /// offset), bit 2 a cumulative ACK inside the sent range; bit 3 runs the
 /// timers and the transmit path after the datagram.
 pub fn receive_path(data: &[u8]) {
+    receive(data, false)
+}
+
+/// The same records handed over with `handle_datagram_burst`: each burst
+/// ends with a record whose bit 3 is set (then the timers and the transmit
+/// path run) or with the input.
+pub fn receive_bursts(data: &[u8]) {
+    receive(data, true)
+}
+
+fn receive(data: &[u8], bursts: bool) {
     let cfg = Config {
         recv_window: 64,
         max_retries: 2,
@@ -126,6 +137,7 @@ pub fn receive_path(data: &[u8]) {
     let mut rest = data;
     let mut buf = vec![0u8; 2048];
     let mut now = p.now;
+    let mut burst = Vec::new();
     while rest.len() >= 3 {
         let flags = rest[0];
         let len = (usize::from(rest[1]) << 8 | usize::from(rest[2])).min(rest.len() - 3);
@@ -145,7 +157,16 @@ pub fn receive_path(data: &[u8]) {
             }
         }
         now = crate::Instant(now.0 + 1000);
-        let _ = p.b.conn.handle_datagram(now, &mut p.b.mem, &dgram);
+        if !bursts {
+            let _ = p.b.conn.handle_datagram(now, &mut p.b.mem, &dgram);
+        } else {
+            burst.push(dgram);
+            if flags & 8 == 0 && rest.len() >= 3 {
+                continue;
+            }
+            p.b.conn.handle_datagram_burst(now, &mut p.b.mem, &burst);
+            burst.clear();
+        }
         if flags & 8 != 0 {
             now = crate::Instant(now.0 + 5_000_000);
             p.b.conn.handle_timeout(now);

@@ -87,3 +87,8 @@ fn parsers() {
 fn receive_path() {
     run("receive_path", trp::fuzzing::receive_path, 1_500);
 }
+
+#[test]
+fn receive_bursts() {
+    run("receive_bursts", trp::fuzzing::receive_bursts, 1_500);
+}
