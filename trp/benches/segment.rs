@@ -47,21 +47,25 @@ fn build_parse(c: &mut Criterion) {
         let mut psn = 0u32;
         b.iter(|| {
             psn = psn.wrapping_add(1);
-            let w = predict::TaggedWrite {
+            let d = predict::Datagram {
                 flags: 0,
                 dst_conn: 7,
                 psn,
                 ack_psn: 3,
                 window: 1024,
-                last: false,
-                stag: 0x1234,
-                to: u64::from(psn) * 4096,
+                seg: segment::Repr {
+                    opcode: Opcode::RdmaWrite,
+                    last: false,
+                    buffer: BufferRef::Tagged {
+                        stag: 0x1234,
+                        to: u64::from(psn) * 4096,
+                    },
+                },
                 payload: &[],
             };
-            let (h, body) = buf.split_first_chunk_mut().unwrap();
-            predict::emit_tagged_write(&w, h);
-            body.copy_from_slice(black_box(&payload));
-            black_box(predict::tagged_write(black_box(&buf[..])).unwrap());
+            let n = predict::emit(&d, &mut buf);
+            buf[n..].copy_from_slice(black_box(&payload));
+            black_box(predict::parse(black_box(&buf[..])).unwrap());
         })
     });
     // The yardstick: copying the same payload once.

@@ -12,6 +12,8 @@
 //!   driver moving bursts of packets calls them.
 //! - `segment_cost general <n> [burst]`: `core` with the fast paths off
 //!   (`Config::header_prediction`): every datagram takes the general paths.
+//! - `core-send`, `burst-send`, `general-send`, `time-send`: the same with
+//!   1 MiB Sends into receives b posts (1434-byte segments).
 //! - `segment_cost copy <n>`: one memcpy per segment between two small
 //!   buffers that stay in L1, nothing else (the yardstick of earlier runs).
 //! - `segment_cost copies <n> [buffers]`: the two copies every segment
@@ -27,7 +29,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant as Clock};
 use trp::sim::{Endpoint, LinkConfig, Pair};
-use trp::{Access, Config, Memory, Region, SendOp, SendWr, Sge, VecMemory};
+use trp::{Access, Config, Memory, RecvWr, Region, SendOp, SendWr, Sge, VecMemory};
 
 const MIB: u64 = 1 << 20;
 const BURST: usize = 32;
@@ -45,11 +47,14 @@ struct Bench {
     now: trp::Instant,
     bufs: Vec<Vec<u8>>,
     lens: [usize; BURST],
+    /// Payload bytes per segment.
     payload: u64,
+    /// Sends (into receives b posts) instead of RDMA Writes.
+    send: bool,
 }
 
 impl Bench {
-    fn new(header_prediction: bool) -> Bench {
+    fn new(header_prediction: bool, send: bool) -> Bench {
         let cfg = Config {
             header_prediction,
             ..Config::default()
@@ -61,7 +66,8 @@ impl Bench {
             now: p.now,
             bufs: vec![vec![0u8; 2048]; BURST],
             lens: [0; BURST],
-            payload: u64::from(cfg.max_datagram) - 20 - 14,
+            payload: u64::from(cfg.max_datagram) - 20 - if send { 18 } else { 14 },
+            send,
         }
     }
 
@@ -78,12 +84,29 @@ impl Bench {
         }];
         let (a, b, bufs, lens) = (&mut self.a, &mut self.b, &mut self.bufs, &mut self.lens);
         for i in 0..n {
-            let wr = SendWr {
-                wr_id: i,
-                op: SendOp::RdmaWrite {
+            let op = if self.send {
+                let dst = [Sge {
+                    addr: MIB,
+                    ..sge[0]
+                }];
+                let wr = RecvWr {
+                    wr_id: i,
+                    sges: &dst,
+                };
+                b.conn.post_recv(&b.mem, &wr).unwrap();
+                SendOp::Send {
+                    invalidate: None,
+                    solicited: false,
+                }
+            } else {
+                SendOp::RdmaWrite {
                     remote_addr: MIB,
                     rkey: 1,
-                },
+                }
+            };
+            let wr = SendWr {
+                wr_id: i,
+                op,
                 sges: &sge,
                 signaled: true,
             };
@@ -144,7 +167,11 @@ fn main() {
         .next()
         .and_then(|v| v.parse().ok())
         .unwrap_or(usize::MAX);
-    let mut bench = Bench::new(mode != "general");
+    let (mode, send) = match mode.strip_suffix("-send") {
+        Some(m) => (m.to_string(), true),
+        None => (mode, false),
+    };
+    let mut bench = Bench::new(mode != "general", send);
     let segments = bench.segments(n);
     match mode.as_str() {
         "core" | "burst" | "general" => {
@@ -187,7 +214,7 @@ fn time(bench: &mut Bench, n: u64) {
         t.elapsed()
     };
     // The same ends without the fast paths, for comparison.
-    let mut general = Bench::new(false);
+    let mut general = Bench::new(false, bench.send);
     // Each driving (one call per datagram through one buffer, or bursts
     // through 32) against the copies through the same buffers.
     for bursts in [false, true] {

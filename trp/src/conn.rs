@@ -15,7 +15,7 @@ use crate::time::Instant;
 use crate::verbs::{Completion, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use crate::wire::ddp::{self, BufferRef};
 use crate::wire::handshake;
-use crate::wire::predict::{self, TaggedWrite};
+use crate::wire::predict::{self, Datagram};
 use crate::wire::rdmap::{
     self, qn, term, HeaderCopy, Immediate, Layer, Opcode, ReadRequest, Terminate,
 };
@@ -112,6 +112,46 @@ struct SqEntry {
 }
 
 impl SqEntry {
+    /// Advances a Send by one segment, taking the next Send MSN from
+    /// `next_msn` at its first: its header, its offset in the scatter list,
+    /// its length.
+    #[inline(always)]
+    fn next_send_segment(
+        &mut self,
+        invalidate: Option<u32>,
+        solicited: bool,
+        next_msn: &mut u32,
+        max_untagged: u32,
+    ) -> (segment::Repr, u32, u32) {
+        if !self.started {
+            self.started = true;
+            self.msn = *next_msn;
+            *next_msn = self.msn.wrapping_add(1);
+        }
+        let off = self.off;
+        let len = (self.len - off).min(max_untagged);
+        let last = off + len == self.len;
+        let opcode = match (invalidate.is_some(), solicited) {
+            (false, false) => Opcode::Send,
+            (true, false) => Opcode::SendInvalidate,
+            (false, true) => Opcode::SendSe,
+            (true, true) => Opcode::SendSeInvalidate,
+        };
+        let hdr = segment::Repr {
+            opcode,
+            last,
+            buffer: BufferRef::Untagged {
+                ulp_word: invalidate.unwrap_or(0),
+                qn: qn::SEND,
+                msn: self.msn,
+                mo: off,
+            },
+        };
+        self.off += len;
+        self.issued = last;
+        (hdr, off, len)
+    }
+
     /// Advances an RDMA Write (or a Write with Immediate's Write part) by
     /// one segment: its header, its offset in the scatter list, its length.
     #[inline(always)]
@@ -715,32 +755,13 @@ impl Connection {
                     invalidate,
                     solicited,
                 } => {
-                    if !e.started {
-                        e.started = true;
-                        e.msn = self.send_msn[0];
-                        self.send_msn[0] = e.msn.wrapping_add(1);
-                    }
-                    let len = (e.len - e.off).min(max_untagged);
-                    let last = e.off + len == e.len;
-                    let opcode = match (invalidate.is_some(), solicited) {
-                        (false, false) => Opcode::Send,
-                        (true, false) => Opcode::SendInvalidate,
-                        (false, true) => Opcode::SendSe,
-                        (true, true) => Opcode::SendSeInvalidate,
-                    };
-                    let hdr = segment::Repr {
-                        opcode,
-                        last,
-                        buffer: BufferRef::Untagged {
-                            ulp_word: invalidate.unwrap_or(0),
-                            qn: qn::SEND,
-                            msn: e.msn,
-                            mo: e.off,
-                        },
-                    };
-                    let src = Src::Sq { seq, off: e.off };
-                    e.off += len;
-                    e.issued = last;
+                    let (hdr, off, len) = e.next_send_segment(
+                        invalidate,
+                        solicited,
+                        &mut self.send_msn[0],
+                        max_untagged,
+                    );
+                    let src = Src::Sq { seq, off };
                     TxKind::Seg { hdr, src, len }
                 }
                 SendOp::RdmaWrite { remote_addr, rkey }
@@ -955,8 +976,8 @@ impl Connection {
     }
 
     /// The transmit fast path, when `transmit_predictable`: the next
-    /// segments of the RDMA Write at the send cursor, as many as the
-    /// windows allow and `bufs` hold, their headers built in one step.
+    /// segments of the RDMA Write or Send at the send cursor, as many as
+    /// the windows allow and `bufs` hold, their headers built in one step.
     /// What it sends and records is what `next_new` and `emit` would for
     /// each; it stops, changing nothing more, where they would do anything
     /// else. Returns how many datagrams it wrote (`lens`); every buffer
@@ -969,49 +990,83 @@ impl Connection {
         bufs: &mut [B],
         lens: &mut [usize],
     ) -> usize {
+        let Some(e) = self.sq.get(self.sq_cursor) else {
+            return 0;
+        };
+        // One specialised loop per kind of request.
+        match e.op {
+            SendOp::RdmaWrite { remote_addr, rkey }
+            | SendOp::RdmaWriteImm {
+                remote_addr, rkey, ..
+            } => {
+                let max = (self.datagram - trp::HEADER_LEN - ddp::TAGGED_HEADER_LEN) as u32;
+                // The end of a Write with Immediate, its Immediate Data
+                // segment, takes the general path.
+                self.transmit_run(now, mem, bufs, lens, |e, _| {
+                    (!e.write_done).then(|| e.next_write_segment(remote_addr, rkey, max))
+                })
+            }
+            SendOp::Send {
+                invalidate,
+                solicited,
+            } => {
+                let max = (self.datagram - trp::HEADER_LEN - ddp::UNTAGGED_HEADER_LEN) as u32;
+                self.transmit_run(now, mem, bufs, lens, |e, msn| {
+                    (!e.issued).then(|| e.next_send_segment(invalidate, solicited, msn, max))
+                })
+            }
+            SendOp::RdmaRead { .. } => 0,
+        }
+    }
+
+    /// The segments `next` makes of the send queue entry at the cursor (it
+    /// gets the next Send MSN to take), as many as the windows allow and
+    /// `bufs` hold, until it returns None.
+    #[inline(always)]
+    fn transmit_run<M: Memory + ?Sized, B: AsMut<[u8]>>(
+        &mut self,
+        now: Instant,
+        mem: &M,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        mut next: impl FnMut(&mut SqEntry, &mut u32) -> Option<(segment::Repr, u32, u32)>,
+    ) -> usize {
         let room = self.tx.room() as usize;
         let Some(e) = self.sq.get_mut(self.sq_cursor) else {
             return 0;
         };
-        let (remote_addr, rkey) = match e.op {
-            SendOp::RdmaWrite { remote_addr, rkey }
-            | SendOp::RdmaWriteImm {
-                remote_addr, rkey, ..
-            } => (remote_addr, rkey),
-            _ => return 0,
-        };
-        let max_tagged = (self.datagram - predict::HEADER_LEN) as u32;
         let mut sent = 0;
         for (buf, out_len) in bufs.iter_mut().zip(lens.iter_mut()).take(room) {
-            if e.write_done {
-                break;
-            }
-            let Some((h, rest)) = buf.as_mut().split_first_chunk_mut() else {
+            let Some((hdr, off, len)) = next(e, &mut self.send_msn[0]) else {
                 break;
             };
             let psn = self.tx.nxt();
-            let (hdr, off, len) = e.next_write_segment(remote_addr, rkey, max_tagged);
-            gather(mem, &e.sges, u64::from(off), &mut rest[..len as usize]);
+            let buf = buf.as_mut();
+            let at = trp::HEADER_LEN + hdr.header_len();
+            gather(
+                mem,
+                &e.sges,
+                u64::from(off),
+                &mut buf[at..at + len as usize],
+            );
             if e.issued {
                 e.last_psn = psn;
                 self.sq_cursor += 1;
             }
-            let w = TaggedWrite {
+            let d = Datagram {
                 flags: if hdr.last { trp::FLAG_ACK_REQUEST } else { 0 },
                 dst_conn: self.peer_conn,
                 psn,
                 ack_psn: self.rx.nxt(),
                 window: self.rx.window(),
-                last: hdr.last,
-                stag: rkey,
-                to: remote_addr.wrapping_add(u64::from(off)),
+                seg: hdr,
                 payload: &[],
             };
-            predict::emit_tagged_write(&w, h);
+            predict::emit(&d, buf);
             let src = Src::Sq { seq: e.seq, off };
             self.tx.push(TxKind::Seg { hdr, src, len }, now);
             self.rx.ack_sent();
-            *out_len = predict::HEADER_LEN + len as usize;
+            *out_len = at + len as usize;
             sent += 1;
         }
         sent
@@ -1116,8 +1171,8 @@ impl Connection {
         mem: &mut M,
         bytes: &[u8],
     ) -> Result<(), WireError> {
-        if let Some(w) = predict::tagged_write(bytes) {
-            if self.receive_predicted(now, mem, &w, &mut None) {
+        if let Some(d) = predict::parse(bytes) {
+            if self.receive_predicted(now, mem, &d, &mut None) {
                 return Ok(());
             }
         }
@@ -1141,8 +1196,8 @@ impl Connection {
         let mut region = None;
         for d in datagrams {
             let bytes = d.as_ref();
-            if let Some(w) = predict::tagged_write(bytes) {
-                if self.receive_predicted(now, mem, &w, &mut region) {
+            if let Some(d) = predict::parse(bytes) {
+                if self.receive_predicted(now, mem, &d, &mut region) {
                     continue;
                 }
             }
@@ -1257,56 +1312,97 @@ impl Connection {
     }
 
     /// The receive fast path: what the general path does with an RDMA
-    /// Write segment in the common case (ours, established, the next PSN
-    /// with nothing held above it, no handshake left to finish, placement
-    /// allowed), done without building the general representations. When
-    /// any of that does not hold it changes nothing and returns false, and
-    /// the general path handles the datagram, errors included.
+    /// Write or Send segment in the common case (ours, established, the
+    /// next PSN with nothing held above it, no handshake left to finish,
+    /// placement allowed; for a Send, its receive posted and long enough,
+    /// and no invalidation), done without building the general
+    /// representations. When any of that does not hold it changes nothing
+    /// and returns false, and the general path handles the datagram,
+    /// errors included. `region` is the last region looked up (see
+    /// `handle_datagram_burst`).
     #[inline(always)]
     fn receive_predicted<M: Memory + ?Sized>(
         &mut self,
         now: Instant,
         mem: &mut M,
-        w: &TaggedWrite<'_>,
+        d: &Datagram<'_>,
         region: &mut Option<(u32, Region)>,
     ) -> bool {
-        let ours = w.dst_conn == self.local_conn
+        let ours = d.dst_conn == self.local_conn
             && self.cfg.header_prediction
             && self.state == QpState::Rts
             && self.handshake_psn.is_none();
         if !ours {
             return false;
         }
-        let r = match *region {
-            Some((stag, r)) if stag == w.stag => r,
-            _ => {
-                let Some(r) = mem.region(w.stag) else {
-                    return false;
+        // One specialised path per kind of segment. Each checks where the
+        // payload goes before anything changes.
+        match d.seg.buffer {
+            BufferRef::Tagged { stag, to } => {
+                let r = match *region {
+                    Some((s, r)) if s == stag => r,
+                    _ => {
+                        let Some(r) = mem.region(stag) else {
+                            return false;
+                        };
+                        *region = Some((stag, r));
+                        r
+                    }
                 };
-                *region = Some((w.stag, r));
-                r
+                let (pd, len) = (self.cfg.pd, d.payload.len() as u64);
+                if mr::check_region(&r, pd, to, len, Access::REMOTE_WRITE).is_err()
+                    || !self.admit(now, d)
+                {
+                    return false;
+                }
+                mem.write(to, d.payload);
             }
-        };
-        let len = w.payload.len() as u64;
-        let pd = self.cfg.pd;
-        if mr::check_region(&r, pd, w.to, len, Access::REMOTE_WRITE).is_err() {
-            return false;
+            BufferRef::Untagged { msn, mo, .. } => {
+                // Invalidation changes the region table: general path.
+                if d.seg.last && d.seg.opcode.invalidates() {
+                    return false;
+                }
+                let i = msn.wrapping_sub(self.rq_msn) as usize;
+                let end = u64::from(mo) + d.payload.len() as u64;
+                if self.rq.get(i).is_none_or(|e| end > e.len) || !self.admit(now, d) {
+                    return false;
+                }
+                scatter(mem, &self.rq[i].sges, u64::from(mo), d.payload);
+                if d.seg.last {
+                    let ev = RxEvent::Recv {
+                        msn,
+                        invalidate: None,
+                        solicited: d.seg.opcode.solicited(),
+                        len: end as u32,
+                        imm: None,
+                    };
+                    self.deliver_event(now, mem, ev);
+                }
+            }
         }
-        let ack_request = w.flags & trp::FLAG_ACK_REQUEST != 0;
-        if !self.rx.accept_next(now, w.psn, ack_request) {
-            return false;
-        }
-        self.stats.rx_packets += 1;
-        self.probes = 0;
-        self.probe_deadline = None;
-        self.tx.on_ack(now, w.ack_psn, &SackRanges::new());
-        self.tx.set_peer_window(u32::from(w.window));
-        mem.write(w.to, w.payload);
         self.progress();
         // The keep-alive was just reset; it rearms only while Reads wait.
         if !self.reads_out.is_empty() {
             self.arm_probe(now);
         }
+        true
+    }
+
+    /// The receive fast path's bookkeeping once the segment may be placed:
+    /// takes its PSN if it is the next expected with nothing held above
+    /// it (else changes nothing and returns false), then what the general
+    /// path does for any packet of the connection.
+    #[inline(always)]
+    fn admit(&mut self, now: Instant, d: &Datagram<'_>) -> bool {
+        let ack_request = d.flags & trp::FLAG_ACK_REQUEST != 0;
+        if !self.rx.accept_next(now, d.psn, ack_request) {
+            return false;
+        }
+        self.stats.rx_packets += 1;
+        self.probes = 0;
+        self.probe_deadline = None;
+        self.tx.on_ack(now, d.ack_psn, &SackRanges::new());
+        self.tx.set_peer_window(u32::from(d.window));
         true
     }
 

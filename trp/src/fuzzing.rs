@@ -54,12 +54,18 @@ pub fn parsers(data: &[u8]) {
         h.emit(&mut buf);
         assert_eq!(handshake::Repr::parse(&buf).unwrap(), h);
     }
-    // The receive path's header prediction accepts exactly what the
-    // general parsers read as an RDMA Write segment, with the same fields.
-    assert_eq!(
-        predict::tagged_write(data),
-        predict::by_general_parsers(data)
-    );
+    // Header prediction accepts exactly what the general parsers read as
+    // an RDMA Write or Send segment, with the same fields, and its emitter
+    // writes headers that parse back to them.
+    let predicted = predict::parse(data);
+    assert_eq!(predicted, predict::by_general_parsers(data));
+    if let Some(d) = predicted {
+        let mut buf = vec![0u8; predict::MAX_HEADER_LEN];
+        let n = predict::emit(&d, &mut buf);
+        buf.truncate(n);
+        buf.extend_from_slice(d.payload);
+        assert_eq!(predict::parse(&buf), Some(d));
+    }
     let _ = Incoming::parse(data);
     let _ = rdmap::parse_control(data.first().copied().unwrap_or(0));
 }

@@ -1,122 +1,175 @@
-//! Header prediction for the receive path (after Van Jacobson's TCP fast
-//! path): most datagrams of a transfer are TRP Data packets without SACK
-//! ranges carrying an RDMA Write segment. [`tagged_write`] recognises
-//! exactly those with a few compares on fixed bytes and reads their fields
-//! in one step, without building the general representations.
+//! Header prediction (after Van Jacobson's TCP fast path): most datagrams of
+//! a transfer are TRP Data packets without SACK ranges carrying an RDMA
+//! Write or a Send segment. [`parse`] recognises exactly those with a few
+//! compares on fixed bytes and reads their fields in one step, without the
+//! general representations; [`emit`] writes their headers in one step.
 //!
-//! It accepts a datagram only if [`trp::Repr::parse`] followed by
-//! [`segment::Repr::parse`] would accept it with the same fields; anything
-//! else returns `None` and goes to the general parsers, which also produce
-//! the right error. The fuzz target `parsers` checks that agreement.
-//!
-//! [`segment::Repr::parse`]: super::segment::Repr::parse
+//! `parse` accepts a datagram only if [`trp::Repr::parse`] followed by
+//! [`segment::Repr::parse`] would accept it with the same fields, and
+//! [`by_general_parsers`] gives the general parsers' answer for comparison;
+//! anything else returns `None` and goes to the general parsers, which also
+//! produce the right error. The fuzz target `parsers` checks the agreement.
 
-use super::ddp;
-use super::ddp::BufferRef;
-use super::rdmap::{self, Opcode};
+use super::ddp::{self, BufferRef};
+use super::rdmap::{self, qn, Opcode};
 use super::segment::{self, Body};
 use super::trp;
 
-/// Bytes before the payload of a predicted datagram.
-pub const HEADER_LEN: usize = trp::HEADER_LEN + ddp::TAGGED_HEADER_LEN;
+/// The longest header `emit` writes (a Send segment's).
+pub const MAX_HEADER_LEN: usize = trp::HEADER_LEN + ddp::UNTAGGED_HEADER_LEN;
 
-/// The fields of a Data packet carrying an RDMA Write segment.
+/// The fields of a Data packet without SACK ranges carrying an RDMA Write
+/// or Send segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TaggedWrite<'a> {
+pub struct Datagram<'a> {
     pub flags: u8,
     pub dst_conn: u32,
     pub psn: u32,
     pub ack_psn: u32,
     pub window: u16,
-    pub last: bool,
-    pub stag: u32,
-    pub to: u64,
+    pub seg: segment::Repr,
     pub payload: &'a [u8],
 }
 
 /// TRP version 1, opcode Data, no SACK ranges.
 const TRP_DATA: [u8; 2] = [trp::VERSION, trp::Opcode::Data as u8];
-/// DDP control: tagged, version 1 (the last flag and reserved bits vary).
-const DDP_TAGGED_MASK: u8 = ddp::FLAG_TAGGED | ddp::MASK_DV;
+/// DDP control: the tagged flag and the version (the last flag and the
+/// reserved bits vary).
+const DDP_MASK: u8 = ddp::FLAG_TAGGED | ddp::MASK_DV;
 const DDP_TAGGED_V1: u8 = ddp::FLAG_TAGGED | ddp::VERSION;
-/// RDMAP control: version and opcode (reserved bits 4 and 5 are ignored).
-const RDMAP_MASK: u8 = 0xc0 | 0x0f;
-const RDMAP_WRITE_V1: u8 = (rdmap::VERSION << 6) | Opcode::RdmaWrite as u8;
+const DDP_UNTAGGED_V1: u8 = ddp::VERSION;
+/// RDMAP control: version (the top two bits) and opcode (the low four);
+/// the reserved bits 4 and 5 are ignored on receipt.
+const RDMAP_VERSION_MASK: u8 = 0xc0;
+const RDMAP_V1: u8 = rdmap::VERSION << 6;
 
 #[inline(always)]
-fn word(h: &[u8; HEADER_LEN], at: usize) -> u32 {
+fn word(h: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]])
 }
 
-/// The datagram's fields if it is a plain RDMA Write segment, else `None`.
+/// The datagram's fields if it is a Data packet without SACK ranges
+/// carrying an RDMA Write or a Send segment, else `None`.
 #[inline(always)]
-pub fn tagged_write(bytes: &[u8]) -> Option<TaggedWrite<'_>> {
-    let (h, payload) = bytes.split_first_chunk::<HEADER_LEN>()?;
-    let ddp_control = h[trp::HEADER_LEN];
-    let rdmap_control = h[trp::HEADER_LEN + 1];
-    if h[..2] != TRP_DATA
-        || h[3] != 0
-        || ddp_control & DDP_TAGGED_MASK != DDP_TAGGED_V1
-        || rdmap_control & RDMAP_MASK != RDMAP_WRITE_V1
-    {
+pub fn parse(bytes: &[u8]) -> Option<Datagram<'_>> {
+    const T: usize = trp::HEADER_LEN;
+    let (h, _) = bytes.split_first_chunk::<{ T + ddp::TAGGED_HEADER_LEN }>()?;
+    let (ddp_control, rdmap_control) = (h[T], h[T + 1]);
+    if h[..2] != TRP_DATA || h[3] != 0 || rdmap_control & RDMAP_VERSION_MASK != RDMAP_V1 {
         return None;
     }
-    let d = trp::HEADER_LEN;
-    Some(TaggedWrite {
+    let last = ddp_control & ddp::FLAG_LAST != 0;
+    let (opcode, buffer, at) = match (ddp_control & DDP_MASK, rdmap_control & 0x0f) {
+        (DDP_TAGGED_V1, 0x0) => {
+            let to = (u64::from(word(h, T + 6)) << 32) | u64::from(word(h, T + 10));
+            let buffer = BufferRef::Tagged {
+                stag: word(h, T + 2),
+                to,
+            };
+            (Opcode::RdmaWrite, buffer, T + ddp::TAGGED_HEADER_LEN)
+        }
+        (DDP_UNTAGGED_V1, op @ 0x3..=0x6) => {
+            let (h, _) = bytes.split_first_chunk::<MAX_HEADER_LEN>()?;
+            if word(h, T + 6) != qn::SEND {
+                return None;
+            }
+            let opcode = match op {
+                0x3 => Opcode::Send,
+                0x4 => Opcode::SendInvalidate,
+                0x5 => Opcode::SendSe,
+                _ => Opcode::SendSeInvalidate,
+            };
+            let buffer = BufferRef::Untagged {
+                ulp_word: word(h, T + 2),
+                qn: qn::SEND,
+                msn: word(h, T + 10),
+                mo: word(h, T + 14),
+            };
+            (opcode, buffer, MAX_HEADER_LEN)
+        }
+        _ => return None,
+    };
+    Some(Datagram {
         flags: h[2],
         dst_conn: word(h, 4),
         psn: word(h, 8),
         ack_psn: word(h, 12),
         window: u16::from_be_bytes([h[16], h[17]]),
-        last: ddp_control & ddp::FLAG_LAST != 0,
-        stag: word(h, d + 2),
-        to: (u64::from(word(h, d + 6)) << 32) | u64::from(word(h, d + 10)),
-        payload,
+        seg: segment::Repr {
+            opcode,
+            last,
+            buffer,
+        },
+        payload: &bytes[at..],
     })
 }
 
-/// Writes the headers of a Data packet without SACK ranges carrying an
-/// RDMA Write segment: the bytes `trp::Repr::emit` and
-/// `segment::Repr::emit` produce for it, built in one array.
+/// Writes the headers of `d` (its payload is not touched) into the front
+/// of `buf`, which must hold them: the bytes `trp::Repr::emit` and
+/// `segment::Repr::emit` produce for it. Returns their length, at most
+/// [`MAX_HEADER_LEN`].
 #[inline(always)]
-pub fn emit_tagged_write(w: &TaggedWrite<'_>, buf: &mut [u8; HEADER_LEN]) {
-    let d = trp::HEADER_LEN;
-    let mut h = [0u8; HEADER_LEN];
-    h[..2].copy_from_slice(&TRP_DATA);
-    h[2] = w.flags;
-    h[4..8].copy_from_slice(&w.dst_conn.to_be_bytes());
-    h[8..12].copy_from_slice(&w.psn.to_be_bytes());
-    h[12..16].copy_from_slice(&w.ack_psn.to_be_bytes());
-    h[16..18].copy_from_slice(&w.window.to_be_bytes());
-    h[d] = DDP_TAGGED_V1 | if w.last { ddp::FLAG_LAST } else { 0 };
-    h[d + 1] = RDMAP_WRITE_V1;
-    h[d + 2..d + 6].copy_from_slice(&w.stag.to_be_bytes());
-    h[d + 6..].copy_from_slice(&w.to.to_be_bytes());
-    *buf = h;
+pub fn emit(d: &Datagram<'_>, buf: &mut [u8]) -> usize {
+    let mut t = [0u8; trp::HEADER_LEN];
+    t[..2].copy_from_slice(&TRP_DATA);
+    t[2] = d.flags;
+    t[4..8].copy_from_slice(&d.dst_conn.to_be_bytes());
+    t[8..12].copy_from_slice(&d.psn.to_be_bytes());
+    t[12..16].copy_from_slice(&d.ack_psn.to_be_bytes());
+    t[16..18].copy_from_slice(&d.window.to_be_bytes());
+    let (head, seg) = buf.split_at_mut(trp::HEADER_LEN);
+    head.copy_from_slice(&t);
+    let last = if d.seg.last { ddp::FLAG_LAST } else { 0 };
+    let control = RDMAP_V1 | d.seg.opcode as u8;
+    match d.seg.buffer {
+        BufferRef::Tagged { stag, to } => {
+            let mut s = [0u8; ddp::TAGGED_HEADER_LEN];
+            s[0] = DDP_TAGGED_V1 | last;
+            s[1] = control;
+            s[2..6].copy_from_slice(&stag.to_be_bytes());
+            s[6..].copy_from_slice(&to.to_be_bytes());
+            seg[..ddp::TAGGED_HEADER_LEN].copy_from_slice(&s);
+            trp::HEADER_LEN + ddp::TAGGED_HEADER_LEN
+        }
+        BufferRef::Untagged {
+            ulp_word,
+            qn,
+            msn,
+            mo,
+        } => {
+            let mut s = [0u8; ddp::UNTAGGED_HEADER_LEN];
+            s[0] = DDP_UNTAGGED_V1 | last;
+            s[1] = control;
+            s[2..6].copy_from_slice(&ulp_word.to_be_bytes());
+            s[6..10].copy_from_slice(&qn.to_be_bytes());
+            s[10..14].copy_from_slice(&msn.to_be_bytes());
+            s[14..].copy_from_slice(&mo.to_be_bytes());
+            seg[..ddp::UNTAGGED_HEADER_LEN].copy_from_slice(&s);
+            MAX_HEADER_LEN
+        }
+    }
 }
 
-/// The same answer from the general parsers: the reference the prediction
-/// is checked against by tests and fuzzing.
-pub fn by_general_parsers(bytes: &[u8]) -> Option<TaggedWrite<'_>> {
+/// The general parsers' answer for the datagrams `parse` recognises: the
+/// reference it is checked against by tests and fuzzing.
+pub fn by_general_parsers(bytes: &[u8]) -> Option<Datagram<'_>> {
     let h = trp::Repr::parse(&trp::Packet::new_unchecked(bytes)).ok()?;
     if h.opcode != trp::Opcode::Data || !h.sack.is_empty() {
         return None;
     }
     let (seg, body) = segment::Repr::parse(&bytes[h.buffer_len()..]).ok()?;
-    match (seg.opcode, seg.buffer, body) {
-        (Opcode::RdmaWrite, BufferRef::Tagged { stag, to }, Body::Data(payload)) => {
-            Some(TaggedWrite {
-                flags: h.flags,
-                dst_conn: h.dst_conn,
-                psn: h.psn,
-                ack_psn: h.ack_psn,
-                window: h.window,
-                last: seg.last,
-                stag,
-                to,
-                payload,
-            })
-        }
+    // Immediate Data also goes to the Send queue, but with its own body.
+    let ours = seg.opcode == Opcode::RdmaWrite || seg.opcode.queue_number() == Some(qn::SEND);
+    match body {
+        Body::Data(payload) if ours => Some(Datagram {
+            flags: h.flags,
+            dst_conn: h.dst_conn,
+            psn: h.psn,
+            ack_psn: h.ack_psn,
+            window: h.window,
+            seg,
+            payload,
+        }),
         _ => None,
     }
 }
@@ -124,12 +177,9 @@ pub fn by_general_parsers(bytes: &[u8]) -> Option<TaggedWrite<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::ddp::BufferRef;
-    use crate::wire::segment;
-    use crate::wire::trp::SackRanges;
 
-    fn datagram(last: bool) -> Vec<u8> {
-        let mut b = vec![0u8; HEADER_LEN + 5];
+    fn datagram(seg: segment::Repr) -> Vec<u8> {
+        let mut b = vec![0u8; trp::HEADER_LEN + seg.header_len() + 5];
         trp::Repr {
             opcode: trp::Opcode::Data,
             flags: trp::FLAG_ACK_REQUEST,
@@ -137,9 +187,16 @@ mod tests {
             psn: 0xfffffffe,
             ack_psn: 3,
             window: 512,
-            sack: SackRanges::new(),
+            sack: trp::SackRanges::new(),
         }
         .emit(&mut b);
+        seg.emit(&mut b[trp::HEADER_LEN..]);
+        let n = b.len();
+        b[n - 5..].copy_from_slice(b"hello");
+        b
+    }
+
+    fn write(last: bool) -> segment::Repr {
         segment::Repr {
             opcode: Opcode::RdmaWrite,
             last,
@@ -148,61 +205,93 @@ mod tests {
                 to: 0x0102_0304_0506_0708,
             },
         }
-        .emit(&mut b[trp::HEADER_LEN..]);
-        b[HEADER_LEN..].copy_from_slice(b"hello");
-        b
+    }
+
+    fn send(opcode: Opcode, last: bool) -> segment::Repr {
+        segment::Repr {
+            opcode,
+            last,
+            buffer: BufferRef::Untagged {
+                ulp_word: 0xabcd,
+                qn: qn::SEND,
+                msn: 9,
+                mo: 1438,
+            },
+        }
+    }
+
+    fn all() -> Vec<segment::Repr> {
+        let sends = [
+            Opcode::Send,
+            Opcode::SendInvalidate,
+            Opcode::SendSe,
+            Opcode::SendSeInvalidate,
+        ];
+        let mut v = vec![write(false), write(true)];
+        for op in sends {
+            v.extend([send(op, false), send(op, true)]);
+        }
+        v
     }
 
     #[test]
     fn agrees_with_the_general_parsers() {
-        for last in [false, true] {
-            let b = datagram(last);
-            let p = tagged_write(&b).unwrap();
-            assert_eq!(Some(p), by_general_parsers(&b));
-            assert_eq!(
-                (p.psn, p.stag, p.last, p.payload),
-                (0xfffffffe, 0x1234, last, &b"hello"[..])
-            );
+        for seg in all() {
+            let b = datagram(seg);
+            let d = parse(&b).unwrap();
+            assert_eq!(Some(d), by_general_parsers(&b));
+            assert_eq!((d.psn, d.seg, d.payload), (0xfffffffe, seg, &b"hello"[..]));
         }
     }
 
     #[test]
     fn emits_what_the_general_emitters_emit() {
-        for last in [false, true] {
-            let b = datagram(last);
-            let w = tagged_write(&b).unwrap();
-            let mut h = [0u8; HEADER_LEN];
-            emit_tagged_write(&w, &mut h);
-            assert_eq!(h[..], b[..HEADER_LEN]);
+        for seg in all() {
+            let b = datagram(seg);
+            let d = parse(&b).unwrap();
+            let mut h = [0u8; MAX_HEADER_LEN];
+            let n = emit(&d, &mut h);
+            assert_eq!(h[..n], b[..b.len() - 5]);
         }
     }
 
     #[test]
     fn declines_everything_else() {
-        let b = datagram(true);
-        // Truncated header, other TRP version/opcode, SACK ranges, untagged,
-        // other DDP or RDMAP version, other RDMAP opcode.
-        let edits: [(usize, u8); 7] = [
-            (0, 2),
-            (1, trp::Opcode::Fin as u8),
-            (3, 1),
-            (trp::HEADER_LEN, 0x41),
-            (trp::HEADER_LEN, 0xc2),
-            (trp::HEADER_LEN + 1, 0x80),
-            (trp::HEADER_LEN + 1, 0x41),
+        let t = trp::HEADER_LEN;
+        let w = datagram(write(true));
+        let s = datagram(send(Opcode::Send, true));
+        // Truncated headers, other TRP version or opcode, SACK ranges,
+        // other DDP or RDMAP version, other RDMAP opcodes, the wrong buffer
+        // model for the opcode, a Send on another queue.
+        assert_eq!(parse(&w[..t + ddp::TAGGED_HEADER_LEN - 1]), None);
+        assert_eq!(parse(&s[..MAX_HEADER_LEN - 1]), None);
+        let edits: [(&[u8], usize, u8); 11] = [
+            (&w, 0, 2),
+            (&w, 1, trp::Opcode::Fin as u8),
+            (&w, 3, 1),
+            (&w, t, 0xc2),
+            (&w, t + 1, 0x80),
+            (&w, t + 1, 0x41),
+            (&w, t + 1, 0x43),
+            (&s, t, 0xc1),
+            (&s, t + 1, 0x47),
+            (&s, t + 1, 0x48),
+            (&s, t + 9, 1),
         ];
-        assert_eq!(tagged_write(&b[..HEADER_LEN - 1]), None);
-        for (at, v) in edits {
-            let mut c = b.clone();
+        for (b, at, v) in edits {
+            let mut c = b.to_vec();
             c[at] = v;
-            assert_eq!(tagged_write(&c), None, "byte {at} = {v:#x}");
+            assert_eq!(parse(&c), None, "byte {at} = {v:#x}");
+            assert_eq!(by_general_parsers(&c), None, "byte {at} = {v:#x}");
         }
         // Reserved bits the general parsers ignore are ignored here too.
-        let mut c = b.clone();
-        c[trp::HEADER_LEN] |= 0x3c;
-        c[trp::HEADER_LEN + 1] |= 0x30;
-        c[18] = 0xff;
-        assert_eq!(tagged_write(&c), by_general_parsers(&c));
-        assert!(tagged_write(&c).is_some());
+        for b in [&w, &s] {
+            let mut c = b.clone();
+            c[t] |= 0x3c;
+            c[t + 1] |= 0x30;
+            c[18] = 0xff;
+            assert!(parse(&c).is_some());
+            assert_eq!(parse(&c), by_general_parsers(&c));
+        }
     }
 }
