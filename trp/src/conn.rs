@@ -895,7 +895,7 @@ impl Connection {
             .iter_mut()
             .all(|b| b.as_mut().len() >= self.datagram);
         if fit && self.transmit_predictable() {
-            // Each run stops at the end of a Write; the next may follow.
+            // Each run stops at the end of a request; the next may follow.
             while i < n {
                 let k = self.transmit_predicted(now, mem, &mut bufs[i..n], &mut lens[i..n]);
                 if k == 0 {
