@@ -228,6 +228,7 @@ pub struct Pair {
     /// `handle_datagram_burst`) instead of one datagram per call.
     pub bursts: bool,
     buf: Vec<u8>,
+    /// Made at the first step with `bursts` set.
     burst_bufs: Vec<Vec<u8>>,
 }
 
@@ -333,7 +334,7 @@ impl Pair {
                         ab,
                         ba,
                         bursts: false,
-                        burst_bufs: vec![buf.clone(); 32],
+                        burst_bufs: Vec::new(),
                         buf,
                     });
                 }
@@ -400,6 +401,9 @@ impl Pair {
     /// to happen.
     pub fn step(&mut self) -> bool {
         if self.bursts {
+            if self.burst_bufs.is_empty() {
+                self.burst_bufs = vec![vec![0; self.buf.len()]; 32];
+            }
             transmit_all_in_bursts(self.now, &mut self.a, &mut self.ab, &mut self.burst_bufs);
             transmit_all_in_bursts(self.now, &mut self.b, &mut self.ba, &mut self.burst_bufs);
         } else {
