@@ -42,6 +42,11 @@ const DDP_UNTAGGED_V1: u8 = ddp::VERSION;
 /// the reserved bits 4 and 5 are ignored on receipt.
 const RDMAP_VERSION_MASK: u8 = 0xc0;
 const RDMAP_V1: u8 = rdmap::VERSION << 6;
+const RDMAP_OPCODE_MASK: u8 = 0x0f;
+const WRITE: u8 = Opcode::RdmaWrite as u8;
+/// The four Send opcodes are consecutive.
+const SEND_FIRST: u8 = Opcode::Send as u8;
+const SEND_LAST: u8 = Opcode::SendSeInvalidate as u8;
 
 #[inline(always)]
 fn word(h: &[u8], at: usize) -> u32 {
@@ -59,8 +64,8 @@ pub fn parse(bytes: &[u8]) -> Option<Datagram<'_>> {
         return None;
     }
     let last = ddp_control & ddp::FLAG_LAST != 0;
-    let (opcode, buffer, at) = match (ddp_control & DDP_MASK, rdmap_control & 0x0f) {
-        (DDP_TAGGED_V1, 0x0) => {
+    let (opcode, buffer, at) = match (ddp_control & DDP_MASK, rdmap_control & RDMAP_OPCODE_MASK) {
+        (DDP_TAGGED_V1, WRITE) => {
             let to = (u64::from(word(h, T + 6)) << 32) | u64::from(word(h, T + 10));
             let buffer = BufferRef::Tagged {
                 stag: word(h, T + 2),
@@ -68,17 +73,12 @@ pub fn parse(bytes: &[u8]) -> Option<Datagram<'_>> {
             };
             (Opcode::RdmaWrite, buffer, T + ddp::TAGGED_HEADER_LEN)
         }
-        (DDP_UNTAGGED_V1, op @ 0x3..=0x6) => {
+        (DDP_UNTAGGED_V1, op @ SEND_FIRST..=SEND_LAST) => {
             let (h, _) = bytes.split_first_chunk::<MAX_HEADER_LEN>()?;
             if word(h, T + 6) != qn::SEND {
                 return None;
             }
-            let opcode = match op {
-                0x3 => Opcode::Send,
-                0x4 => Opcode::SendInvalidate,
-                0x5 => Opcode::SendSe,
-                _ => Opcode::SendSeInvalidate,
-            };
+            let opcode = Opcode::from_u8(op).ok()?;
             let buffer = BufferRef::Untagged {
                 ulp_word: word(h, T + 2),
                 qn: qn::SEND,
