@@ -16,7 +16,7 @@ pub(crate) const FLAG_TAGGED: u8 = 0x80;
 pub(crate) const FLAG_LAST: u8 = 0x40;
 pub(crate) const MASK_DV: u8 = 0x03;
 
-mod field {
+pub(crate) mod field {
     pub const CONTROL: usize = 0;
     pub const ULP_CONTROL: usize = 1;
     pub const STAG: usize = 2;

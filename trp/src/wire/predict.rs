@@ -10,10 +10,10 @@
 //! anything else returns `None` and goes to the general parsers, which also
 //! produce the right error. The fuzz target `parsers` checks the agreement.
 
-use super::ddp::{self, BufferRef};
+use super::ddp::{self, field as df, BufferRef};
 use super::rdmap::{self, qn, Opcode};
 use super::segment::{self, Body};
-use super::trp;
+use super::trp::{self, field as tf};
 
 /// The longest header `emit` writes (a Send segment's).
 pub const MAX_HEADER_LEN: usize = trp::HEADER_LEN + ddp::UNTAGGED_HEADER_LEN;
@@ -59,42 +59,45 @@ fn word(h: &[u8], at: usize) -> u32 {
 pub fn parse(bytes: &[u8]) -> Option<Datagram<'_>> {
     const T: usize = trp::HEADER_LEN;
     let (h, _) = bytes.split_first_chunk::<{ T + ddp::TAGGED_HEADER_LEN }>()?;
-    let (ddp_control, rdmap_control) = (h[T], h[T + 1]);
-    if h[..2] != TRP_DATA || h[3] != 0 || rdmap_control & RDMAP_VERSION_MASK != RDMAP_V1 {
+    let (ddp_control, rdmap_control) = (h[T + df::CONTROL], h[T + df::ULP_CONTROL]);
+    if h[tf::VERSION..tf::FLAGS] != TRP_DATA
+        || h[tf::NSACK] != 0
+        || rdmap_control & RDMAP_VERSION_MASK != RDMAP_V1
+    {
         return None;
     }
     let last = ddp_control & ddp::FLAG_LAST != 0;
     let (opcode, buffer, at) = match (ddp_control & DDP_MASK, rdmap_control & RDMAP_OPCODE_MASK) {
         (DDP_TAGGED_V1, WRITE) => {
-            let to = (u64::from(word(h, T + 6)) << 32) | u64::from(word(h, T + 10));
+            let to = (u64::from(word(h, T + df::TO)) << 32) | u64::from(word(h, T + df::TO + 4));
             let buffer = BufferRef::Tagged {
-                stag: word(h, T + 2),
+                stag: word(h, T + df::STAG),
                 to,
             };
             (Opcode::RdmaWrite, buffer, T + ddp::TAGGED_HEADER_LEN)
         }
         (DDP_UNTAGGED_V1, op @ SEND_FIRST..=SEND_LAST) => {
             let (h, _) = bytes.split_first_chunk::<MAX_HEADER_LEN>()?;
-            if word(h, T + 6) != qn::SEND {
+            if word(h, T + df::QN) != qn::SEND {
                 return None;
             }
             let opcode = Opcode::from_u8(op).ok()?;
             let buffer = BufferRef::Untagged {
-                ulp_word: word(h, T + 2),
+                ulp_word: word(h, T + df::ULP_WORD),
                 qn: qn::SEND,
-                msn: word(h, T + 10),
-                mo: word(h, T + 14),
+                msn: word(h, T + df::MSN),
+                mo: word(h, T + df::MO),
             };
             (opcode, buffer, MAX_HEADER_LEN)
         }
         _ => return None,
     };
     Some(Datagram {
-        flags: h[2],
-        dst_conn: word(h, 4),
-        psn: word(h, 8),
-        ack_psn: word(h, 12),
-        window: u16::from_be_bytes([h[16], h[17]]),
+        flags: h[tf::FLAGS],
+        dst_conn: word(h, tf::DST_CONN),
+        psn: word(h, tf::PSN),
+        ack_psn: word(h, tf::ACK),
+        window: u16::from_be_bytes([h[tf::WINDOW], h[tf::WINDOW + 1]]),
         seg: segment::Repr {
             opcode,
             last,
@@ -111,43 +114,17 @@ pub fn parse(bytes: &[u8]) -> Option<Datagram<'_>> {
 #[inline(always)]
 pub fn emit(d: &Datagram<'_>, buf: &mut [u8]) -> usize {
     let mut t = [0u8; trp::HEADER_LEN];
-    t[..2].copy_from_slice(&TRP_DATA);
-    t[2] = d.flags;
-    t[4..8].copy_from_slice(&d.dst_conn.to_be_bytes());
-    t[8..12].copy_from_slice(&d.psn.to_be_bytes());
-    t[12..16].copy_from_slice(&d.ack_psn.to_be_bytes());
-    t[16..18].copy_from_slice(&d.window.to_be_bytes());
+    t[tf::VERSION] = trp::VERSION;
+    t[tf::OPCODE] = trp::Opcode::Data as u8;
+    t[tf::FLAGS] = d.flags;
+    t[tf::DST_CONN..tf::PSN].copy_from_slice(&d.dst_conn.to_be_bytes());
+    t[tf::PSN..tf::ACK].copy_from_slice(&d.psn.to_be_bytes());
+    t[tf::ACK..tf::WINDOW].copy_from_slice(&d.ack_psn.to_be_bytes());
+    t[tf::WINDOW..tf::RESERVED].copy_from_slice(&d.window.to_be_bytes());
     let (head, seg) = buf.split_at_mut(trp::HEADER_LEN);
     head.copy_from_slice(&t);
-    let last = if d.seg.last { ddp::FLAG_LAST } else { 0 };
-    let control = RDMAP_V1 | d.seg.opcode as u8;
-    match d.seg.buffer {
-        BufferRef::Tagged { stag, to } => {
-            let mut s = [0u8; ddp::TAGGED_HEADER_LEN];
-            s[0] = DDP_TAGGED_V1 | last;
-            s[1] = control;
-            s[2..6].copy_from_slice(&stag.to_be_bytes());
-            s[6..].copy_from_slice(&to.to_be_bytes());
-            seg[..ddp::TAGGED_HEADER_LEN].copy_from_slice(&s);
-            trp::HEADER_LEN + ddp::TAGGED_HEADER_LEN
-        }
-        BufferRef::Untagged {
-            ulp_word,
-            qn,
-            msn,
-            mo,
-        } => {
-            let mut s = [0u8; ddp::UNTAGGED_HEADER_LEN];
-            s[0] = DDP_UNTAGGED_V1 | last;
-            s[1] = control;
-            s[2..6].copy_from_slice(&ulp_word.to_be_bytes());
-            s[6..10].copy_from_slice(&qn.to_be_bytes());
-            s[10..14].copy_from_slice(&msn.to_be_bytes());
-            s[14..].copy_from_slice(&mo.to_be_bytes());
-            seg[..ddp::UNTAGGED_HEADER_LEN].copy_from_slice(&s);
-            MAX_HEADER_LEN
-        }
-    }
+    d.seg.emit(seg);
+    trp::HEADER_LEN + d.seg.header_len()
 }
 
 /// The general parsers' answer for the datagrams `parse` recognises: the

@@ -29,7 +29,7 @@ pub const MAX_HEADER_LEN: usize = HEADER_LEN + MAX_SACK_RANGES * SACK_RANGE_LEN;
 /// Ask the receiver to acknowledge this packet at once instead of delaying.
 pub const FLAG_ACK_REQUEST: u8 = 0x01;
 
-mod field {
+pub(crate) mod field {
     pub const VERSION: usize = 0;
     pub const OPCODE: usize = 1;
     pub const FLAGS: usize = 2;
