@@ -999,7 +999,7 @@ impl Connection {
             | SendOp::RdmaWriteImm {
                 remote_addr, rkey, ..
             } => {
-                let max = (self.datagram - trp::HEADER_LEN - ddp::TAGGED_HEADER_LEN) as u32;
+                let max = self.max_tagged();
                 // The end of a Write with Immediate, its Immediate Data
                 // segment, takes the general path.
                 self.transmit_run(now, mem, bufs, lens, |e, _| {
@@ -1010,7 +1010,7 @@ impl Connection {
                 invalidate,
                 solicited,
             } => {
-                let max = (self.datagram - trp::HEADER_LEN - ddp::UNTAGGED_HEADER_LEN) as u32;
+                let max = self.max_untagged();
                 self.transmit_run(now, mem, bufs, lens, |e, msn| {
                     (!e.issued).then(|| e.next_send_segment(invalidate, solicited, msn, max))
                 })
