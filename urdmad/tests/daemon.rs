@@ -23,26 +23,21 @@ fn send_from_peer(bed: &Bed, datagrams: Vec<(u16, Vec<u8>)>) {
     });
 }
 
+/// `count` pings from namespace `ns` to `target`, 0.2 s apart, each
+/// waiting at most 2 s for its reply; the whole run bounded.
+fn ping(ns: &str, count: u32, target: &str) -> std::process::Output {
+    let count = count.to_string();
+    let args = [
+        "netns", "exec", ns, "ping", "-c", &count, "-i", "0.2", "-W", "2", target,
+    ];
+    run_bounded(Command::new("ip").args(args), Duration::from_secs(20))
+}
+
 #[test]
 fn ping_crosses_the_exception_path() {
     let bed = Bed::new("pg");
     let d = bed.start();
-    let out = run_bounded(
-        Command::new("ip").args([
-            "netns",
-            "exec",
-            &bed.ns_b,
-            "ping",
-            "-c",
-            "3",
-            "-i",
-            "0.2",
-            "-W",
-            "2",
-            &LOCAL_IP.to_string(),
-        ]),
-        Duration::from_secs(20),
-    );
+    let out = ping(&bed.ns_b, 3, &LOCAL_IP.to_string());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "ping failed: {text}");
     assert!(text.contains("3 received"), "{text}");
@@ -696,22 +691,7 @@ fn built_in_default_configuration_serves_on_veth0_unedited() {
         "dev",
         "urdma-tap0",
     ]);
-    let out = run_bounded(
-        Command::new("ip").args([
-            "netns",
-            "exec",
-            &bed.ns_b,
-            "ping",
-            "-c",
-            "2",
-            "-i",
-            "0.2",
-            "-W",
-            "2",
-            &LOCAL_IP.to_string(),
-        ]),
-        Duration::from_secs(20),
-    );
+    let out = ping(&bed.ns_b, 2, &LOCAL_IP.to_string());
     assert!(
         out.status.success(),
         "{}",
@@ -756,12 +736,7 @@ fn two_ports_each_with_its_exception_path_flows_and_tx() {
         &tap2,
     ]);
     for target in [LOCAL_IP.to_string(), "10.98.0.1".to_string()] {
-        let out = run_bounded(
-            Command::new("ip").args([
-                "netns", "exec", &bed.ns_b, "ping", "-c", "1", "-W", "2", &target,
-            ]),
-            Duration::from_secs(10),
-        );
+        let out = ping(&bed.ns_b, 1, &target);
         assert!(
             out.status.success(),
             "ping {target}: {}",
