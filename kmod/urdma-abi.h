@@ -15,7 +15,7 @@
 
 #include <linux/types.h>
 
-#define URDMA_ABI_VERSION 2
+#define URDMA_ABI_VERSION 3
 /* "URDM": tells the provider that the context really came from urdma.ko. */
 #define URDMA_ABI_MAGIC 0x5552444dU
 /*
@@ -42,6 +42,64 @@ struct urdma_uresp_create_cq {
 /* Response to create_qp. */
 struct urdma_uresp_create_qp {
 	__u32 qp_id;
+	__u32 reserved;
+};
+
+/*
+ * Connection management channel between urdma.ko and urdmad: the misc
+ * device /dev/urdma_cm.  urdmad opens it, registers the exception
+ * interfaces it serves, then read()s and write()s whole struct
+ * urdma_cm_msg records (one per call).  docs/connection.md describes the
+ * exchange; this header defines every byte of it.
+ */
+#define URDMA_CM_DEVNAME	"urdma_cm"
+/* iw_cm carries at most 255 bytes of private data (u8 length). */
+#define URDMA_CM_MAX_PDATA	255
+#define URDMA_CM_IFNAMSIZ	16
+#define URDMA_CM_PATHSIZ	108
+
+enum urdma_cm_op {
+	/* urdmad -> kernel */
+	URDMA_CM_REGISTER = 1,		/* serve ifname (in urdmad's netns); socket_path */
+	URDMA_CM_REQUEST = 2,		/* ConnectRequest for listener id: new req */
+	URDMA_CM_CONNECTED = 3,		/* CONNECT id established (pdata, ird, ord) */
+	URDMA_CM_CONNECT_FAILED = 4,	/* CONNECT id failed: status, peer pdata */
+	URDMA_CM_ACCEPTED = 5,		/* answer to ACCEPT req: status */
+	URDMA_CM_PEER_CLOSED = 6,	/* peer began a graceful close of dev/qpn */
+	URDMA_CM_CLOSED = 7,		/* dev/qpn's connection ended: status */
+	URDMA_CM_REQUEST_GONE = 8,	/* req abandoned before accept/reject */
+	/* kernel -> urdmad */
+	URDMA_CM_LISTEN = 32,		/* listener id on local addr:port (addr 0 = any) */
+	URDMA_CM_UNLISTEN = 33,		/* listener id is gone */
+	URDMA_CM_CONNECT = 34,		/* connect dev/qpn as id: local, remote, mac */
+	URDMA_CM_ACCEPT = 35,		/* accept req with dev/qpn: pdata, ird, ord */
+	URDMA_CM_REJECT = 36,		/* reject req: pdata */
+	URDMA_CM_DISCONNECT = 37,	/* close dev/qpn: status 0 graceful, <0 abort */
+};
+
+/*
+ * One message, both directions.  Fields a message does not use are zero.
+ * Addresses and ports are in network byte order, everything else in host
+ * order.  status is 0 or a negative errno.
+ */
+struct urdma_cm_msg {
+	__u32 op;			/* enum urdma_cm_op */
+	__s32 status;
+	__u64 id;			/* kernel's handle: listener or connect */
+	__u64 req;			/* urdmad's handle: an incoming request */
+	__u32 dev_id;			/* ib_device index (as in alloc_ctx) */
+	__u32 qpn;
+	__u32 local_addr;		/* IPv4, network order */
+	__u32 remote_addr;
+	__u16 local_port;		/* network order */
+	__u16 remote_port;
+	__u16 ird;
+	__u16 ord;
+	__u8 remote_mac[6];		/* next hop's MAC (CONNECT) */
+	__u16 pdata_len;
+	__u8 pdata[URDMA_CM_MAX_PDATA + 1];
+	char ifname[URDMA_CM_IFNAMSIZ];		/* REGISTER, LISTEN: NUL-terminated */
+	char socket_path[URDMA_CM_PATHSIZ];	/* REGISTER: urdmad's control socket */
 	__u32 reserved;
 };
 
