@@ -1,16 +1,31 @@
-//! The client side of the control protocol: connect, greet, send requests, read replies.
-//! Needs only `std`, like [`crate::proto`], so the provider can use it as is.
+//! The client side of the control protocol: connect, greet, send requests, read replies and
+//! the daemon's unsolicited events. Needs only `std`, like [`crate::proto`], so the provider
+//! can use it as is.
+//!
+//! Events (`EVENT ...` lines, protocol version 2) may arrive between any two replies. A
+//! request reads lines until its reply and queues the events it meets; [`Connection::poll_events`]
+//! returns the queued events and whatever else has arrived, without blocking. A provider's
+//! progress thread `poll()`s [`Connection::as_raw_fd`] for `POLLIN` and then calls
+//! `poll_events`; after any request it calls `poll_events` too (a request may have queued
+//! events that the socket no longer shows as readable), or checks [`Connection::has_events`].
 
-use crate::proto::{self, Request, Response, MAX_LINE};
-use std::io::{BufRead, BufReader, Read, Write};
+use crate::proto::{self, Event, Request, Response, MAX_LINE};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A greeted connection to urdmad.
 pub struct Connection {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
+    stream: UnixStream,
+    /// Bytes received and not yet taken as lines.
+    buf: Vec<u8>,
+    /// Events met while waiting for a reply, or read by `poll_events`, not yet returned.
+    events: VecDeque<Event>,
+    /// The daemon closed the connection (seen by a non-blocking read).
+    closed: bool,
     /// The daemon's self-description from its `HELLO`.
     pub daemon: String,
     timeout: Duration,
@@ -18,6 +33,14 @@ pub struct Connection {
 
 /// Why talking to urdmad failed, as one line for the user.
 pub type Error = String;
+
+impl AsRawFd for Connection {
+    /// The socket, to `poll()` for `POLLIN` (an event or the daemon closing). Do not read
+    /// from it directly: call [`Connection::poll_events`].
+    fn as_raw_fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+}
 
 impl Connection {
     /// Connects and exchanges `HELLO`. Replies are awaited for at most `timeout`.
@@ -30,15 +53,13 @@ impl Connection {
             _ => format!("cannot connect to urdmad at {}: {e}", path.display()),
         })?;
         stream
-            .set_read_timeout(Some(timeout))
-            .and_then(|()| stream.set_write_timeout(Some(timeout)))
-            .map_err(|e| format!("socket setup: {e}"))?;
-        let writer = stream
-            .try_clone()
+            .set_write_timeout(Some(timeout))
             .map_err(|e| format!("socket setup: {e}"))?;
         let mut c = Connection {
-            reader: BufReader::new(stream),
-            writer,
+            stream,
+            buf: Vec::new(),
+            events: VecDeque::new(),
+            closed: false,
             daemon: String::new(),
             timeout,
         };
@@ -58,32 +79,105 @@ impl Connection {
         }
     }
 
-    fn read_line(&mut self) -> Result<String, Error> {
-        let mut line = String::new();
-        let n = (&mut self.reader)
-            .take(MAX_LINE as u64)
-            .read_line(&mut line)
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
-                    "urdmad did not answer within {:?} (is it still starting?)",
-                    self.timeout
-                ),
-                _ => format!("reading from urdmad: {e}"),
-            })?;
-        if n == 0 {
-            return Err("urdmad closed the connection".into());
+    /// A complete line from the buffer, if one is there.
+    fn take_line(&mut self) -> Result<Option<String>, Error> {
+        match self.buf.iter().position(|&b| b == b'\n') {
+            Some(pos) => {
+                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+                String::from_utf8(line)
+                    .map(Some)
+                    .map_err(|_| "urdmad sent a line that is not UTF-8".into())
+            }
+            None if self.buf.len() > MAX_LINE => Err("urdmad sent a line too long".into()),
+            None => Ok(None),
         }
-        Ok(line)
     }
 
-    /// Sends one request and reads its reply.
+    /// One read into the buffer; blocks until `deadline` at most. 0 at end of file.
+    fn fill(&mut self, deadline: Option<Instant>) -> Result<usize, Error> {
+        let mut chunk = [0u8; 4096];
+        let r = match deadline {
+            None => {
+                self.stream
+                    .set_nonblocking(true)
+                    .map_err(|e| format!("socket setup: {e}"))?;
+                let r = self.stream.read(&mut chunk);
+                self.stream
+                    .set_nonblocking(false)
+                    .map_err(|e| format!("socket setup: {e}"))?;
+                r
+            }
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(self.late());
+                }
+                self.stream
+                    .set_read_timeout(Some(left))
+                    .map_err(|e| format!("socket setup: {e}"))?;
+                self.stream.read(&mut chunk)
+            }
+        };
+        match r {
+            Ok(n) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                Ok(n)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(usize::MAX),
+            Err(e)
+                if deadline.is_some()
+                    && matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+            {
+                Err(self.late())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(usize::MAX),
+            Err(e) => Err(format!("reading from urdmad: {e}")),
+        }
+    }
+
+    fn late(&self) -> Error {
+        format!(
+            "urdmad did not answer within {:?} (is it still starting?)",
+            self.timeout
+        )
+    }
+
+    /// The next line that is not an event (events are queued), waiting until `deadline`.
+    fn read_reply_line(&mut self, deadline: Instant) -> Result<String, Error> {
+        loop {
+            while let Some(line) = self.take_line()? {
+                if proto::is_event(&line) {
+                    self.queue_event(&line);
+                } else {
+                    return Ok(line);
+                }
+            }
+            if self.closed || self.fill(Some(deadline))? == 0 {
+                self.closed = true;
+                return Err("urdmad closed the connection".into());
+            }
+        }
+    }
+
+    fn queue_event(&mut self, line: &str) {
+        // An event this client cannot decode (a newer daemon's) is skipped.
+        if let Ok(e) = Event::decode(line) {
+            self.events.push_back(e);
+        }
+    }
+
+    /// Sends one request and reads its reply; events that arrive first are queued.
     pub fn request(&mut self, req: &Request) -> Result<Response, Error> {
-        self.writer
+        self.stream
             .write_all(req.encode().as_bytes())
             .map_err(|e| format!("writing to urdmad: {e}"))?;
-        let first = self.read_line()?;
+        let deadline = Instant::now() + self.timeout;
+        let first = self.read_reply_line(deadline)?;
         let mut extra_err = None;
-        let resp = Response::decode(&first, || match self.read_line() {
+        let resp = Response::decode(&first, || match self.read_reply_line(deadline) {
             Ok(l) => Some(l),
             Err(e) => {
                 extra_err = Some(e);
@@ -96,12 +190,59 @@ impl Connection {
         resp.map_err(|e| format!("bad reply from urdmad: {e}"))
     }
 
+    /// The queued events and every event that has arrived since, without blocking. An error
+    /// when urdmad has closed the connection (after the events that came before the close
+    /// have been returned).
+    pub fn poll_events(&mut self) -> Result<Vec<Event>, Error> {
+        if !self.closed {
+            loop {
+                match self.fill(None)? {
+                    0 => {
+                        self.closed = true;
+                        break;
+                    }
+                    usize::MAX => break,
+                    _ => {}
+                }
+            }
+            while let Some(line) = self.take_line()? {
+                // Outside a request only events are expected; anything else is ignored.
+                if proto::is_event(&line) {
+                    self.queue_event(&line);
+                }
+            }
+        }
+        if self.closed && self.events.is_empty() {
+            return Err("urdmad closed the connection".into());
+        }
+        Ok(self.events.drain(..).collect())
+    }
+
+    /// Whether events are queued (met by a request and not returned yet).
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    /// Sends `SYNC` and waits for `OK`: every event urdmad pushed before is then queued.
+    pub fn sync(&mut self) -> Result<(), Error> {
+        match self.request(&Request::Sync)? {
+            Response::Ok => Ok(()),
+            other => Err(refusal(other)),
+        }
+    }
+
     /// The status report, one entry per line.
     pub fn status(&mut self) -> Result<Vec<String>, Error> {
         match self.request(&Request::Status)? {
-            Response::Status { lines } => (0..lines)
-                .map(|_| self.read_line().map(|l| l.trim_end().to_owned()))
-                .collect(),
+            Response::Status { lines } => {
+                let deadline = Instant::now() + self.timeout;
+                (0..lines)
+                    .map(|_| {
+                        self.read_reply_line(deadline)
+                            .map(|l| l.trim_end().to_owned())
+                    })
+                    .collect()
+            }
             other => Err(refusal(other)),
         }
     }
@@ -117,5 +258,64 @@ pub fn refusal(resp: Response) -> Error {
             "unexpected reply from urdmad: {}",
             other.encode().trim_end()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Connection, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let c = Connection {
+            stream: a,
+            buf: Vec::new(),
+            events: VecDeque::new(),
+            closed: false,
+            daemon: String::new(),
+            timeout: Duration::from_secs(5),
+        };
+        (c, b)
+    }
+
+    #[test]
+    fn events_between_replies_are_queued_and_polled() {
+        let (mut c, mut d) = pair();
+        assert!(c.poll_events().unwrap().is_empty());
+        d.write_all(b"EVENT WAKE\nEVENT DISCONNECT dev=1 qpn=2 status=0\nOK\n")
+            .unwrap();
+        assert_eq!(c.request(&Request::Arm).unwrap(), Response::Ok);
+        let mut line = [0u8; 4];
+        d.read_exact(&mut line).unwrap();
+        assert_eq!(&line, b"ARM\n");
+        assert!(c.has_events());
+        d.write_all(b"EVENT WA").unwrap();
+        assert_eq!(
+            c.poll_events().unwrap(),
+            vec![
+                Event::Wake,
+                Event::Disconnect {
+                    dev: 1,
+                    qpn: 2,
+                    status: 0
+                }
+            ]
+        );
+        assert!(c.poll_events().unwrap().is_empty());
+        d.write_all(b"KE\nEVENT NEWFANGLED x=1\n").unwrap();
+        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
+        d.write_all(b"EVENT WAKE\n").unwrap();
+        drop(d);
+        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
+        assert!(c.poll_events().is_err());
+        assert!(c.request(&Request::Sync).is_err());
+    }
+
+    #[test]
+    fn a_reply_that_never_comes_times_out() {
+        let (mut c, _d) = pair();
+        c.timeout = Duration::from_millis(50);
+        let e = c.request(&Request::Sync).unwrap_err();
+        assert!(e.contains("did not answer"), "{e}");
     }
 }

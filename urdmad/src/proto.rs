@@ -21,8 +21,21 @@
 //! CLOSE flow=7                             -> CLOSED flow=7
 //! STATUS                                   -> STATUS lines=N, then N report lines
 //! DETACH                                   -> DETACHED
+//! QP dev=0 qpn=17                          -> OK
+//! UNQP dev=0 qpn=17                        -> OK
+//! QPCLOSED dev=0 qpn=17 status=-104        -> OK
+//! PEERCLOSED dev=0 qpn=17                  -> OK
+//! ARM                                      -> OK
+//! SYNC                                     -> OK
 //! any error                                -> ERROR code=EACCES message=text_with_underscores_for_spaces
 //! ```
+//!
+//! Version 2 (docs/connection.md) adds unsolicited lines from the daemon, each starting with
+//! `EVENT` ([`Event`]): `EVENT CONNECTED ...`, `EVENT DISCONNECT ...`, `EVENT WAKE`. They may
+//! come between any two replies (never inside a multi-line reply), so a client reads lines
+//! until the reply to its request and keeps the events it meets on the way
+//! ([`crate::client::Connection`] does). Byte strings (`pdata`, `pkt`) are lowercase hex,
+//! empty for none (`pdata=`).
 //!
 //! The first request on a connection must be `HELLO`; a daemon refuses other versions with
 //! `ERROR code=EVERSION`. After `ATTACH` the process is a DPDK secondary of the daemon: it
@@ -45,8 +58,9 @@ use std::fmt::{self, Write as _};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::str::FromStr;
 
-/// The protocol version this module speaks.
-pub const VERSION: u32 = 1;
+/// The protocol version this module speaks. Version 2 added the connection lines (`QP`,
+/// `UNQP`, `QPCLOSED`, `PEERCLOSED`, `ARM`, `SYNC`, `OK` and the unsolicited `EVENT` lines).
+pub const VERSION: u32 = 2;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -239,12 +253,42 @@ impl FromStr for ErrorCode {
 /// A request from a process to the daemon.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
-    Hello { version: u32, pid: u32 },
+    Hello {
+        version: u32,
+        pid: u32,
+    },
     Attach,
     Open(FlowSpec),
-    Close { flow: u32 },
+    Close {
+        flow: u32,
+    },
     Status,
     Detach,
+    /// This process owns QP `qpn` of device `dev` (sent after attaching).
+    Qp {
+        dev: u32,
+        qpn: u32,
+    },
+    /// The QP is destroyed.
+    Unqp {
+        dev: u32,
+        qpn: u32,
+    },
+    /// The QP's trp connection ended: 0 graceful, else a negative errno.
+    QpClosed {
+        dev: u32,
+        qpn: u32,
+        status: i32,
+    },
+    /// The peer began a graceful close (it sent FIN).
+    PeerClosed {
+        dev: u32,
+        qpn: u32,
+    },
+    /// Send one `EVENT WAKE` at the next frame enqueued on any of this process's flows.
+    Arm,
+    /// Answered with `OK` once every event pushed before has been written.
+    Sync,
 }
 
 /// A reply from the daemon.
@@ -271,10 +315,195 @@ pub enum Response {
         lines: usize,
     },
     Detached,
+    /// The reply to `QP`, `UNQP`, `QPCLOSED`, `PEERCLOSED`, `ARM` and `SYNC`.
+    Ok,
     Error {
         code: ErrorCode,
         message: String,
     },
+}
+
+/// Which side of the handshake a connected QP was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// It sent the ConnectRequest (`rdma_connect`).
+    Active,
+    /// It accepted a ConnectRequest (`rdma_accept`).
+    Passive,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Active => "active",
+            Role::Passive => "passive",
+        }
+    }
+}
+
+impl FromStr for Role {
+    type Err = ProtoError;
+    fn from_str(s: &str) -> Result<Self, ProtoError> {
+        match s {
+            "active" => Ok(Role::Active),
+            "passive" => Ok(Role::Passive),
+            _ => Err(ProtoError::BadValue("role")),
+        }
+    }
+}
+
+/// `EVENT CONNECTED`: a QP of the process is connected and its flow is open. What the
+/// provider needs to rebuild the trp connection (docs/connection.md): `trp::Config::default()`
+/// with `ird`, `ord` and `max_datagram` = [`Connected::ird`], [`Connected::ord`],
+/// [`Connected::datagram`]; then, active: `Connecting::new(cfg, conn, isn, pdata,
+/// now).handle_datagram(now, pkt)` (pkt = the peer's Accept) gives `Established`; passive:
+/// `Incoming::parse(pkt)?.accept(cfg, conn, isn, pdata)` (pkt = the ConnectRequest).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Connected {
+    pub dev: u32,
+    pub qpn: u32,
+    pub role: Role,
+    /// Index of the port the connection uses.
+    pub port: u16,
+    pub local: SocketAddrV4,
+    pub remote: SocketAddrV4,
+    /// Destination MAC of the QP's frames.
+    pub mac: Mac,
+    /// The flow urdmad opened for the QP (4-tuple), as `OPENED` would name it.
+    pub flow: u32,
+    /// The flow's RX ring.
+    pub rx_ring: String,
+    /// Our IRD and ORD (what the handshake announced for this side).
+    pub ird: u16,
+    pub ord: u16,
+    /// Our `max_datagram` (UDP payload bytes the port's MTU allows).
+    pub datagram: u16,
+    /// Our connection id.
+    pub conn: u32,
+    /// Our initial PSN.
+    pub isn: u32,
+    /// Our private data (in the ConnectRequest when active, in the Accept when passive).
+    pub pdata: Vec<u8>,
+    /// The peer's handshake datagram (UDP payload): its Accept when active, its
+    /// ConnectRequest when passive.
+    pub pkt: Vec<u8>,
+}
+
+/// An unsolicited line from the daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Connected(Box<Connected>),
+    /// The kernel asked to close the QP: 0 graceful (`close()`), < 0 abortive (`abort()`).
+    Disconnect {
+        dev: u32,
+        qpn: u32,
+        status: i32,
+    },
+    /// A frame was enqueued on one of the process's flows after `ARM`.
+    Wake,
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// Bytes of a hex string (either case); `None` when it is not one.
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    let b = s.as_bytes();
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    (0..b.len() / 2)
+        .map(|i| Some(digit(b[2 * i])? << 4 | digit(b[2 * i + 1])?))
+        .collect()
+}
+
+/// Whether a line from the daemon is an [`Event`] rather than a reply.
+pub fn is_event(line: &str) -> bool {
+    line.starts_with("EVENT ") || line.trim_end_matches(['\n', '\r']) == "EVENT"
+}
+
+impl Event {
+    /// The wire form, newline included.
+    pub fn encode(&self) -> String {
+        match self {
+            Event::Connected(c) => format!(
+                "EVENT CONNECTED dev={} qpn={} role={} port={} local={} remote={} mac={} flow={} rx={} ird={} ord={} datagram={} conn={} isn={} pdata={} pkt={}\n",
+                c.dev,
+                c.qpn,
+                c.role.as_str(),
+                c.port,
+                c.local,
+                c.remote,
+                c.mac,
+                c.flow,
+                c.rx_ring,
+                c.ird,
+                c.ord,
+                c.datagram,
+                c.conn,
+                c.isn,
+                hex(&c.pdata),
+                hex(&c.pkt)
+            ),
+            Event::Disconnect { dev, qpn, status } => {
+                format!("EVENT DISCONNECT dev={dev} qpn={qpn} status={status}\n")
+            }
+            Event::Wake => "EVENT WAKE\n".into(),
+        }
+    }
+
+    /// Decodes one `EVENT` line; never panics.
+    pub fn decode(line: &str) -> Result<Self, ProtoError> {
+        if line.len() > MAX_LINE {
+            return Err(ProtoError::TooLong);
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        let rest = match line.strip_prefix("EVENT") {
+            Some(r) if r.is_empty() || r.starts_with(' ') => r,
+            _ => {
+                let verb = line.split(' ').next().unwrap_or("");
+                return Err(ProtoError::UnknownVerb(verb.chars().take(32).collect()));
+            }
+        };
+        // After `EVENT`, the event's name is the verb of the rest.
+        let g = Fields::parse(rest)?;
+        let kind = g.verb;
+        let bytes = |k: &'static str| unhex(g.get(k)?).ok_or(ProtoError::BadValue(k));
+        Ok(match kind {
+            "CONNECTED" => Event::Connected(Box::new(Connected {
+                dev: g.num("dev")?,
+                qpn: g.num("qpn")?,
+                role: g.get("role")?.parse()?,
+                port: g.num("port")?,
+                local: parse_sock(g.get("local")?, "local")?,
+                remote: parse_sock(g.get("remote")?, "remote")?,
+                mac: g.get("mac")?.parse()?,
+                flow: g.num("flow")?,
+                rx_ring: g.name("rx")?,
+                ird: g.num("ird")?,
+                ord: g.num("ord")?,
+                datagram: g.num("datagram")?,
+                conn: g.num("conn")?,
+                isn: g.num("isn")?,
+                pdata: bytes("pdata")?,
+                pkt: bytes("pkt")?,
+            })),
+            "DISCONNECT" => Event::Disconnect {
+                dev: g.num("dev")?,
+                qpn: g.num("qpn")?,
+                status: g.num("status")?,
+            },
+            "WAKE" => Event::Wake,
+            v => return Err(ProtoError::UnknownVerb(v.chars().take(32).collect())),
+        })
+    }
 }
 
 /// Why a line could not be decoded.
@@ -395,6 +624,14 @@ impl Request {
             Request::Close { flow } => format!("CLOSE flow={flow}\n"),
             Request::Status => "STATUS\n".into(),
             Request::Detach => "DETACH\n".into(),
+            Request::Qp { dev, qpn } => format!("QP dev={dev} qpn={qpn}\n"),
+            Request::Unqp { dev, qpn } => format!("UNQP dev={dev} qpn={qpn}\n"),
+            Request::QpClosed { dev, qpn, status } => {
+                format!("QPCLOSED dev={dev} qpn={qpn} status={status}\n")
+            }
+            Request::PeerClosed { dev, qpn } => format!("PEERCLOSED dev={dev} qpn={qpn}\n"),
+            Request::Arm => "ARM\n".into(),
+            Request::Sync => "SYNC\n".into(),
         }
     }
 
@@ -421,6 +658,25 @@ impl Request {
             },
             "STATUS" => Request::Status,
             "DETACH" => Request::Detach,
+            "QP" => Request::Qp {
+                dev: f.num("dev")?,
+                qpn: f.num("qpn")?,
+            },
+            "UNQP" => Request::Unqp {
+                dev: f.num("dev")?,
+                qpn: f.num("qpn")?,
+            },
+            "QPCLOSED" => Request::QpClosed {
+                dev: f.num("dev")?,
+                qpn: f.num("qpn")?,
+                status: f.num("status")?,
+            },
+            "PEERCLOSED" => Request::PeerClosed {
+                dev: f.num("dev")?,
+                qpn: f.num("qpn")?,
+            },
+            "ARM" => Request::Arm,
+            "SYNC" => Request::Sync,
             v => return Err(ProtoError::UnknownVerb(v.chars().take(32).collect())),
         })
     }
@@ -474,6 +730,7 @@ impl Response {
             Response::Closed { flow } => format!("CLOSED flow={flow}\n"),
             Response::Status { lines } => format!("STATUS lines={lines}\n"),
             Response::Detached => "DETACHED\n".into(),
+            Response::Ok => "OK\n".into(),
             Response::Error { code, message } => format!(
                 "ERROR code={} message={}\n",
                 code.as_str(),
@@ -541,6 +798,7 @@ impl Response {
                 Response::Status { lines }
             }
             "DETACHED" => Response::Detached,
+            "OK" => Response::Ok,
             "ERROR" => Response::Error {
                 code: f.get("code")?.parse()?,
                 message: decode_text(f.opt("message").unwrap_or("")),
@@ -714,5 +972,150 @@ mod tests {
             let _ = Request::decode(&line);
             let _ = Response::decode(&line, || Some(line.clone()));
         }
+    }
+}
+
+#[cfg(test)]
+mod v2_tests {
+    use super::*;
+
+    fn connected() -> Connected {
+        Connected {
+            dev: 1,
+            qpn: 17,
+            role: Role::Passive,
+            port: 0,
+            local: "10.0.0.1:4791".parse().unwrap(),
+            remote: "10.0.0.2:50000".parse().unwrap(),
+            mac: Mac([2, 0, 0, 0, 0, 0xab]),
+            flow: 9,
+            rx_ring: "urd_rx_9".into(),
+            ird: 16,
+            ord: 8,
+            datagram: 1472,
+            conn: 0xdead_beef,
+            isn: 7,
+            pdata: vec![],
+            pkt: vec![0, 1, 0xfe, 0xff],
+        }
+    }
+
+    #[test]
+    fn v2_requests_and_ok_roundtrip() {
+        for r in [
+            Request::Qp { dev: 0, qpn: 17 },
+            Request::Unqp { dev: 3, qpn: 1 },
+            Request::QpClosed {
+                dev: 0,
+                qpn: 17,
+                status: -104,
+            },
+            Request::QpClosed {
+                dev: 0,
+                qpn: 17,
+                status: 0,
+            },
+            Request::PeerClosed { dev: 2, qpn: 5 },
+            Request::Arm,
+            Request::Sync,
+        ] {
+            assert_eq!(Request::decode(&r.encode()).unwrap(), r);
+        }
+        assert_eq!(Response::decode("OK\n", || None).unwrap(), Response::Ok);
+        assert_eq!(Response::Ok.encode(), "OK\n");
+    }
+
+    #[test]
+    fn events_roundtrip() {
+        let mut c = connected();
+        let e = Event::Connected(Box::new(c.clone()));
+        let line = e.encode();
+        assert!(is_event(&line));
+        assert!(line.contains(" pdata= pkt=0001feff\n"), "{line}");
+        assert_eq!(Event::decode(&line).unwrap(), e);
+        c.role = Role::Active;
+        c.pdata = (0..=254).collect();
+        c.pkt = vec![0xab; 1472];
+        let e = Event::Connected(Box::new(c));
+        let line = e.encode();
+        assert!(line.len() < MAX_LINE);
+        assert_eq!(Event::decode(&line).unwrap(), e);
+        for e in [
+            Event::Disconnect {
+                dev: 1,
+                qpn: 2,
+                status: 0,
+            },
+            Event::Disconnect {
+                dev: 1,
+                qpn: 2,
+                status: -103,
+            },
+            Event::Wake,
+        ] {
+            let line = e.encode();
+            assert!(is_event(&line));
+            assert_eq!(Event::decode(&line).unwrap(), e);
+        }
+        assert!(!is_event("OK\n"));
+        assert!(!is_event("EVENTS x=1\n"));
+    }
+
+    #[test]
+    fn hex_both_ways() {
+        assert_eq!(hex(&[0, 0x0f, 0xa0, 0xff]), "000fa0ff");
+        assert_eq!(unhex("000FA0ff"), Some(vec![0, 0x0f, 0xa0, 0xff]));
+        assert_eq!(unhex(""), Some(vec![]));
+        assert_eq!(unhex("0"), None);
+        assert_eq!(unhex("0g"), None);
+        assert_eq!(unhex("é0"), None);
+    }
+
+    #[test]
+    fn malformed_v2_lines_are_errors() {
+        let good = Event::Connected(Box::new(connected())).encode();
+        let bad = [
+            "QP dev=0",
+            "QP dev=x qpn=1",
+            "QPCLOSED dev=0 qpn=1 status=abc",
+            "PEERCLOSED qpn=1",
+            "EVENT",
+            "EVENT \n",
+            "EVENT BOGUS a=1",
+            "EVENTWAKE",
+            "EVENT DISCONNECT dev=1 qpn=2",
+            "EVENT CONNECTED dev=1",
+        ];
+        for s in bad {
+            assert!(
+                Request::decode(s).is_err() || Event::decode(s).is_err(),
+                "{s}"
+            );
+        }
+        for s in [
+            "EVENT",
+            "EVENT BOGUS a=1",
+            "EVENTWAKE",
+            "EVENT CONNECTED dev=1",
+        ] {
+            assert!(Event::decode(s).is_err(), "{s}");
+        }
+        for (from, to) in [
+            ("role=passive", "role=sideways"),
+            ("pkt=0001feff", "pkt=0001fef"),
+            ("pkt=0001feff", "pkt=zz"),
+            ("mac=02:", "mac=2:"),
+            ("local=10.0.0.1:4791", "local=10.0.0.1"),
+        ] {
+            let s = good.replacen(from, to, 1);
+            assert_ne!(s, good);
+            assert!(Event::decode(&s).is_err(), "{s}");
+        }
+        for i in 0..good.len() {
+            let _ = Event::decode(&good[..i]);
+            let _ = Request::decode(&good[..i]);
+            let _ = Response::decode(&good[..i], || None);
+        }
+        assert!(Event::decode(&format!("EVENT WAKE x={}", "a".repeat(MAX_LINE))).is_err());
     }
 }
