@@ -9,9 +9,12 @@
 
 pub mod abi;
 pub mod context;
+pub mod cq;
 pub mod device;
+pub mod engine;
 mod guard;
 mod log;
+pub mod mem;
 pub mod unsupported;
 pub mod verbs;
 

@@ -1,0 +1,583 @@
+//! The progress engine: every QP, CQ and MR of the process, the trp
+//! connection of each connected QP, and the moves between them.
+//!
+//! The engine is plain data driven by calls; it does no I/O of its own.
+//! A QP's datagrams come and go through its [`Flow`] (DPDK rings in the
+//! provider, in-memory queues in tests), time is an argument, and what
+//! urdmad must hear about (a peer's FIN, the end of a connection) is
+//! collected as [`Notice`]s. The runtime keeps one engine behind one lock;
+//! everything here runs under it, which is what makes a deregistration
+//! unable to race a placement and an arm unable to miss a completion.
+
+use std::collections::{HashMap, VecDeque};
+
+use trp::mr::check;
+use trp::{
+    Access, Completion, ConnectOutcome, Connecting, Connection, Event, FailReason, Incoming,
+    Instant, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
+
+use crate::cq::{post_errno, to_wc, Cq, Notify};
+use crate::mem::{InlineBuf, MrTable, INLINE_STAG};
+
+/// (device id, QP number).
+pub type QpKey = (u32, u32);
+/// (device id, CQ id).
+pub type CqKey = (u32, u32);
+
+/// How one connected QP exchanges datagrams (UDP payloads).
+pub trait Flow: Send {
+    /// Takes up to one burst of received datagrams and hands them to
+    /// `handle` (possibly in several calls); returns how many there were.
+    fn receive(&mut self, handle: &mut dyn FnMut(&[&[u8]])) -> usize;
+    /// Sends datagrams: calls `fill` with a buffer of at least `datagram`
+    /// bytes until it returns None (or the flow runs out of buffers);
+    /// returns how many were sent.
+    fn transmit(
+        &mut self,
+        datagram: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> usize;
+}
+
+/// What a QP was created with.
+#[derive(Clone, Copy, Debug)]
+pub struct QpInit {
+    pub pd: u32,
+    pub send_cq: CqKey,
+    pub recv_cq: CqKey,
+    pub sig_all: bool,
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline: u32,
+}
+
+/// What urdmad must be told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// `PEERCLOSED`: the peer sent FIN.
+    PeerClosed(QpKey),
+    /// `QPCLOSED`: the connection ended (0 graceful, else -errno); the
+    /// engine has stopped using the flow.
+    Closed(QpKey, i32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Active,
+    Passive,
+}
+
+/// The connection as urdmad hands it over (`EVENT CONNECTED`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Handoff {
+    pub role: Role,
+    pub ird: u16,
+    pub ord: u16,
+    pub datagram: u16,
+    pub conn: u32,
+    pub isn: u32,
+    pub pdata: Vec<u8>,
+    /// The peer's Accept (active) or ConnectRequest (passive).
+    pub pkt: Vec<u8>,
+}
+
+/// A send work request, converted from `ibv_send_wr`.
+pub struct SendReq<'a> {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub sges: &'a [Sge],
+    /// `IBV_SEND_SIGNALED` (the QP's `sq_sig_all` is added here).
+    pub signaled: bool,
+    /// `IBV_SEND_INLINE`: the SGEs' bytes, to copy now (lkeys ignored).
+    pub inline: Option<&'a [&'a [u8]]>,
+}
+
+/// Why a post was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostFail {
+    Errno(i32),
+    /// The QP has no connection yet (the caller may look for a pending
+    /// `EVENT CONNECTED` and retry; otherwise EINVAL).
+    NotConnected,
+}
+
+impl PostFail {
+    pub fn errno(self) -> i32 {
+        match self {
+            PostFail::Errno(e) => e,
+            PostFail::NotConnected => libc::EINVAL,
+        }
+    }
+}
+
+impl From<PostError> for PostFail {
+    fn from(e: PostError) -> Self {
+        PostFail::Errno(post_errno(e))
+    }
+}
+
+pub fn fail_errno(r: FailReason) -> i32 {
+    match r {
+        FailReason::RetryExceeded => -libc::ETIMEDOUT,
+        FailReason::TerminateSent(_) | FailReason::TerminateReceived(_) => -libc::ECONNRESET,
+        FailReason::Aborted => -libc::ECONNABORTED,
+        FailReason::PeerAborted => -libc::ECONNRESET,
+    }
+}
+
+fn send_wc_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send { .. } => WcOpcode::Send,
+        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+    }
+}
+
+fn flush(wr_id: u64, queue: Queue, opcode: WcOpcode) -> Completion {
+    Completion {
+        wr_id,
+        queue,
+        status: WcStatus::Flush,
+        opcode,
+        byte_len: 0,
+        imm: None,
+        invalidated: None,
+        solicited: false,
+    }
+}
+
+struct Qp {
+    init: QpInit,
+    conn: Option<Connection>,
+    flow: Option<Box<dyn Flow>>,
+    /// Receives posted before the connection exists.
+    early_recv: VecDeque<(u64, Vec<Sge>)>,
+    inline: Option<InlineBuf>,
+    /// In error without a connection (modify to ERR before connecting,
+    /// or urdmad gone): posts complete at once with a flush error.
+    errored: bool,
+    /// Completions waiting for room in their CQ, in order.
+    out: VecDeque<Completion>,
+    /// `Notice::Closed` was issued.
+    closed: bool,
+}
+
+impl Qp {
+    fn inline_region(&self) -> Option<trp::Region> {
+        self.inline.as_ref().map(|b| b.region(self.init.pd))
+    }
+}
+
+/// What one round of progress found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Datagrams moved or completions delivered.
+    pub busy: bool,
+    /// The earliest timer of any connection.
+    pub deadline: Option<Instant>,
+}
+
+#[derive(Default)]
+pub struct Engine {
+    pub mrs: MrTable,
+    cqs: HashMap<CqKey, Cq>,
+    qps: HashMap<QpKey, Qp>,
+    notices: Vec<Notice>,
+}
+
+impl Engine {
+    pub fn new() -> Engine {
+        Engine::default()
+    }
+
+    pub fn create_cq(&mut self, key: CqKey, cap: usize, notify: Option<Notify>) {
+        self.cqs.insert(key, Cq::new(cap, notify));
+    }
+
+    pub fn destroy_cq(&mut self, key: CqKey) {
+        self.cqs.remove(&key);
+    }
+
+    pub fn cq(&self, key: CqKey) -> Option<&Cq> {
+        self.cqs.get(&key)
+    }
+
+    pub fn create_qp(&mut self, key: QpKey, init: QpInit) {
+        self.qps.insert(
+            key,
+            Qp {
+                init,
+                conn: None,
+                flow: None,
+                early_recv: VecDeque::new(),
+                inline: None,
+                errored: false,
+                out: VecDeque::new(),
+                closed: false,
+            },
+        );
+    }
+
+    /// Forgets the QP (and stops using its flow); completions it had not
+    /// delivered yet are dropped, as the QP is gone.
+    pub fn destroy_qp(&mut self, key: QpKey) -> bool {
+        self.qps.remove(&key).is_some()
+    }
+
+    pub fn has_qp(&self, key: QpKey) -> bool {
+        self.qps.contains_key(&key)
+    }
+
+    pub fn is_connected(&self, key: QpKey) -> bool {
+        self.qps.get(&key).is_some_and(|q| q.conn.is_some())
+    }
+
+    pub fn qp_state(&self, key: QpKey) -> Option<trp::QpState> {
+        self.qps.get(&key)?.conn.as_ref().map(|c| c.state())
+    }
+
+    pub fn take_notices(&mut self) -> Vec<Notice> {
+        std::mem::take(&mut self.notices)
+    }
+
+    pub fn post_send(&mut self, key: QpKey, wr: &SendReq<'_>) -> Result<(), PostFail> {
+        let qp = self
+            .qps
+            .get_mut(&key)
+            .ok_or(PostFail::Errno(libc::EINVAL))?;
+        if wr.sges.len() > qp.init.max_send_sge as usize && wr.inline.is_none() {
+            return Err(PostFail::Errno(libc::EINVAL));
+        }
+        if qp.init.max_send_wr == 0 {
+            return Err(PostFail::Errno(libc::ENOMEM));
+        }
+        let signaled = wr.signaled || qp.init.sig_all;
+        if qp.conn.is_none() {
+            if qp.errored {
+                qp.out
+                    .push_back(flush(wr.wr_id, Queue::Send, send_wc_opcode(&wr.op)));
+                return Ok(());
+            }
+            return Err(PostFail::NotConnected);
+        }
+        let one;
+        let sges = match wr.inline {
+            None => wr.sges,
+            Some(parts) => {
+                if matches!(wr.op, SendOp::RdmaRead { .. }) {
+                    return Err(PostFail::Errno(libc::EINVAL));
+                }
+                let max = qp.init.max_inline as usize;
+                if parts.iter().map(|p| p.len()).sum::<usize>() > max {
+                    return Err(PostFail::Errno(libc::EINVAL));
+                }
+                if qp.inline.is_none() {
+                    qp.inline = InlineBuf::new(qp.init.max_send_wr as usize, max);
+                }
+                let ib = qp.inline.as_mut().ok_or(PostFail::Errno(libc::EINVAL))?;
+                let (addr, len) = ib
+                    .stage(parts.iter().copied())
+                    .ok_or(PostFail::Errno(libc::EINVAL))?;
+                one = [Sge {
+                    addr,
+                    len,
+                    lkey: INLINE_STAG,
+                }];
+                &one[..]
+            }
+        };
+        let inline = qp.inline_region();
+        let conn = qp.conn.as_mut().expect("checked above");
+        let mem = self.mrs.view(key.0, inline);
+        conn.post_send(
+            &mem,
+            &SendWr {
+                wr_id: wr.wr_id,
+                op: wr.op,
+                sges,
+                signaled,
+            },
+        )?;
+        if wr.inline.is_some() {
+            if let Some(ib) = qp.inline.as_mut() {
+                ib.commit();
+            }
+        }
+        Ok(())
+    }
+
+    pub fn post_recv(&mut self, key: QpKey, wr_id: u64, sges: &[Sge]) -> Result<(), PostFail> {
+        let qp = self
+            .qps
+            .get_mut(&key)
+            .ok_or(PostFail::Errno(libc::EINVAL))?;
+        if sges.len() > qp.init.max_recv_sge as usize {
+            return Err(PostFail::Errno(libc::EINVAL));
+        }
+        if qp.init.max_recv_wr == 0 {
+            return Err(PostFail::Errno(libc::ENOMEM));
+        }
+        let inline = qp.inline_region();
+        let mem = self.mrs.view(key.0, inline);
+        match qp.conn.as_mut() {
+            Some(conn) => Ok(conn.post_recv(&mem, &RecvWr { wr_id, sges })?),
+            None if qp.errored => {
+                qp.out.push_back(flush(wr_id, Queue::Recv, WcOpcode::Recv));
+                Ok(())
+            }
+            None => {
+                if qp.early_recv.len() >= qp.init.max_recv_wr as usize {
+                    return Err(PostFail::Errno(libc::ENOMEM));
+                }
+                let mut total = 0u64;
+                for s in sges {
+                    check(
+                        &mem,
+                        s.lkey,
+                        qp.init.pd,
+                        s.addr,
+                        u64::from(s.len),
+                        Access::LOCAL_WRITE,
+                    )
+                    .map_err(|_| PostFail::Errno(libc::EINVAL))?;
+                    total += u64::from(s.len);
+                }
+                if total > 1 << 31 {
+                    return Err(PostFail::Errno(libc::EINVAL));
+                }
+                qp.early_recv.push_back((wr_id, sges.to_vec()));
+                Ok(())
+            }
+        }
+    }
+
+    pub fn poll_cq(&mut self, key: CqKey, out: &mut [rdma_core_sys::ibv_wc]) -> Option<usize> {
+        Some(self.cqs.get_mut(&key)?.poll(out))
+    }
+
+    pub fn arm_cq(&mut self, key: CqKey, solicited_only: bool) -> bool {
+        match self.cqs.get_mut(&key) {
+            Some(cq) => {
+                cq.arm(solicited_only);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `modify_qp` to SQD: graceful close of the connection.
+    pub fn close(&mut self, key: QpKey) {
+        if let Some(conn) = self.qps.get_mut(&key).and_then(|q| q.conn.as_mut()) {
+            conn.close();
+        }
+    }
+
+    /// `modify_qp` to ERR (or an abortive `EVENT DISCONNECT`): abort the
+    /// connection, or without one flush what was posted.
+    pub fn abort(&mut self, key: QpKey, now: Instant) {
+        let Some(qp) = self.qps.get_mut(&key) else {
+            return;
+        };
+        match qp.conn.as_mut() {
+            Some(conn) => conn.abort(now),
+            None => {
+                qp.errored = true;
+                while let Some((wr_id, _)) = qp.early_recv.pop_front() {
+                    qp.out.push_back(flush(wr_id, Queue::Recv, WcOpcode::Recv));
+                }
+            }
+        }
+    }
+
+    /// `EVENT CONNECTED`: builds the QP's trp connection as
+    /// docs/connection.md says, hands it the receives posted so far, and
+    /// starts using `flow`.
+    pub fn connected(
+        &mut self,
+        key: QpKey,
+        h: &Handoff,
+        flow: Box<dyn Flow>,
+        now: Instant,
+    ) -> Result<(), String> {
+        let qp = self.qps.get_mut(&key).ok_or("no such QP")?;
+        if qp.conn.is_some() {
+            return Err("QP is connected already".into());
+        }
+        let cfg = trp::Config {
+            pd: qp.init.pd,
+            ird: h.ird,
+            ord: h.ord,
+            max_datagram: h.datagram,
+            max_send_wr: qp.init.max_send_wr as usize,
+            max_recv_wr: qp.init.max_recv_wr as usize,
+            ..trp::Config::default()
+        };
+        let conn = match h.role {
+            Role::Active => {
+                let c = Connecting::new(cfg, h.conn, h.isn, &h.pdata, now)
+                    .map_err(|e| format!("connection setup: {e}"))?;
+                match c.handle_datagram(now, &h.pkt) {
+                    ConnectOutcome::Established { conn, .. } => conn,
+                    _ => return Err("the Accept does not establish the connection".into()),
+                }
+            }
+            Role::Passive => Incoming::parse(&h.pkt)
+                .and_then(|i| i.accept(cfg, h.conn, h.isn, &h.pdata))
+                .map_err(|e| format!("connection setup: {e}"))?,
+        };
+        let mut conn = conn;
+        let inline = qp.inline_region();
+        let mem = self.mrs.view(key.0, inline);
+        while let Some((wr_id, sges)) = qp.early_recv.pop_front() {
+            if let Err(e) = conn.post_recv(&mem, &RecvWr { wr_id, sges: &sges }) {
+                // Checked when posted; an MR deregistered since fails here.
+                crate::log::error(format_args!("early receive {wr_id} refused: {e}"));
+                qp.out.push_back(Completion {
+                    status: WcStatus::LocalProtection,
+                    ..flush(wr_id, Queue::Recv, WcOpcode::Recv)
+                });
+            }
+        }
+        if qp.errored {
+            conn.abort(now);
+        }
+        qp.conn = Some(conn);
+        qp.flow = Some(flow);
+        Ok(())
+    }
+
+    /// urdmad went away: its rings are no longer ours. Every QP fails:
+    /// connections are aborted (the Abort cannot be sent), everything
+    /// posted is flushed. No notices: there is nobody to tell.
+    pub fn fail_all(&mut self, now: Instant) {
+        for qp in self.qps.values_mut() {
+            qp.flow = None;
+            qp.closed = true;
+            match qp.conn.as_mut() {
+                Some(c) => c.abort(now),
+                None => {
+                    qp.errored = true;
+                    while let Some((wr_id, _)) = qp.early_recv.pop_front() {
+                        qp.out.push_back(flush(wr_id, Queue::Recv, WcOpcode::Recv));
+                    }
+                }
+            }
+        }
+        self.progress(now);
+        self.notices.clear();
+    }
+
+    /// Stops using the flow of a QP (its connection is over for urdmad).
+    pub fn drop_flow(&mut self, key: QpKey) {
+        if let Some(q) = self.qps.get_mut(&key) {
+            q.flow = None;
+        }
+    }
+
+    /// One round over every QP: receive, timers, transmit, connection
+    /// events, completions into their CQs.
+    pub fn progress(&mut self, now: Instant) -> Progress {
+        let mut p = Progress::default();
+        for (&key, qp) in self.qps.iter_mut() {
+            if progress_qp(&mut self.mrs, key, qp, now, &mut self.notices) {
+                p.busy = true;
+            }
+            if deliver(&mut self.cqs, key, qp) {
+                p.busy = true;
+            }
+            if let Some(t) = qp.conn.as_ref().and_then(|c| c.poll_timeout()) {
+                if qp.flow.is_some() {
+                    p.deadline = Some(p.deadline.map_or(t, |d| d.min(t)));
+                }
+            }
+        }
+        p
+    }
+
+    /// The earliest timer of any connection that still has its flow.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.qps
+            .values()
+            .filter(|q| q.flow.is_some())
+            .filter_map(|q| q.conn.as_ref()?.poll_timeout())
+            .min()
+    }
+}
+
+fn progress_qp(
+    mrs: &mut MrTable,
+    key: QpKey,
+    qp: &mut Qp,
+    now: Instant,
+    notices: &mut Vec<Notice>,
+) -> bool {
+    let inline = qp.inline_region();
+    let Some(conn) = qp.conn.as_mut() else {
+        return false;
+    };
+    let mut work = false;
+    if let Some(flow) = qp.flow.as_mut() {
+        let mut mem = mrs.view(key.0, inline);
+        let n = flow.receive(&mut |dgs| {
+            conn.handle_datagram_burst(now, &mut mem, dgs);
+        });
+        if conn.poll_timeout().is_some_and(|t| t <= now) {
+            conn.handle_timeout(now);
+        }
+        let dg = conn.max_datagram();
+        let m = flow.transmit(dg, &mut |buf| conn.poll_transmit(now, &mem, buf));
+        work = n + m > 0;
+    }
+    let mut ended = None;
+    while let Some(e) = conn.poll_event() {
+        work = true;
+        match e {
+            Event::PeerClosed => {
+                if !qp.closed {
+                    notices.push(Notice::PeerClosed(key));
+                }
+            }
+            Event::Closed => ended = Some(0),
+            Event::Failed(r) => ended = Some(fail_errno(r)),
+        }
+    }
+    if let Some(status) = ended {
+        if !qp.closed {
+            qp.closed = true;
+            qp.flow = None;
+            notices.push(Notice::Closed(key, status));
+        }
+    }
+    while let Some(c) = conn.poll_completion() {
+        qp.out.push_back(c);
+    }
+    work
+}
+
+/// Moves a QP's completions into its CQs while they have room.
+fn deliver(cqs: &mut HashMap<CqKey, Cq>, key: QpKey, qp: &mut Qp) -> bool {
+    let mut any = false;
+    while let Some(c) = qp.out.front() {
+        let cqk = match c.queue {
+            Queue::Send => qp.init.send_cq,
+            Queue::Recv => qp.init.recv_cq,
+        };
+        match cqs.get_mut(&cqk) {
+            Some(cq) if cq.room() == 0 => break,
+            Some(cq) => {
+                cq.push(to_wc(c, key.1), c.solicited);
+            }
+            None => {}
+        }
+        qp.out.pop_front();
+        any = true;
+    }
+    any
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;
