@@ -11,6 +11,7 @@
 #include <linux/rtnetlink.h>
 #include <linux/spinlock.h>
 #include <net/addrconf.h>
+#include <rdma/ib_user_verbs.h>
 #include <rdma/iw_cm.h>
 #include <rdma/rdma_netlink.h>
 
@@ -74,6 +75,7 @@ static void urdma_dealloc_driver(struct ib_device *ibdev)
 	WARN_ON(!xa_empty(&udev->qp_xa));
 	WARN_ON(!xa_empty(&udev->cq_xa));
 	WARN_ON(!xa_empty(&udev->mr_xa));
+	urdma_cm_dev_gone(udev);
 	xa_destroy(&udev->qp_xa);
 	xa_destroy(&udev->cq_xa);
 	xa_destroy(&udev->mr_xa);
@@ -91,6 +93,7 @@ static const struct ib_device_ops urdma_dev_ops = {
 	.create_qp = urdma_create_qp,
 	.dealloc_driver = urdma_dealloc_driver,
 	.dealloc_pd = urdma_dealloc_pd,
+	.device_group = &urdma_attr_group,
 	.dealloc_ucontext = urdma_dealloc_ucontext,
 	.dereg_mr = urdma_dereg_mr,
 	.destroy_cq = urdma_destroy_cq,
@@ -224,6 +227,10 @@ static int urdma_netdev_event(struct notifier_block *nb, unsigned long event,
 	struct net_device *netdev = netdev_notifier_info_to_dev(arg);
 	struct urdma_dev *udev;
 
+	/* A daemon's registration may exist without a device. */
+	if (event == NETDEV_UNREGISTER)
+		urdma_cm_netdev_unregister(netdev);
+
 	udev = urdma_dev_get_by_netdev(netdev);
 	if (!udev)
 		return NOTIFY_DONE;
@@ -290,6 +297,8 @@ static struct urdma_dev *urdma_dev_alloc(struct net_device *netdev)
 	memcpy(ibdev->iw_ifname, netdev->name, sizeof(ibdev->iw_ifname));
 	/* Our connection setup runs over UDP: no iwpmd port mapping. */
 	ibdev->iw_driver_flags = IW_F_NO_PORT_MAP;
+	/* The provider wakes completion channels through the kernel. */
+	ibdev->uverbs_cmd_mask |= BIT_ULL(IB_USER_VERBS_CMD_REQ_NOTIFY_CQ);
 	ib_set_device_ops(ibdev, &urdma_dev_ops);
 
 	return udev;
@@ -365,9 +374,14 @@ static int __init urdma_init(void)
 {
 	int rv;
 
-	rv = register_netdevice_notifier(&urdma_netdev_nb);
+	rv = urdma_cm_init();
 	if (rv)
 		return rv;
+	rv = register_netdevice_notifier(&urdma_netdev_nb);
+	if (rv) {
+		urdma_cm_exit();
+		return rv;
+	}
 	rdma_link_register(&urdma_link_ops);
 	return 0;
 }
@@ -382,6 +396,8 @@ static void __exit urdma_exit(void)
 	 * interface finds no device left to queue.
 	 */
 	unregister_netdevice_notifier(&urdma_netdev_nb);
+	/* Nobody has it open: an open file pins the module. */
+	urdma_cm_exit();
 }
 
 module_init(urdma_init);

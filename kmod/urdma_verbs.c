@@ -296,9 +296,18 @@ int urdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc)
 	return -EOPNOTSUPP;
 }
 
+/*
+ * The provider arms its CQs in user space and sends REQ_NOTIFY_CQ exactly
+ * when the armed CQ has an event due; the kernel only has to wake the
+ * completion channel, which is what comp_handler does for a uverbs CQ
+ * (one event per call).  uverbs discards the return value.
+ */
 int urdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
 {
-	return -EOPNOTSUPP;
+	if (!ibcq->uobject)
+		return -EOPNOTSUPP;
+	ibcq->comp_handler(ibcq, ibcq->cq_context);
+	return 0;
 }
 
 static int urdma_check_qp_cap(const struct ib_qp_cap *cap)
@@ -432,6 +441,14 @@ int urdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	if (rv)
 		return rv;
 
+	/*
+	 * iw_cm (no udata) closes a connection by moving its QP to SQD or
+	 * ERR; the daemon does the closing, whatever state the QP is in.
+	 */
+	if (!udata && (mask & IB_QP_STATE) &&
+	    (attr->qp_state == IB_QPS_SQD || attr->qp_state == IB_QPS_ERR))
+		urdma_cm_qp_modified(qp, attr->qp_state);
+
 	mutex_lock(&qp->lock);
 	if ((mask & IB_QP_CUR_STATE) && attr->cur_qp_state != qp->state) {
 		rv = -EINVAL;
@@ -488,7 +505,11 @@ int urdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	struct urdma_dev *udev = to_udev(ibqp->device);
 	struct urdma_qp *qp = to_uqp(ibqp);
 
-	/* ib_core frees the QP when we return: wait for iw_cm to let go. */
+	/*
+	 * ib_core frees the QP when we return: end its connection, which
+	 * makes iw_cm let go of it, then wait for that.
+	 */
+	urdma_cm_qp_destroy(qp);
 	urdma_qp_unpublish(udev, qp);
 	mutex_destroy(&qp->lock);
 	atomic_dec(&udev->num_qp);
