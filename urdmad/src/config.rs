@@ -39,8 +39,15 @@ pub struct Daemon {
     /// Sleep between polls once nothing has arrived for a while, microseconds; 0 polls
     /// without pause (a dedicated core).
     pub idle_sleep_us: u32,
+    /// Longest sleep between polls once idle for a while, microseconds (the idle back-off
+    /// doubles the sleep from `idle_sleep_us` up to this).
+    pub idle_sleep_max_us: u32,
     /// Extra EAL arguments, appended as given.
     pub eal_args: Vec<String>,
+    /// urdma.ko's connection channel (docs/connection.md). When it does not exist urdmad
+    /// runs without connection management. (A Unix `SOCK_SEQPACKET` socket works too: tests
+    /// put a fake kernel there.)
+    pub cm_device: PathBuf,
 }
 
 impl Default for Daemon {
@@ -55,7 +62,9 @@ impl Default for Daemon {
             ring_size: 1024,
             log_level: "info".into(),
             idle_sleep_us: 100,
+            idle_sleep_max_us: 4000,
             eal_args: Vec::new(),
+            cm_device: PathBuf::from("/dev/urdma_cm"),
         }
     }
 }

@@ -16,11 +16,16 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+#[path = "daemon_cm.rs"]
+mod cm_impl;
+
 const BURST: usize = 32;
 /// How often the control socket is polled; bounds how late a dead process is noticed.
 const CONTROL_PERIOD: Duration = Duration::from_millis(2);
 /// Empty polls before the loop starts sleeping between polls (small machines share cores).
 const IDLE_POLLS: u32 = 256;
+/// Idle this long, the sleep between polls starts doubling (up to `idle_sleep_max_us`).
+const BACKOFF_AFTER: Duration = Duration::from_millis(100);
 pub const POOL_NAME: &str = "urd_mbufs";
 /// Connections beyond this are closed at once.
 const MAX_CONNECTIONS: usize = 1024;
@@ -44,6 +49,8 @@ struct PortState {
     from_kernel_drops: u64,
     from_processes: u64,
     from_processes_drops: u64,
+    /// Frames to the port's own MAC, received here instead of sent.
+    loopback: u64,
 }
 
 struct FlowRec {
@@ -96,6 +103,16 @@ pub struct Daemon {
     lcores_used: Vec<bool>,
     rings: usize,
     started: Instant,
+    /// Connection management (docs/connection.md).
+    cm: cm_impl::Cm,
+}
+
+/// A flow opened for a process.
+struct FlowSpecOpened {
+    flow: u32,
+    rx_ring: String,
+    steering: Steering,
+    queue: Option<u16>,
 }
 
 fn ring_create(name: &str, size: u32) -> Result<*mut sys::rte_ring, String> {
@@ -192,6 +209,7 @@ impl Daemon {
                     from_kernel_drops: 0,
                     from_processes: 0,
                     from_processes_drops: 0,
+                    loopback: 0,
                 }),
                 Err(e) => {
                     for p in &mut ports {
@@ -214,7 +232,7 @@ impl Daemon {
         listener
             .set_nonblocking(true)
             .map_err(|e| format!("control socket: {e}"))?;
-        Ok(Daemon {
+        let mut d = Daemon {
             cfg,
             pool,
             ports,
@@ -227,7 +245,10 @@ impl Daemon {
             lcores_used: vec![false; sys::RTE_MAX_LCORE as usize],
             rings: 0,
             started: Instant::now(),
-        })
+            cm: cm_impl::Cm::default(),
+        };
+        d.cm_open();
+        Ok(d)
     }
 
     /// Polls until [`STOP`] is set.
@@ -238,9 +259,18 @@ impl Daemon {
         let mut next_control = Instant::now();
         let mut idle = 0u32;
         let idle_sleep = Duration::from_micros(u64::from(self.cfg.daemon.idle_sleep_us));
+        let idle_sleep_max = Duration::from_micros(u64::from(
+            self.cfg
+                .daemon
+                .idle_sleep_max_us
+                .max(self.cfg.daemon.idle_sleep_us),
+        ));
+        let mut idle_since: Option<Instant> = None;
+        let mut sleep = idle_sleep;
         while !STOP.load(Ordering::Relaxed) {
             let mut work = 0usize;
-            for p in self.ports.iter_mut() {
+            for (pi, p) in self.ports.iter_mut().enumerate() {
+                let tap = &mut self.cm.tap;
                 // SAFETY: ports are started; every mbuf is passed on exactly once.
                 unsafe {
                     let port = p.port.id;
@@ -254,6 +284,7 @@ impl Daemon {
                         work += n;
                         kernel.clear();
                         p.flows.dispatch(&rx[..n], &mut kernel);
+                        take_cm_frames(tap, pi, &mut kernel);
                         let (sent, dropped) = tx_all(p.port.exception_id, &mut kernel);
                         p.to_kernel += sent;
                         p.to_kernel_drops += dropped;
@@ -267,6 +298,7 @@ impl Daemon {
                                 &mut p.flows,
                                 &mut rx,
                                 &mut kernel_q,
+                                (tap, pi),
                             );
                         }
                     }
@@ -298,7 +330,27 @@ impl Daemon {
                         if n > 0 {
                             work += n;
                             let p = &mut self.ports[pi];
-                            let (sent, dropped) = tx_all(p.port.id, &mut rx[..n]);
+                            let mac = p.port.mac.0;
+                            let (sent, dropped) = if rx[..n].iter().any(|&m| dst_mac_is(m, &mac)) {
+                                // Frames to the port's own MAC (two processes of this node)
+                                // are received here rather than sent.
+                                let mut wire = Vec::with_capacity(n);
+                                let mut local = Vec::with_capacity(n);
+                                for &m in &rx[..n] {
+                                    if dst_mac_is(m, &mac) {
+                                        local.push(m);
+                                    } else {
+                                        wire.push(m);
+                                    }
+                                }
+                                p.loopback += local.len() as u64;
+                                let nlocal = local.len() as u64;
+                                ingest_local(p, &mut self.cm.tap, pi, &local, &mut kernel);
+                                let (s, d) = tx_all(p.port.id, &mut wire);
+                                (s + nlocal, d)
+                            } else {
+                                tx_all(p.port.id, &mut rx[..n])
+                            };
                             p.from_processes += sent;
                             p.from_processes_drops += dropped;
                             t.packets += sent;
@@ -307,12 +359,18 @@ impl Daemon {
                     }
                 }
             }
+            if !self.cm.tap.frames.is_empty() {
+                work += self.cm_frames();
+            }
+            if work > 0 && !self.cm.armed.is_empty() {
+                self.check_wakes();
+            }
             let now = Instant::now();
             if now >= next_control {
                 next_control = now + CONTROL_PERIOD;
                 // Queues of no flow receive nothing while the catch-all rule holds; they
                 // are looked at rarely, and whatever is found is steered in software.
-                for p in self.ports.iter_mut() {
+                for (pi, p) in self.ports.iter_mut().enumerate() {
                     for q in p.queues.iter_mut() {
                         if !matches!(q.state, QueueUse::Flow { .. }) {
                             // SAFETY: the port is started; mbufs are passed on once.
@@ -324,6 +382,7 @@ impl Daemon {
                                     &mut p.flows,
                                     &mut rx,
                                     &mut kernel_q,
+                                    (&mut self.cm.tap, pi),
                                 )
                             };
                         }
@@ -334,15 +393,142 @@ impl Daemon {
             if work == 0 {
                 idle = idle.saturating_add(1);
                 if idle > IDLE_POLLS && !idle_sleep.is_zero() {
-                    std::thread::sleep(idle_sleep);
+                    // Idle: sleep idle_sleep between polls; idle for longer than
+                    // BACKOFF_AFTER, double the sleep up to idle_sleep_max. The control
+                    // socket, the processes' sockets and the kernel channel end a sleep at
+                    // once.
+                    let since = *idle_since.get_or_insert(now);
+                    let d = if now.saturating_duration_since(since) < BACKOFF_AFTER {
+                        idle_sleep
+                    } else {
+                        sleep = (sleep * 2).min(idle_sleep_max);
+                        sleep
+                    };
+                    if self.wait_readable(d) {
+                        next_control = Instant::now();
+                        idle_since = None;
+                        sleep = idle_sleep;
+                    }
                 }
             } else {
                 idle = 0;
+                idle_since = None;
+                sleep = idle_sleep;
+            }
+        }
+    }
+
+    /// Sleeps up to `limit`, or until the control socket, a process's socket or the kernel
+    /// channel is readable (true then).
+    fn wait_readable(&self, limit: Duration) -> bool {
+        let mut fds = Vec::with_capacity(self.clients.len() + 2);
+        let mut add = |fd: std::os::fd::RawFd| {
+            fds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+        };
+        add(self.listener.as_raw_fd());
+        for c in &self.clients {
+            add(c.stream.as_raw_fd());
+        }
+        if let Some(ch) = &self.cm.chan {
+            add(ch.as_raw_fd());
+        }
+        let ts = libc::timespec {
+            tv_sec: limit.as_secs() as libc::time_t,
+            tv_nsec: limit.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: fds is a valid array of pollfd, ts a valid timespec.
+        let n = unsafe {
+            libc::ppoll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                &ts,
+                std::ptr::null(),
+            )
+        };
+        n > 0
+    }
+
+    /// Writes `EVENT WAKE` to every armed process that has received frames since it armed.
+    fn check_wakes(&mut self) {
+        let armed: Vec<(u32, u64)> = self.cm.armed.iter().map(|(&k, &v)| (k, v)).collect();
+        for (id, seen) in armed {
+            if self.client_rx_packets(id) > seen {
+                self.cm.armed.remove(&id);
+                if let Some(i) = self.clients.iter().position(|c| c.id == id) {
+                    self.send(i, &proto::Event::Wake.encode());
+                }
+            }
+        }
+    }
+
+    /// Frames enqueued on the flows of client `id` so far.
+    fn client_rx_packets(&self, id: u32) -> u64 {
+        self.flows
+            .values()
+            .filter(|r| r.client == id)
+            .filter_map(|r| self.ports[usize::from(r.port)].flows.get(r.slot))
+            .map(|f| f.rx_packets)
+            .sum()
+    }
+
+    /// Whether any of client `i`'s flow rings holds frames.
+    fn client_rings_nonempty(&self, i: usize) -> bool {
+        self.clients[i]
+            .flows
+            .iter()
+            .filter_map(|f| self.flows.get(f))
+            .filter_map(|r| self.ports[usize::from(r.port)].flows.get(r.slot))
+            // SAFETY: the ring lives while the flow is open.
+            .any(|f| unsafe { sys::rte_ring_count(f.ring) } > 0)
+    }
+
+    /// Sends one UDP datagram of urdmad's own (handshake, Reject, Abort) on a port; to the
+    /// port's own MAC it is received here instead.
+    fn send_datagram(
+        &mut self,
+        pi: usize,
+        dst_mac: proto::Mac,
+        src: std::net::SocketAddrV4,
+        dst: std::net::SocketAddrV4,
+        payload: &[u8],
+    ) {
+        let p = &mut self.ports[pi];
+        let frame = crate::secondary::udp_frame(dst_mac.0, p.port.mac.0, src, dst, payload);
+        let Ok(len) = u16::try_from(frame.len()) else {
+            return;
+        };
+        // SAFETY: the mbuf comes from the pool and is handed on or freed exactly once.
+        unsafe {
+            let m = sys::rte_pktmbuf_alloc(self.pool);
+            if m.is_null() {
+                tracing::warn!("mbuf pool exhausted: a connection datagram is dropped");
+                return;
+            }
+            let d = sys::rte_pktmbuf_append(m, len) as *mut u8;
+            if d.is_null() {
+                sys::rte_pktmbuf_free(m);
+                return;
+            }
+            std::ptr::copy_nonoverlapping(frame.as_ptr(), d, frame.len());
+            if dst_mac == p.port.mac {
+                p.loopback += 1;
+                let mut kernel = Vec::with_capacity(1);
+                ingest_local(p, &mut self.cm.tap, pi, &[m], &mut kernel);
+            } else {
+                tx_all(p.port.id, &mut [m]);
             }
         }
     }
 
     fn serve_control(&mut self) {
+        if self.cm.chan.is_some() {
+            self.cm_read_kernel();
+            self.cm_tick();
+        }
         let mut fds = Vec::with_capacity(self.clients.len() + 1);
         fds.push(libc::pollfd {
             fd: self.listener.as_raw_fd(),
@@ -544,7 +730,7 @@ impl Daemon {
             | Request::QpClosed { .. }
             | Request::PeerClosed { .. }
             | Request::Arm
-            | Request::Sync => (Response::Ok.encode(), true),
+            | Request::Sync => (self.cm_client_request(i, &req).encode(), true),
         }
     }
 
@@ -616,29 +802,45 @@ impl Daemon {
     }
 
     fn open(&mut self, i: usize, spec: &FlowSpec) -> String {
+        match self.open_flow(i, spec) {
+            Ok(o) => Response::Opened {
+                flow: o.flow,
+                rx_ring: o.rx_ring,
+                steering: o.steering,
+                queue: o.queue,
+            }
+            .encode(),
+            Err(r) => r.encode(),
+        }
+    }
+
+    /// Opens a flow for client `i`; the error reply when it cannot.
+    fn open_flow(&mut self, i: usize, spec: &FlowSpec) -> Result<FlowSpecOpened, Response> {
         if self.clients[i].attached.is_none() {
-            return error(ErrorCode::Invalid, "ATTACH first").encode();
+            return Err(error(ErrorCode::Invalid, "ATTACH first"));
         }
         let Some(p) = self.ports.get_mut(usize::from(spec.port)) else {
-            return error(ErrorCode::NotFound, &format!("no port {}", spec.port)).encode();
+            return Err(error(
+                ErrorCode::NotFound,
+                &format!("no port {}", spec.port),
+            ));
         };
         if spec.local.port() == 0 {
-            return error(ErrorCode::Invalid, "local UDP port 0").encode();
+            return Err(error(ErrorCode::Invalid, "local UDP port 0"));
         }
         let flow = self.next_flow;
         let name = format!("urd_rx_{flow}");
         let ring = match ring_create(&name, self.cfg.daemon.ring_size) {
             Ok(r) => r,
-            Err(e) => return error(ErrorCode::NoResources, &e).encode(),
+            Err(e) => return Err(error(ErrorCode::NoResources, &e)),
         };
         let Some(slot) = p.flows.insert(spec.local, spec.remote, ring) else {
             // SAFETY: just created, unused.
             unsafe { sys::rte_ring_free(ring) };
-            return error(
+            return Err(error(
                 ErrorCode::Exists,
                 &format!("a flow for {} is already open", spec.local),
-            )
-            .encode();
+            ));
         };
         self.next_flow += 1;
         self.rings += 1;
@@ -673,13 +875,12 @@ impl Daemon {
         };
         tracing::info!(client, flow, port = spec.port, local = %spec.local, remote = ?spec.remote,
             steering = steering.as_str(), queue, "flow opened");
-        Response::Opened {
+        Ok(FlowSpecOpened {
             flow,
             rx_ring: name,
             steering,
             queue,
-        }
-        .encode()
+        })
     }
 
     fn close_flow(&mut self, flow: u32) {
@@ -714,6 +915,9 @@ impl Daemon {
         why: &str,
     ) {
         let nflows = flows.len();
+        // The process's connections end first (an Abort to each peer, CLOSED to the
+        // kernel); that closes their flows too.
+        self.cm_release(id);
         for f in flows {
             self.close_flow(f);
         }
@@ -772,10 +976,11 @@ impl Daemon {
                 p.port.steering_reason.replace(' ', "_")
             };
             out.push(format!(
-                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={}",
+                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={} loopback={}",
                 p.port.index, p.port.name, p.port.device, p.port.mac, p.port.steering.as_str(),
                 p.queues.len(), c.rx_packets, c.rx_bytes, c.rx_missed, c.rx_errors,
-                c.tx_packets, c.tx_bytes, c.tx_errors, p.from_processes, p.from_processes_drops
+                c.tx_packets, c.tx_bytes, c.tx_errors, p.from_processes, p.from_processes_drops,
+                p.loopback
             ));
             for q in &p.queues {
                 let flow = match q.state {
@@ -815,6 +1020,7 @@ impl Daemon {
                 ));
             }
         }
+        self.cm_status(&mut out);
         for (id, rec) in &self.flows {
             let p = &self.ports[usize::from(rec.port)];
             if let Some(f) = p.flows.get(rec.slot) {
@@ -872,6 +1078,7 @@ unsafe fn poll_flow_queue(
     flows: &mut FlowTable,
     rx: &mut [*mut sys::rte_mbuf; BURST],
     kernel: &mut Vec<*mut sys::rte_mbuf>,
+    (tap, pi): (&mut cm_impl::Tap, usize),
 ) -> usize {
     let n = usize::from(sys::rte_eth_rx_burst(
         port,
@@ -910,10 +1117,64 @@ unsafe fn poll_flow_queue(
             q.strays += n as u64;
             kernel.clear();
             flows.dispatch(&rx[..n], kernel);
+            take_cm_frames(tap, pi, kernel);
             tx_all(exception, kernel);
         }
     }
     n
+}
+
+/// Takes the connection-management frames out of those bound for the kernel: copied into
+/// `tap.frames`, the mbufs freed.
+///
+/// # Safety
+/// Every pointer in `kernel` is a valid mbuf owned by the caller.
+unsafe fn take_cm_frames(tap: &mut cm_impl::Tap, pi: usize, kernel: &mut Vec<*mut sys::rte_mbuf>) {
+    if !tap.enabled {
+        return;
+    }
+    kernel.retain(|&m| {
+        let frame = std::slice::from_raw_parts(
+            sys::rte_pktmbuf_mtod::<u8>(m) as *const u8,
+            usize::from((*m).data_len),
+        );
+        if tap.wants(frame) {
+            tap.frames.push((pi, frame.to_vec()));
+            sys::rte_pktmbuf_free(m);
+            false
+        } else {
+            true
+        }
+    });
+}
+
+/// Whether a frame's destination MAC is `mac`.
+///
+/// # Safety
+/// `m` is a valid mbuf.
+unsafe fn dst_mac_is(m: *mut sys::rte_mbuf, mac: &[u8; 6]) -> bool {
+    (*m).data_len >= 6
+        && std::slice::from_raw_parts(sys::rte_pktmbuf_mtod::<u8>(m) as *const u8, 6) == mac
+}
+
+/// Classifies frames of this node as if the port had received them (loopback): to their
+/// flows, to urdmad's connection management, or to the kernel.
+///
+/// # Safety
+/// Every pointer in `mbufs` (at most [`BURST`]) is a valid mbuf owned by the caller.
+unsafe fn ingest_local(
+    p: &mut PortState,
+    tap: &mut cm_impl::Tap,
+    pi: usize,
+    mbufs: &[*mut sys::rte_mbuf],
+    kernel: &mut Vec<*mut sys::rte_mbuf>,
+) {
+    kernel.clear();
+    p.flows.dispatch(mbufs, kernel);
+    take_cm_frames(tap, pi, kernel);
+    let (sent, dropped) = tx_all(p.port.exception_id, kernel);
+    p.to_kernel += sent;
+    p.to_kernel_drops += dropped;
 }
 
 /// Frees whatever waits on a flow queue (frames of a flow that is gone, or that arrived

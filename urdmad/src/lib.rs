@@ -10,6 +10,8 @@ pub mod proto;
 #[cfg(feature = "daemon")]
 pub mod access;
 #[cfg(feature = "daemon")]
+pub mod cm;
+#[cfg(feature = "daemon")]
 pub mod config;
 #[cfg(feature = "daemon")]
 pub mod daemon;

@@ -1,0 +1,1087 @@
+//! Connection management in the daemon (docs/connection.md): the kernel channel, listeners,
+//! incoming requests, active handshakes (`trp::setup`), connected QPs and their owners.
+//!
+//! A submodule of `daemon`, so that it works on the daemon's own state.
+
+use super::{Daemon, FlowSpecOpened};
+use crate::cm::{Channel, Msg, Op};
+use crate::demux::udp4_addresses;
+use crate::proto::{self, Connected, Event, FlowSpec, Mac, Role};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+use trp::setup::{ConnectOutcome, Connecting, Incoming};
+use trp::wire::trp as tw;
+
+/// A pending request whose requester has not repeated its ConnectRequest for this long is
+/// taken as abandoned (`REQUEST_GONE`): trp's default handshake gives up after about 2 s.
+const REQUEST_IDLE: Duration = Duration::from_secs(3);
+/// Answered (accepted or rejected) requests are remembered this long after their last
+/// repetition, so that a repeated ConnectRequest is not a new request.
+const REQUEST_MEMORY: Duration = Duration::from_secs(60);
+const ECONNREFUSED: i32 = -111;
+const ETIMEDOUT: i32 = -110;
+const ECONNRESET: i32 = -104;
+const ENOTCONN: i32 = -107;
+const EINVAL: i32 = -22;
+const EADDRINUSE: i32 = -98;
+
+const ETH_HLEN: usize = 14;
+
+pub(super) struct Listener {
+    pub id: u64,
+    pub dev: u32,
+    /// The port (index) of the interface it was made on; `None`: every port.
+    pub port: Option<usize>,
+    /// `0.0.0.0`: any address of the port.
+    pub addr: Ipv4Addr,
+    pub udp: u16,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub(super) enum ReqState {
+    /// Told the kernel, no answer yet.
+    Pending,
+    /// Rejected: the Reject datagram, repeated for repeated requests.
+    Rejected(Vec<u8>),
+    Accepted,
+}
+
+pub(super) struct PendingReq {
+    pub listener: u64,
+    pub port: usize,
+    pub local: SocketAddrV4,
+    pub remote: SocketAddrV4,
+    pub mac: Mac,
+    pub peer_conn: u32,
+    /// The ConnectRequest (UDP payload).
+    pub pkt: Vec<u8>,
+    pub state: ReqState,
+    pub last_seen: Instant,
+}
+
+/// An active open in progress.
+pub(super) struct Handshake {
+    pub dev: u32,
+    pub qpn: u32,
+    pub port: usize,
+    pub local: SocketAddrV4,
+    pub remote: SocketAddrV4,
+    pub mac: Mac,
+    pub ird: u16,
+    pub ord: u16,
+    pub pdata: Vec<u8>,
+    pub conn: u32,
+    pub isn: u32,
+    pub connecting: Option<Connecting>,
+    pub sent: u32,
+}
+
+/// A connected QP.
+pub(super) struct QpConn {
+    pub client: u32,
+    pub role: Role,
+    pub port: usize,
+    pub local: SocketAddrV4,
+    pub remote: SocketAddrV4,
+    pub mac: Mac,
+    pub peer_conn: u32,
+    pub flow: u32,
+    pub peer_closed_sent: bool,
+}
+
+/// What the receive path needs to pick the connection-management frames out of what would
+/// go to the kernel.
+#[derive(Default)]
+pub(super) struct Tap {
+    pub enabled: bool,
+    /// Local UDP ports with a listener, a handshake or a connection: TRP frames to them
+    /// that belong to no flow are urdmad's (dropped unless they are handshake frames).
+    pub ports: BTreeSet<u16>,
+    /// Frames taken, by port index, to handle between bursts.
+    pub frames: Vec<(usize, Vec<u8>)>,
+}
+
+impl Tap {
+    /// Whether a frame that belongs to no flow is urdmad's: a TRP ConnectRequest to any
+    /// port, or a TRP frame to a port urdmad uses for connections. Everything else goes to
+    /// the kernel as before.
+    pub fn wants(&self, frame: &[u8]) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        let Some((dst, _)) = udp4_addresses(frame) else {
+            return false;
+        };
+        let Some(payload) = udp_payload(frame) else {
+            return false;
+        };
+        let pkt = tw::Packet::new_unchecked(payload);
+        let Ok(h) = tw::Repr::parse(&pkt) else {
+            return false;
+        };
+        if h.opcode == tw::Opcode::ConnectRequest {
+            return Incoming::parse(payload).is_ok();
+        }
+        self.ports.contains(&dst.port())
+    }
+}
+
+/// The UDP payload of an IPv4/UDP frame (bounded by the UDP length).
+pub(super) fn udp_payload(frame: &[u8]) -> Option<&[u8]> {
+    let ip = frame.get(ETH_HLEN..)?;
+    let ihl = usize::from(*ip.first()? & 0x0f) * 4;
+    let udp = ip.get(ihl..ihl + 8)?;
+    let len = usize::from(u16::from_be_bytes([udp[4], udp[5]]));
+    if len < 8 {
+        return None;
+    }
+    ip.get(ihl + 8..ihl + len)
+}
+
+#[derive(Default)]
+pub(super) struct Cm {
+    pub chan: Option<Channel>,
+    pub listeners: BTreeMap<u64, Listener>,
+    pub requests: BTreeMap<u64, PendingReq>,
+    pub next_req: u64,
+    /// By the kernel's connect id.
+    pub handshakes: BTreeMap<u64, Handshake>,
+    /// QP (dev, qpn) → owning client.
+    pub qps: BTreeMap<(u32, u32), u32>,
+    pub conns: BTreeMap<(u32, u32), QpConn>,
+    /// Learned from `LISTEN`: which port a device is on.
+    pub dev_port: BTreeMap<u32, usize>,
+    pub tap: Tap,
+    /// Clients that asked for one `EVENT WAKE`, with their flows' received-frame count then.
+    pub armed: BTreeMap<u32, u64>,
+    pub rejects_sent: u64,
+    pub aborts_sent: u64,
+    pub strays: u64,
+    pub clock0: Option<Instant>,
+}
+
+/// A random u32 (never 0 when `nonzero`).
+fn random_u32(nonzero: bool) -> u32 {
+    loop {
+        let mut b = [0u8; 4];
+        // SAFETY: writes at most 4 bytes into b.
+        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+        let v = if n == 4 {
+            u32::from_ne_bytes(b)
+        } else {
+            // Not expected on Linux >= 3.17; a time-based value still differs per call.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.subsec_nanos());
+            t ^ std::process::id().rotate_left(16)
+        };
+        if v != 0 || !nonzero {
+            return v;
+        }
+    }
+}
+
+fn abort_packet(peer_conn: u32) -> Vec<u8> {
+    let h = tw::Repr {
+        opcode: tw::Opcode::Abort,
+        flags: 0,
+        dst_conn: peer_conn,
+        psn: 0,
+        ack_psn: 0,
+        window: 0,
+        sack: tw::SackRanges::new(),
+    };
+    let mut b = vec![0u8; h.buffer_len()];
+    h.emit(&mut b);
+    b
+}
+
+/// The requester's connection id in an Accept.
+fn accept_src_conn(pkt: &[u8]) -> Option<u32> {
+    let p = tw::Packet::new_checked(pkt).ok()?;
+    let body = trp::wire::handshake::Repr::parse(p.payload()).ok()?;
+    Some(body.src_conn)
+}
+
+impl Daemon {
+    fn trp_now(&mut self) -> trp::Instant {
+        let c0 = *self.cm.clock0.get_or_insert_with(Instant::now);
+        trp::Instant::from_nanos(c0.elapsed().as_nanos() as u64)
+    }
+
+    /// Opens the kernel channel and registers every port's exception interface.
+    pub(super) fn cm_open(&mut self) {
+        let path = self.cfg.daemon.cm_device.clone();
+        if !path.exists() {
+            tracing::warn!(device = %path.display(),
+                "no connection channel (is urdma.ko loaded?): running without connection management");
+            return;
+        }
+        let chan = match Channel::open(&path) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(device = %path.display(),
+                    "cannot open the connection channel: {e}; running without connection management");
+                return;
+            }
+        };
+        let socket = std::path::absolute(&self.cfg.daemon.socket)
+            .unwrap_or_else(|_| self.cfg.daemon.socket.clone());
+        for p in &self.ports {
+            let mut m = Msg::new(Op::Register);
+            m.ifname = p.port.exception_name.clone();
+            m.socket_path = socket.to_string_lossy().into_owned();
+            if let Err(e) = chan.send(&m) {
+                tracing::error!(iface = %m.ifname, "REGISTER failed: {e}");
+            }
+        }
+        tracing::info!(device = %path.display(), ports = self.ports.len(), "connection channel open");
+        self.cm.chan = Some(chan);
+        self.cm.tap.enabled = true;
+    }
+
+    pub(super) fn kernel_send(&mut self, m: Msg) {
+        if let Some(c) = &self.cm.chan {
+            tracing::debug!(op = ?m.op, id = m.id, req = m.req, status = m.status, "to kernel");
+            if let Err(e) = c.send(&m) {
+                tracing::error!(op = ?m.op, "cannot write to the connection channel: {e}");
+            }
+        }
+    }
+
+    /// Reads what the kernel sent (bounded per call).
+    pub(super) fn cm_read_kernel(&mut self) -> usize {
+        let mut n = 0;
+        while n < 64 {
+            let Some(chan) = &self.cm.chan else { break };
+            match chan.recv() {
+                Ok(Some(m)) => {
+                    n += 1;
+                    self.cm_kernel_msg(m);
+                }
+                Ok(None) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    tracing::warn!("connection channel: {e}");
+                }
+                Err(e) => {
+                    tracing::error!("connection channel lost: {e}; connection management stops");
+                    self.cm.chan = None;
+                    self.cm.tap.enabled = false;
+                    break;
+                }
+            }
+        }
+        n
+    }
+
+    fn refresh_tap_ports(&mut self) {
+        let cm = &mut self.cm;
+        cm.tap.ports = cm
+            .listeners
+            .values()
+            .map(|l| l.udp)
+            .chain(cm.handshakes.values().map(|h| h.local.port()))
+            .chain(cm.conns.values().map(|c| c.local.port()))
+            .collect();
+    }
+
+    fn port_of_iface(&self, ifname: &str) -> Option<usize> {
+        self.ports
+            .iter()
+            .position(|p| p.port.exception_name == ifname)
+    }
+
+    fn port_datagram(&self, port: usize) -> u16 {
+        let mut mtu = 0u16;
+        // SAFETY: valid port and out-pointer.
+        let rc = unsafe { dpdk_sys::rte_eth_dev_get_mtu(self.ports[port].port.id, &mut mtu) };
+        if rc != 0 || mtu < 576 {
+            mtu = 1500;
+        }
+        mtu - 28
+    }
+
+    fn trp_config(&self, port: usize, ird: u16, ord: u16) -> trp::Config {
+        trp::Config {
+            ird,
+            ord,
+            max_datagram: self.port_datagram(port),
+            ..trp::Config::default()
+        }
+    }
+
+    fn cm_kernel_msg(&mut self, m: Msg) {
+        tracing::debug!(op = ?m.op, id = m.id, req = m.req, dev = m.dev, qpn = m.qpn, "from kernel");
+        match m.op {
+            Op::Listen => {
+                let port = if m.ifname.is_empty() {
+                    None
+                } else {
+                    match self.port_of_iface(&m.ifname) {
+                        Some(p) => Some(p),
+                        None => {
+                            tracing::warn!(iface = %m.ifname, "LISTEN for an interface urdmad does not serve");
+                            return;
+                        }
+                    }
+                };
+                if let Some(p) = port {
+                    self.cm.dev_port.insert(m.dev, p);
+                }
+                tracing::info!(id = m.id, dev = m.dev, local = %m.local, "listening");
+                self.cm.listeners.insert(
+                    m.id,
+                    Listener {
+                        id: m.id,
+                        dev: m.dev,
+                        port,
+                        addr: *m.local.ip(),
+                        udp: m.local.port(),
+                    },
+                );
+                self.refresh_tap_ports();
+            }
+            Op::Unlisten => {
+                self.cm.listeners.remove(&m.id);
+                self.refresh_tap_ports();
+            }
+            Op::Connect => self.cm_connect(m),
+            Op::Accept => self.cm_accept(m),
+            Op::Reject => self.cm_reject(m),
+            Op::Disconnect => self.cm_disconnect(m),
+            other => {
+                tracing::warn!(op = ?other, code = m.code, "unexpected message from the kernel")
+            }
+        }
+    }
+
+    fn cm_connect(&mut self, m: Msg) {
+        let port = if !m.ifname.is_empty() {
+            self.port_of_iface(&m.ifname)
+        } else if let Some(&p) = self.cm.dev_port.get(&m.dev) {
+            Some(p)
+        } else if self.ports.len() == 1 {
+            Some(0)
+        } else {
+            None
+        };
+        let fail = |d: &mut Daemon, status: i32| {
+            let mut r = Msg::new(Op::ConnectFailed);
+            r.id = m.id;
+            r.status = status;
+            r.dev = m.dev;
+            r.qpn = m.qpn;
+            d.kernel_send(r);
+        };
+        let Some(port) = port else {
+            tracing::warn!(dev = m.dev, "CONNECT: no port for the device");
+            return fail(self, ECONNRESET);
+        };
+        if self.cm.handshakes.contains_key(&m.id)
+            || self
+                .cm
+                .handshakes
+                .values()
+                .any(|h| h.port == port && h.local == m.local && h.remote == m.remote)
+        {
+            return fail(self, EADDRINUSE);
+        }
+        let cfg = self.trp_config(port, m.ird, m.ord);
+        let conn = random_u32(true);
+        let isn = random_u32(false);
+        let now = self.trp_now();
+        let connecting = match Connecting::new(cfg, conn, isn, &m.pdata, now) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(id = m.id, "CONNECT refused: {e}");
+                return fail(self, EINVAL);
+            }
+        };
+        tracing::info!(id = m.id, dev = m.dev, qpn = m.qpn, local = %m.local, remote = %m.remote, "connecting");
+        self.cm.handshakes.insert(
+            m.id,
+            Handshake {
+                dev: m.dev,
+                qpn: m.qpn,
+                port,
+                local: m.local,
+                remote: m.remote,
+                mac: m.remote_mac,
+                ird: m.ird,
+                ord: m.ord,
+                pdata: m.pdata,
+                conn,
+                isn,
+                connecting: Some(connecting),
+                sent: 0,
+            },
+        );
+        self.refresh_tap_ports();
+        self.drive_handshake(m.id);
+    }
+
+    /// Sends what a handshake has due and ends it when it timed out.
+    fn drive_handshake(&mut self, id: u64) {
+        let now = self.trp_now();
+        let Some(h) = self.cm.handshakes.get_mut(&id) else {
+            return;
+        };
+        let Some(c) = h.connecting.take() else { return };
+        match c.handle_timeout(now) {
+            ConnectOutcome::Pending(mut c) => {
+                let mut out = Vec::new();
+                let mut buf = vec![0u8; 2048];
+                while let Some(n) = c.poll_transmit(now, &mut buf) {
+                    out.push(buf[..n].to_vec());
+                    if out.len() > 4 {
+                        break;
+                    }
+                }
+                h.sent += out.len() as u32;
+                h.connecting = Some(c);
+                let (port, mac, local, remote) = (h.port, h.mac, h.local, h.remote);
+                for d in out {
+                    self.send_datagram(port, mac, local, remote, &d);
+                }
+            }
+            ConnectOutcome::TimedOut => {
+                let h = self.cm.handshakes.remove(&id).expect("present");
+                tracing::info!(id, remote = %h.remote, "connect timed out");
+                let mut r = Msg::new(Op::ConnectFailed);
+                r.id = id;
+                r.status = ETIMEDOUT;
+                r.dev = h.dev;
+                r.qpn = h.qpn;
+                self.kernel_send(r);
+                self.refresh_tap_ports();
+            }
+            other => {
+                // handle_timeout gives only Pending or TimedOut.
+                tracing::error!(id, "unexpected handshake outcome {other:?}");
+            }
+        }
+    }
+
+    /// Handles the connection-management frames the receive path took.
+    pub(super) fn cm_frames(&mut self) -> usize {
+        let mut done = 0;
+        // Handling may send frames that loop back to this node; bounded rounds.
+        for _ in 0..8 {
+            let frames = std::mem::take(&mut self.cm.tap.frames);
+            if frames.is_empty() {
+                break;
+            }
+            done += frames.len();
+            for (port, f) in frames {
+                self.cm_frame(port, &f);
+            }
+        }
+        done
+    }
+
+    fn cm_frame(&mut self, port: usize, frame: &[u8]) {
+        let (Some((local, remote)), Some(payload)) = (udp4_addresses(frame), udp_payload(frame))
+        else {
+            return;
+        };
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&frame[6..12]);
+        let mac = Mac(mac);
+        let hs = self
+            .cm
+            .handshakes
+            .iter()
+            .find(|(_, h)| h.port == port && h.local == local && h.remote == remote)
+            .map(|(&id, _)| id);
+        if let Some(id) = hs {
+            let now = self.trp_now();
+            let h = self.cm.handshakes.get_mut(&id).expect("present");
+            let Some(c) = h.connecting.take() else { return };
+            match c.handle_datagram(now, payload) {
+                ConnectOutcome::Pending(c) => {
+                    h.connecting = Some(c);
+                    self.cm.strays += 1;
+                }
+                ConnectOutcome::Established {
+                    private_data,
+                    ird,
+                    ord,
+                    ..
+                } => self.established(id, payload, private_data, ird, ord),
+                ConnectOutcome::Rejected { private_data } => {
+                    let h = self.cm.handshakes.remove(&id).expect("present");
+                    tracing::info!(id, remote = %h.remote, "connect rejected");
+                    let mut r = Msg::new(Op::ConnectFailed);
+                    r.id = id;
+                    r.status = ECONNREFUSED;
+                    r.dev = h.dev;
+                    r.qpn = h.qpn;
+                    r.pdata = private_data;
+                    self.kernel_send(r);
+                    self.refresh_tap_ports();
+                }
+                ConnectOutcome::TimedOut => {}
+            }
+            return;
+        }
+        match Incoming::parse(payload) {
+            Ok(inc) => self.cm_request(port, local, remote, mac, payload, inc),
+            Err(_) => self.cm.strays += 1,
+        }
+    }
+
+    /// The active side's handshake succeeded: hand the connection to the QP's process.
+    fn established(&mut self, id: u64, pkt: &[u8], peer_pdata: Vec<u8>, ird: u16, ord: u16) {
+        let h = self.cm.handshakes.remove(&id).expect("present");
+        self.refresh_tap_ports();
+        let peer_conn = accept_src_conn(pkt).unwrap_or(0);
+        let datagram = self.port_datagram(h.port);
+        let spec = FlowSpec {
+            port: h.port as u16,
+            local: h.local,
+            remote: Some(h.remote),
+            remote_mac: Some(h.mac),
+        };
+        let ev = |o: &FlowSpecOpened| {
+            Event::Connected(Box::new(Connected {
+                dev: h.dev,
+                qpn: h.qpn,
+                role: Role::Active,
+                port: h.port as u16,
+                local: h.local,
+                remote: h.remote,
+                mac: h.mac,
+                flow: o.flow,
+                rx_ring: o.rx_ring.clone(),
+                ird: h.ird,
+                ord: h.ord,
+                datagram,
+                conn: h.conn,
+                isn: h.isn,
+                pdata: h.pdata.clone(),
+                pkt: pkt.to_vec(),
+            }))
+        };
+        match self.hand_over(h.dev, h.qpn, &spec, ev) {
+            Ok((client, flow)) => {
+                tracing::info!(id, dev = h.dev, qpn = h.qpn, client, flow, remote = %h.remote, "connected (active)");
+                self.cm.conns.insert(
+                    (h.dev, h.qpn),
+                    QpConn {
+                        client,
+                        role: Role::Active,
+                        port: h.port,
+                        local: h.local,
+                        remote: h.remote,
+                        mac: h.mac,
+                        peer_conn,
+                        flow,
+                        peer_closed_sent: false,
+                    },
+                );
+                self.refresh_tap_ports();
+                let mut r = Msg::new(Op::Connected);
+                r.id = id;
+                r.dev = h.dev;
+                r.qpn = h.qpn;
+                r.local = h.local;
+                r.remote = h.remote;
+                r.ird = ird;
+                r.ord = ord;
+                r.pdata = peer_pdata;
+                self.kernel_send(r);
+            }
+            Err(why) => {
+                tracing::warn!(
+                    id,
+                    dev = h.dev,
+                    qpn = h.qpn,
+                    "connected, but {why}: aborted"
+                );
+                self.send_datagram(h.port, h.mac, h.local, h.remote, &abort_packet(peer_conn));
+                self.cm.aborts_sent += 1;
+                let mut r = Msg::new(Op::ConnectFailed);
+                r.id = id;
+                r.status = ECONNRESET;
+                r.dev = h.dev;
+                r.qpn = h.qpn;
+                self.kernel_send(r);
+            }
+        }
+    }
+
+    /// Opens the flow for the process owning QP (dev, qpn) and writes it the event made by
+    /// `ev`. The owning client's id and the flow, or why not.
+    fn hand_over(
+        &mut self,
+        dev: u32,
+        qpn: u32,
+        spec: &FlowSpec,
+        ev: impl FnOnce(&FlowSpecOpened) -> Event,
+    ) -> Result<(u32, u32), String> {
+        let Some(&client) = self.cm.qps.get(&(dev, qpn)) else {
+            return Err("no process owns the QP".into());
+        };
+        let Some(i) = self.clients.iter().position(|c| c.id == client) else {
+            return Err("the QP's process is gone".into());
+        };
+        if self.clients[i].attached.is_none() {
+            return Err("the QP's process is not attached".into());
+        }
+        let opened = self
+            .open_flow(i, spec)
+            .map_err(|e| format!("flow not opened: {}", e.encode().trim_end()))?;
+        let text = ev(&opened).encode();
+        if !self.send(i, &text) {
+            self.close_flow(opened.flow);
+            self.clients[i].flows.retain(|&f| f != opened.flow);
+            return Err("the QP's process does not read its socket".into());
+        }
+        Ok((client, opened.flow))
+    }
+
+    fn cm_request(
+        &mut self,
+        port: usize,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        mac: Mac,
+        pkt: &[u8],
+        inc: Incoming,
+    ) {
+        let now = Instant::now();
+        let known = self.cm.requests.iter_mut().find(|(_, r)| {
+            r.port == port
+                && r.local == local
+                && r.remote == remote
+                && r.peer_conn == inc.peer_conn()
+        });
+        if let Some((_, r)) = known {
+            r.last_seen = now;
+            if let ReqState::Rejected(bytes) = &r.state {
+                let bytes = bytes.clone();
+                self.send_datagram(port, mac, local, remote, &bytes);
+                self.cm.rejects_sent += 1;
+            }
+            return;
+        }
+        let listener = self
+            .cm
+            .listeners
+            .values()
+            .filter(|l| {
+                l.udp == local.port()
+                    && l.port.is_none_or(|p| p == port)
+                    && (l.addr.is_unspecified() || l.addr == *local.ip())
+            })
+            .max_by_key(|l| !l.addr.is_unspecified())
+            .map(|l| (l.id, l.dev));
+        let Some((lid, dev)) = listener.filter(|_| self.cm.chan.is_some()) else {
+            let mut buf = vec![0u8; 512];
+            if let Ok(n) = inc.reject(&[], &mut buf) {
+                tracing::debug!(%local, %remote, "ConnectRequest with no listener: rejected");
+                self.send_datagram(port, mac, local, remote, &buf[..n]);
+                self.cm.rejects_sent += 1;
+            }
+            return;
+        };
+        self.cm.next_req += 1;
+        let req = self.cm.next_req;
+        tracing::info!(req, listener = lid, %local, %remote, "connection request");
+        let mut m = Msg::new(Op::Request);
+        m.id = lid;
+        m.req = req;
+        m.dev = dev;
+        m.local = local;
+        m.remote = remote;
+        m.remote_mac = mac;
+        m.ird = inc.ird();
+        m.ord = inc.ord();
+        m.pdata = inc.private_data().to_vec();
+        self.cm.requests.insert(
+            req,
+            PendingReq {
+                listener: lid,
+                port,
+                local,
+                remote,
+                mac,
+                peer_conn: inc.peer_conn(),
+                pkt: pkt.to_vec(),
+                state: ReqState::Pending,
+                last_seen: now,
+            },
+        );
+        self.kernel_send(m);
+    }
+
+    fn cm_accept(&mut self, m: Msg) {
+        let reply = |d: &mut Daemon, status: i32| {
+            let mut r = Msg::new(Op::Accepted);
+            r.req = m.req;
+            r.status = status;
+            r.dev = m.dev;
+            r.qpn = m.qpn;
+            d.kernel_send(r);
+        };
+        let Some(r) = self
+            .cm
+            .requests
+            .get(&m.req)
+            .filter(|r| r.state == ReqState::Pending)
+        else {
+            tracing::warn!(req = m.req, "ACCEPT of an unknown request");
+            return reply(self, ECONNRESET);
+        };
+        let (port, local, remote, mac, pkt) = (r.port, r.local, r.remote, r.mac, r.pkt.clone());
+        let peer_conn = r.peer_conn;
+        let cfg = self.trp_config(port, m.ird, m.ord);
+        let conn = random_u32(true);
+        let isn = random_u32(false);
+        // The provider repeats this exactly: check that it will succeed.
+        if let Err(e) =
+            Incoming::parse(&pkt).and_then(|inc| inc.accept(cfg, conn, isn, &m.pdata).map(|_| ()))
+        {
+            tracing::warn!(req = m.req, "ACCEPT refused: {e}");
+            return reply(self, EINVAL);
+        }
+        let datagram = cfg.max_datagram;
+        let spec = FlowSpec {
+            port: port as u16,
+            local,
+            remote: Some(remote),
+            remote_mac: Some(mac),
+        };
+        let pdata = m.pdata.clone();
+        let ev = |o: &FlowSpecOpened| {
+            Event::Connected(Box::new(Connected {
+                dev: m.dev,
+                qpn: m.qpn,
+                role: Role::Passive,
+                port: port as u16,
+                local,
+                remote,
+                mac,
+                flow: o.flow,
+                rx_ring: o.rx_ring.clone(),
+                ird: m.ird,
+                ord: m.ord,
+                datagram,
+                conn,
+                isn,
+                pdata,
+                pkt: pkt.clone(),
+            }))
+        };
+        match self.hand_over(m.dev, m.qpn, &spec, ev) {
+            Ok((client, flow)) => {
+                tracing::info!(req = m.req, dev = m.dev, qpn = m.qpn, client, flow, %remote, "connected (passive)");
+                if let Some(r) = self.cm.requests.get_mut(&m.req) {
+                    r.state = ReqState::Accepted;
+                }
+                self.cm.conns.insert(
+                    (m.dev, m.qpn),
+                    QpConn {
+                        client,
+                        role: Role::Passive,
+                        port,
+                        local,
+                        remote,
+                        mac,
+                        peer_conn,
+                        flow,
+                        peer_closed_sent: false,
+                    },
+                );
+                self.refresh_tap_ports();
+                reply(self, 0);
+            }
+            Err(why) => {
+                tracing::warn!(
+                    req = m.req,
+                    dev = m.dev,
+                    qpn = m.qpn,
+                    "ACCEPT failed: {why}"
+                );
+                reply(self, ENOTCONN);
+            }
+        }
+    }
+
+    fn cm_reject(&mut self, m: Msg) {
+        let Some(r) = self.cm.requests.get(&m.req) else {
+            tracing::warn!(req = m.req, "REJECT of an unknown request");
+            return;
+        };
+        if r.state != ReqState::Pending {
+            return;
+        }
+        let mut buf = vec![0u8; 1024];
+        let Ok(n) = Incoming::parse(&r.pkt).and_then(|inc| inc.reject(&m.pdata, &mut buf)) else {
+            return;
+        };
+        let bytes = buf[..n].to_vec();
+        let (port, mac, local, remote) = (r.port, r.mac, r.local, r.remote);
+        tracing::info!(req = m.req, %remote, "request rejected");
+        self.send_datagram(port, mac, local, remote, &bytes);
+        self.cm.rejects_sent += 1;
+        if let Some(r) = self.cm.requests.get_mut(&m.req) {
+            r.state = ReqState::Rejected(bytes);
+        }
+    }
+
+    fn cm_disconnect(&mut self, m: Msg) {
+        let key = (m.dev, m.qpn);
+        let owner = self
+            .cm
+            .conns
+            .get(&key)
+            .map(|c| c.client)
+            .or_else(|| self.cm.qps.get(&key).copied())
+            .and_then(|id| self.clients.iter().position(|c| c.id == id));
+        if let Some(hid) = self
+            .cm
+            .handshakes
+            .iter()
+            .find(|(_, h)| (h.dev, h.qpn) == key)
+            .map(|(&id, _)| id)
+        {
+            // Not connected yet: the handshake ends here.
+            let h = self.cm.handshakes.remove(&hid).expect("present");
+            self.refresh_tap_ports();
+            let mut r = Msg::new(Op::ConnectFailed);
+            r.id = hid;
+            r.status = ECONNRESET;
+            r.dev = h.dev;
+            r.qpn = h.qpn;
+            self.kernel_send(r);
+            return;
+        }
+        if let Some(i) = owner {
+            let ev = Event::Disconnect {
+                dev: m.dev,
+                qpn: m.qpn,
+                status: m.status,
+            };
+            if self.send(i, &ev.encode()) {
+                return;
+            }
+        }
+        if self.cm.conns.contains_key(&key) {
+            self.abort_conn(key, ECONNRESET);
+        }
+    }
+
+    /// Ends a connection urdmad has to end itself: Abort to the peer, flow closed,
+    /// `CLOSED status` to the kernel.
+    pub(super) fn abort_conn(&mut self, key: (u32, u32), status: i32) {
+        let Some(c) = self.cm.conns.remove(&key) else {
+            return;
+        };
+        self.refresh_tap_ports();
+        tracing::info!(dev = key.0, qpn = key.1, remote = %c.remote, "connection aborted");
+        self.send_datagram(c.port, c.mac, c.local, c.remote, &abort_packet(c.peer_conn));
+        self.cm.aborts_sent += 1;
+        self.close_flow(c.flow);
+        if let Some(cl) = self.clients.iter_mut().find(|x| x.id == c.client) {
+            cl.flows.retain(|&f| f != c.flow);
+        }
+        let mut r = Msg::new(Op::Closed);
+        r.dev = key.0;
+        r.qpn = key.1;
+        r.status = status;
+        r.local = c.local;
+        r.remote = c.remote;
+        self.kernel_send(r);
+    }
+
+    /// The connection lines of the control protocol; the reply.
+    pub(super) fn cm_client_request(&mut self, i: usize, req: &proto::Request) -> proto::Response {
+        use proto::Request as R;
+        let id = self.clients[i].id;
+        match *req {
+            R::Qp { dev, qpn } => {
+                if let Some(&other) = self.cm.qps.get(&(dev, qpn)) {
+                    if other != id && self.clients.iter().any(|c| c.id == other) {
+                        return super::error(
+                            proto::ErrorCode::Exists,
+                            &format!("QP {qpn} of device {dev} belongs to another process"),
+                        );
+                    }
+                }
+                self.cm.qps.insert((dev, qpn), id);
+            }
+            R::Unqp { dev, qpn } => {
+                if self.cm.qps.get(&(dev, qpn)) == Some(&id) {
+                    self.cm.qps.remove(&(dev, qpn));
+                }
+                if self
+                    .cm
+                    .conns
+                    .get(&(dev, qpn))
+                    .is_some_and(|c| c.client == id)
+                {
+                    self.abort_conn((dev, qpn), ECONNRESET);
+                }
+            }
+            R::QpClosed { dev, qpn, status }
+                if self
+                    .cm
+                    .conns
+                    .get(&(dev, qpn))
+                    .is_some_and(|c| c.client == id) =>
+            {
+                let c = self.cm.conns.remove(&(dev, qpn)).expect("present");
+                self.refresh_tap_ports();
+                self.close_flow(c.flow);
+                self.clients[i].flows.retain(|&f| f != c.flow);
+                if !c.peer_closed_sent {
+                    let mut r = Msg::new(Op::PeerClosed);
+                    r.dev = dev;
+                    r.qpn = qpn;
+                    self.kernel_send(r);
+                }
+                let mut r = Msg::new(Op::Closed);
+                r.dev = dev;
+                r.qpn = qpn;
+                r.status = status.min(0);
+                r.local = c.local;
+                r.remote = c.remote;
+                self.kernel_send(r);
+            }
+            R::PeerClosed { dev, qpn } => {
+                if let Some(c) = self.cm.conns.get_mut(&(dev, qpn)) {
+                    if c.client == id && !c.peer_closed_sent {
+                        c.peer_closed_sent = true;
+                        let mut r = Msg::new(Op::PeerClosed);
+                        r.dev = dev;
+                        r.qpn = qpn;
+                        self.kernel_send(r);
+                    }
+                }
+            }
+            R::Arm => {
+                if self.client_rings_nonempty(i) {
+                    self.send(i, &Event::Wake.encode());
+                } else {
+                    let seen = self.client_rx_packets(id);
+                    self.cm.armed.insert(id, seen);
+                }
+            }
+            R::Sync => {}
+            _ => {}
+        }
+        proto::Response::Ok
+    }
+
+    /// After a process's connection closed or it detached: its connections end.
+    pub(super) fn cm_release(&mut self, id: u32) {
+        self.cm.armed.remove(&id);
+        self.cm.qps.retain(|_, c| *c != id);
+        let mine: Vec<(u32, u32)> = self
+            .cm
+            .conns
+            .iter()
+            .filter(|(_, c)| c.client == id)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in mine {
+            self.abort_conn(k, ECONNRESET);
+        }
+    }
+
+    /// Timers: handshake retransmissions and time-outs, request expiry.
+    pub(super) fn cm_tick(&mut self) {
+        let ids: Vec<u64> = self.cm.handshakes.keys().copied().collect();
+        for id in ids {
+            self.drive_handshake(id);
+        }
+        let now = Instant::now();
+        let mut gone = Vec::new();
+        self.cm.requests.retain(|&req, r| {
+            let idle = now.saturating_duration_since(r.last_seen);
+            match r.state {
+                ReqState::Pending if idle > REQUEST_IDLE => {
+                    gone.push((req, r.listener));
+                    false
+                }
+                _ => idle <= REQUEST_MEMORY,
+            }
+        });
+        for (req, listener) in gone {
+            tracing::info!(req, "the requester gave up");
+            let mut m = Msg::new(Op::RequestGone);
+            m.req = req;
+            m.id = listener;
+            self.kernel_send(m);
+        }
+    }
+
+    /// Status lines of connection management.
+    pub(super) fn cm_status(&self, out: &mut Vec<String>) {
+        out.push(format!(
+            "cm channel={} listeners={} requests={} connecting={} connected={} qps={} rejects_sent={} aborts_sent={} strays={}",
+            if self.cm.chan.is_some() { "open" } else { "none" },
+            self.cm.listeners.len(),
+            self.cm.requests.len(),
+            self.cm.handshakes.len(),
+            self.cm.conns.len(),
+            self.cm.qps.len(),
+            self.cm.rejects_sent,
+            self.cm.aborts_sent,
+            self.cm.strays
+        ));
+        for l in self.cm.listeners.values() {
+            let port = l
+                .port
+                .map_or("any".to_string(), |p| self.ports[p].port.name.clone());
+            out.push(format!(
+                "listener id={} dev={} port={port} local={}",
+                l.id,
+                l.dev,
+                SocketAddrV4::new(l.addr, l.udp)
+            ));
+        }
+        let now = Instant::now();
+        for (req, r) in &self.cm.requests {
+            let state = match r.state {
+                ReqState::Pending => "pending",
+                ReqState::Rejected(_) => "rejected",
+                ReqState::Accepted => "accepted",
+            };
+            out.push(format!(
+                "request req={req} listener={} port={} local={} remote={} peer_conn={} state={state} idle_ms={}",
+                r.listener,
+                self.ports[r.port].port.name,
+                r.local,
+                r.remote,
+                r.peer_conn,
+                now.saturating_duration_since(r.last_seen).as_millis()
+            ));
+        }
+        for (id, h) in &self.cm.handshakes {
+            out.push(format!(
+                "connecting id={id} dev={} qpn={} port={} local={} remote={} mac={} sent={}",
+                h.dev, h.qpn, self.ports[h.port].port.name, h.local, h.remote, h.mac, h.sent
+            ));
+        }
+        for ((dev, qpn), c) in &self.cm.conns {
+            out.push(format!(
+                "connection dev={dev} qpn={qpn} client={} role={} port={} local={} remote={} mac={} flow={} peer_conn={} peer_closed={}",
+                c.client,
+                c.role.as_str(),
+                self.ports[c.port].port.name,
+                c.local,
+                c.remote,
+                c.mac,
+                c.flow,
+                c.peer_conn,
+                c.peer_closed_sent as u8
+            ));
+        }
+        for ((dev, qpn), client) in &self.cm.qps {
+            out.push(format!("qp dev={dev} qpn={qpn} client={client}"));
+        }
+    }
+}
