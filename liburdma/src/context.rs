@@ -12,7 +12,7 @@ use rdma_core_sys::{
 
 use crate::abi::{context_is_ours, AllocContextResp};
 use crate::guard::{catch, set_errno};
-use crate::{log, unsupported, verbs};
+use crate::{data, log, unsupported, verbs};
 
 /// The provider's per-open-device state. libibverbs allocates it (zeroed)
 /// and gives out the embedded `verbs_context`; it must stay plain data, as
@@ -40,9 +40,8 @@ unsafe impl Sync for ContextOps {}
 
 /// The verbs urdma implements. Left out (None), libibverbs installs its
 /// own stubs, which fail with EOPNOTSUPP in the way each verb reports
-/// errors. The data-path verbs are listed explicitly in [`unsupported`]:
-/// the library's stubs answer them with a positive EOPNOTSUPP, which
-/// `ibv_poll_cq` callers would read as a completion count.
+/// errors. The data-path verbs run in user space ([`data`]); shared
+/// receive queues are refused explicitly ([`unsupported`]).
 static CONTEXT_OPS: ContextOps = ContextOps(verbs_context_ops {
     query_device_ex: Some(verbs::query_device_ex),
     query_port: Some(verbs::query_port),
@@ -57,10 +56,10 @@ static CONTEXT_OPS: ContextOps = ContextOps(verbs_context_ops {
     query_qp: Some(verbs::query_qp),
     destroy_qp: Some(verbs::destroy_qp),
     free_context: Some(free_context),
-    poll_cq: Some(unsupported::poll_cq),
-    req_notify_cq: Some(unsupported::req_notify_cq),
-    post_send: Some(unsupported::post_send),
-    post_recv: Some(unsupported::post_recv),
+    poll_cq: Some(data::poll_cq),
+    req_notify_cq: Some(data::req_notify_cq),
+    post_send: Some(data::post_send),
+    post_recv: Some(data::post_recv),
     post_srq_recv: Some(unsupported::post_srq_recv),
     // SAFETY: every other field is an Option<fn> or plain data: None/0.
     ..unsafe { std::mem::MaybeUninit::zeroed().assume_init() }

@@ -4,17 +4,24 @@
 //! claimed; a constructor registers [`device::DEVICE_OPS`], libibverbs asks
 //! [`device`] whether a device is ours and then opens it through
 //! [`context`]. Control verbs go through the kernel with the `ibv_cmd_*`
-//! helpers ([`verbs`]); what is not implemented yet answers `EOPNOTSUPP`
-//! ([`unsupported`]).
+//! helpers ([`verbs`]); the data path runs in user space: the progress
+//! [`engine`] drives trp connections over DPDK rings shared with urdmad,
+//! places data through the process's MR table ([`mem`]) and completes
+//! into user-space CQs ([`cq`]). Shared receive queues answer
+//! `EOPNOTSUPP` ([`unsupported`]).
 
 pub mod abi;
 pub mod context;
 pub mod cq;
+mod data;
 pub mod device;
+mod dpdk;
 pub mod engine;
+pub mod frame;
 mod guard;
 mod log;
 pub mod mem;
+mod runtime;
 pub mod unsupported;
 pub mod verbs;
 

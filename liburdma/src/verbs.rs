@@ -9,8 +9,10 @@ use std::mem::MaybeUninit;
 use rdma_core_sys::*;
 
 use crate::abi::{CreateCqResp, CreateQpResp};
+use crate::engine::QpInit;
 use crate::guard::{catch, set_errno};
-use crate::log;
+use crate::mem::access_from_ibv;
+use crate::{context, log, runtime};
 
 /// An all-zero command or response buffer: the form the `ibv_cmd_*`
 /// helpers expect before they fill it.
@@ -34,15 +36,58 @@ const PANIC_ERRNO: c_int = libc::EIO;
 #[repr(C)]
 pub struct UrdmaCq {
     pub vcq: verbs_cq,
-    /// urdma.ko's CQ id, the name the data path will use.
+    /// urdma.ko's CQ id, the name the data path uses.
     pub id: u32,
+    /// The device's id (from alloc_ucontext).
+    pub dev: u32,
 }
 
 #[repr(C)]
 pub struct UrdmaQp {
     pub vqp: verbs_qp,
-    /// urdma.ko's QP id.
+    /// urdma.ko's QP id (= the QP number).
     pub id: u32,
+    pub dev: u32,
+}
+
+unsafe extern "C" {
+    // libibverbs' helper (IBVERBS_PRIVATE_34) for the REQ_NOTIFY_CQ command;
+    // not in rdma-core-sys's list.
+    fn ibv_cmd_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int;
+}
+
+/// The device id of an open context.
+///
+/// # Safety
+/// `ctx` is a context opened by this provider.
+pub(crate) unsafe fn dev_of(ctx: *mut ibv_context) -> u32 {
+    // SAFETY: per the contract.
+    unsafe { (*context::from_ibv(ctx)).dev_id }
+}
+
+/// The engine's names of a CQ and a QP.
+///
+/// # Safety
+/// `cq` was created by [`create_cq`].
+pub(crate) unsafe fn cq_key(cq: *mut ibv_cq) -> (u32, u32) {
+    // SAFETY: UrdmaCq starts with the ibv_cq.
+    let c = unsafe { &*cq.cast::<UrdmaCq>() };
+    (c.dev, c.id)
+}
+
+/// # Safety
+/// `qp` was created by [`create_qp`].
+pub(crate) unsafe fn qp_key(qp: *mut ibv_qp) -> (u32, u32) {
+    // SAFETY: UrdmaQp starts with the ibv_qp.
+    let q = unsafe { &*qp.cast::<UrdmaQp>() };
+    (q.dev, q.id)
+}
+
+fn c_path(a: &[std::ffi::c_char]) -> std::path::PathBuf {
+    // SAFETY: reinterpreting c_char as u8 of the same size.
+    let b = unsafe { &*(a as *const [std::ffi::c_char] as *const [u8]) };
+    let len = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    std::path::PathBuf::from(String::from_utf8_lossy(&b[..len]).into_owned())
 }
 
 /// The kernel reports the firmware version as one number; ibv_devinfo
@@ -140,6 +185,14 @@ pub(crate) unsafe extern "C" fn reg_mr(
     access: c_int,
 ) -> *mut ibv_mr {
     catch(std::ptr::null_mut(), || {
+        // Tagged offsets are the addresses the memory is copied at.
+        if hca_va != addr as u64 {
+            log::error(format_args!(
+                "reg_mr with an I/O virtual address other than the address is not supported"
+            ));
+            set_errno(libc::EOPNOTSUPP);
+            return std::ptr::null_mut();
+        }
         let vmr = Box::into_raw(Box::new(zeroed::<verbs_mr>()));
         let mut cmd: ibv_reg_mr = zeroed();
         let mut resp: ib_uverbs_reg_mr_resp = zeroed();
@@ -159,6 +212,16 @@ pub(crate) unsafe extern "C" fn reg_mr(
             )
         };
         object(if ret == 0 {
+            // SAFETY: the kernel filled in the MR; pd is valid.
+            let (dev, stag, pdh) =
+                unsafe { (dev_of((*pd).context), (*vmr).ibv_mr.lkey, (*pd).handle) };
+            let region = trp::Region::new(
+                pdh,
+                addr as u64,
+                length as u64,
+                access_from_ibv(access as u32),
+            );
+            runtime::with_engine(|e| e.mrs.insert(dev, stag, region));
             Ok(unsafe { &raw mut (*vmr).ibv_mr })
         } else {
             drop(unsafe { Box::from_raw(vmr) });
@@ -170,9 +233,16 @@ pub(crate) unsafe extern "C" fn reg_mr(
 pub(crate) unsafe extern "C" fn dereg_mr(vmr: *mut verbs_mr) -> c_int {
     catch(PANIC_ERRNO, || {
         // SAFETY: vmr came from reg_mr.
+        let (dev, stag) = unsafe { (dev_of((*vmr).ibv_mr.context), (*vmr).ibv_mr.lkey) };
+        // Out of the table first, under the engine lock: no placement can
+        // be running, and none will reach this memory after.
+        let old = runtime::with_engine(|e| e.mrs.remove(dev, stag));
+        // SAFETY: vmr came from reg_mr.
         let ret = unsafe { ibv_cmd_dereg_mr(vmr) };
         if ret == 0 {
             drop(unsafe { Box::from_raw(vmr) });
+        } else if let Some(m) = old {
+            runtime::with_engine(|e| e.mrs.insert(dev, stag, m.region));
         }
         ret
     })
@@ -204,7 +274,20 @@ pub(crate) unsafe extern "C" fn create_cq(
             )
         };
         object(if ret == 0 {
-            unsafe { (*cq).id = resp.drv.cq_id };
+            // SAFETY: ctx is our context; cq is ours.
+            let dev = unsafe { dev_of(ctx) };
+            unsafe {
+                (*cq).id = resp.drv.cq_id;
+                (*cq).dev = dev;
+            }
+            let at = ibcq as usize;
+            let notify: crate::cq::Notify = Box::new(move || {
+                // SAFETY: the engine drops this closure (destroy_cq) before
+                // the CQ is freed; it runs under the engine lock.
+                unsafe { ibv_cmd_req_notify_cq(at as *mut ibv_cq, 0) };
+            });
+            let cap = cqe.max(1) as usize;
+            runtime::with_engine(|e| e.create_cq((dev, resp.drv.cq_id), cap, Some(notify)));
             log::debug(format_args!("cq {} ({cqe} entries)", resp.drv.cq_id));
             Ok(ibcq)
         } else {
@@ -219,6 +302,8 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         // SAFETY: cq came from create_cq.
         let ret = unsafe { ibv_cmd_destroy_cq(cq) };
         if ret == 0 {
+            let key = unsafe { cq_key(cq) };
+            runtime::with_engine(|e| e.destroy_cq(key));
             drop(unsafe { Box::from_raw(cq.cast::<UrdmaCq>()) });
         }
         ret
@@ -230,6 +315,23 @@ pub(crate) unsafe extern "C" fn create_qp(
     attr: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
     catch(std::ptr::null_mut(), || {
+        // SAFETY: pd and its context are valid (libibverbs' contract).
+        let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
+        let dev = unsafe { dev_of(ctx) };
+        let ibdev_path = unsafe { c_path(&(*(*ctx).device).ibdev_path) };
+        // The first QP attaches the process to urdmad.
+        let socket = match runtime::urdmad_socket(&ibdev_path) {
+            Ok(p) => p,
+            Err(e) => {
+                log::error(format_args!("create_qp: {e}"));
+                set_errno(libc::ENODEV);
+                return std::ptr::null_mut();
+            }
+        };
+        if let Err(e) = runtime::with(|sh, _| sh.ensure_attached(&socket)) {
+            set_errno(e);
+            return std::ptr::null_mut();
+        }
         let qp = Box::into_raw(Box::new(zeroed::<UrdmaQp>()));
         let ibqp = qp.cast::<ibv_qp>();
         let mut cmd: ibv_create_qp = zeroed();
@@ -247,9 +349,46 @@ pub(crate) unsafe extern "C" fn create_qp(
             )
         };
         object(if ret == 0 {
-            unsafe { (*qp).id = resp.drv.qp_id };
-            log::debug(format_args!("qp {} (qpn {})", resp.drv.qp_id, resp.ibv.qpn));
-            Ok(ibqp)
+            let qpn = resp.ibv.qpn;
+            unsafe {
+                (*qp).id = qpn;
+                (*qp).dev = dev;
+            }
+            // SAFETY: attr is the caller's, updated with the granted caps.
+            let a = unsafe { &*attr };
+            let init = QpInit {
+                pd: pdh,
+                send_cq: unsafe { cq_key(a.send_cq) },
+                recv_cq: unsafe { cq_key(a.recv_cq) },
+                sig_all: a.sq_sig_all != 0,
+                max_send_wr: a.cap.max_send_wr,
+                max_recv_wr: a.cap.max_recv_wr,
+                max_send_sge: a.cap.max_send_sge,
+                max_recv_sge: a.cap.max_recv_sge,
+                max_inline: a.cap.max_inline_data,
+            };
+            let registered = runtime::with(|sh, now| {
+                sh.engine.create_qp((dev, qpn), init);
+                let r = sh.register_qp((dev, qpn), now);
+                if r.is_err() {
+                    sh.engine.destroy_qp((dev, qpn));
+                }
+                r
+            });
+            match registered {
+                Ok(()) => {
+                    log::debug(format_args!("qp {} (dev {dev})", qpn));
+                    Ok(ibqp)
+                }
+                Err(e) => {
+                    log::error(format_args!("urdmad refused QP {dev}/{qpn}: {e}"));
+                    // SAFETY: the kernel QP we just made.
+                    if unsafe { ibv_cmd_destroy_qp(ibqp) } == 0 {
+                        drop(unsafe { Box::from_raw(qp) });
+                    }
+                    Err(libc::EPROTO)
+                }
+            }
         } else {
             drop(unsafe { Box::from_raw(qp) });
             Err(ret)
@@ -265,7 +404,21 @@ pub(crate) unsafe extern "C" fn modify_qp(
     catch(PANIC_ERRNO, || {
         let mut cmd: ibv_modify_qp = zeroed();
         // SAFETY: as libibverbs passed them.
-        unsafe { ibv_cmd_modify_qp(qp, attr, mask, &mut cmd, size_of_val(&cmd)) }
+        let ret = unsafe { ibv_cmd_modify_qp(qp, attr, mask, &mut cmd, size_of_val(&cmd)) };
+        if ret == 0 && mask & IBV_QP_STATE as c_int != 0 {
+            // SAFETY: attr is valid when the mask names the state.
+            let state = unsafe { (*attr).qp_state };
+            let key = unsafe { qp_key(qp) };
+            runtime::with(|sh, now| {
+                match state {
+                    IBV_QPS_SQD => sh.engine.close(key),
+                    IBV_QPS_ERR => sh.engine.abort(key, now),
+                    _ => return,
+                }
+                sh.engine.progress(now);
+            });
+        }
+        ret
     })
 }
 
@@ -287,6 +440,12 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: qp came from create_qp.
         let ret = unsafe { ibv_cmd_destroy_qp(qp) };
         if ret == 0 {
+            let key = unsafe { qp_key(qp) };
+            runtime::with(|sh, now| {
+                if sh.engine.destroy_qp(key) {
+                    sh.unregister_qp(key, now);
+                }
+            });
             drop(unsafe { Box::from_raw(qp.cast::<UrdmaQp>()) });
         }
         ret

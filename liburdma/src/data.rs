@@ -1,0 +1,320 @@
+//! The data-path verbs: `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`
+//! and `ibv_req_notify_cq`, all in user space over the engine. Each call
+//! also drives progress (receive, timers, transmit) for every connection.
+
+use std::ffi::c_int;
+
+use rdma_core_sys::*;
+use trp::{SendOp, Sge};
+
+use crate::engine::{PostFail, SendReq};
+use crate::guard::catch;
+use crate::runtime;
+use crate::verbs::{cq_key, qp_key};
+
+/// Most SGEs a request may carry (the device's max_sge).
+const MAX_SGE: usize = 8;
+
+/// The SGEs of a work request.
+///
+/// # Safety
+/// `list` points to `n` SGEs when `n > 0`.
+unsafe fn sges(list: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Option<&[Sge]> {
+    let n = usize::try_from(n).ok()?;
+    if n > MAX_SGE {
+        return None;
+    }
+    if n == 0 {
+        return Some(&out[..0]);
+    }
+    // SAFETY: per the contract.
+    let src = unsafe { std::slice::from_raw_parts(list, n) };
+    for (o, s) in out.iter_mut().zip(src) {
+        *o = Sge {
+            addr: s.addr,
+            len: s.length,
+            lkey: s.lkey,
+        };
+    }
+    Some(&out[..n])
+}
+
+/// The trp operation of a send work request; None for what iWARP has not
+/// (Send with Immediate, atomics, ...).
+pub fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
+    let solicited = wr.send_flags & IBV_SEND_SOLICITED != 0;
+    // SAFETY: reading the union members the opcode selects (all plain
+    // integers, so any bit pattern is valid).
+    let (rdma, imm, inv) = unsafe {
+        (
+            wr.wr.rdma,
+            wr.__bindgen_anon_1.imm_data,
+            wr.__bindgen_anon_1.invalidate_rkey,
+        )
+    };
+    Some(match wr.opcode {
+        IBV_WR_SEND => SendOp::Send {
+            invalidate: None,
+            solicited,
+        },
+        IBV_WR_SEND_WITH_INV => SendOp::Send {
+            invalidate: Some(inv),
+            solicited,
+        },
+        IBV_WR_RDMA_WRITE => SendOp::RdmaWrite {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteImm {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+            imm: u32::from_be(imm),
+            solicited,
+        },
+        IBV_WR_RDMA_READ => SendOp::RdmaRead {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        _ => return None,
+    })
+}
+
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    let fail = |at: *mut ibv_send_wr, e: c_int| {
+        if !bad_wr.is_null() {
+            // SAFETY: the caller's out-pointer.
+            unsafe { *bad_wr = at };
+        }
+        e
+    };
+    catch(fail(wr, libc::EIO), || {
+        // SAFETY: qp is one of ours.
+        let key = unsafe { qp_key(qp) };
+        runtime::with(|sh, now| {
+            let mut cur = wr;
+            let mut caught_up = false;
+            let mut ret = 0;
+            while !cur.is_null() {
+                // SAFETY: the caller's list of requests.
+                let w = unsafe { &*cur };
+                let mut buf = [Sge {
+                    addr: 0,
+                    len: 0,
+                    lkey: 0,
+                }; MAX_SGE];
+                let (Some(op), Some(list)) =
+                    (send_op(w), unsafe { sges(w.sg_list, w.num_sge, &mut buf) })
+                else {
+                    ret = fail(cur, libc::EINVAL);
+                    break;
+                };
+                let mut parts: [&[u8]; MAX_SGE] = [&[]; MAX_SGE];
+                let inline = w.send_flags & IBV_SEND_INLINE != 0;
+                if inline {
+                    for (p, s) in parts.iter_mut().zip(list) {
+                        // SAFETY: with IBV_SEND_INLINE the application
+                        // hands readable memory, copied before we return.
+                        *p = unsafe {
+                            std::slice::from_raw_parts(s.addr as usize as *const u8, s.len as usize)
+                        };
+                    }
+                }
+                let req = SendReq {
+                    wr_id: w.wr_id,
+                    op,
+                    sges: list,
+                    signaled: w.send_flags & IBV_SEND_SIGNALED != 0,
+                    inline: inline.then_some(&parts[..list.len()]),
+                };
+                let mut r = sh.engine.post_send(key, &req);
+                if r == Err(PostFail::NotConnected) && !caught_up {
+                    caught_up = true;
+                    sh.catch_up(now);
+                    r = sh.engine.post_send(key, &req);
+                }
+                if let Err(e) = r {
+                    ret = fail(cur, e.errno());
+                    break;
+                }
+                cur = w.next;
+            }
+            sh.engine.progress(now);
+            ret
+        })
+    })
+}
+
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    let fail = |at: *mut ibv_recv_wr, e: c_int| {
+        if !bad_wr.is_null() {
+            // SAFETY: the caller's out-pointer.
+            unsafe { *bad_wr = at };
+        }
+        e
+    };
+    catch(fail(wr, libc::EIO), || {
+        // SAFETY: qp is one of ours.
+        let key = unsafe { qp_key(qp) };
+        runtime::with(|sh, now| {
+            let mut cur = wr;
+            let mut ret = 0;
+            while !cur.is_null() {
+                // SAFETY: the caller's list of requests.
+                let w = unsafe { &*cur };
+                let mut buf = [Sge {
+                    addr: 0,
+                    len: 0,
+                    lkey: 0,
+                }; MAX_SGE];
+                let Some(list) = (unsafe { sges(w.sg_list, w.num_sge, &mut buf) }) else {
+                    ret = fail(cur, libc::EINVAL);
+                    break;
+                };
+                if let Err(e) = sh.engine.post_recv(key, w.wr_id, list) {
+                    ret = fail(cur, e.errno());
+                    break;
+                }
+                cur = w.next;
+            }
+            sh.engine.progress(now);
+            ret
+        })
+    })
+}
+
+/// Negative errno on failure, as `ibv_poll_cq` callers expect.
+pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    catch(-libc::EIO, || {
+        let Ok(n) = usize::try_from(n) else {
+            return -libc::EINVAL;
+        };
+        if n == 0 {
+            return 0;
+        }
+        if wc.is_null() {
+            return -libc::EINVAL;
+        }
+        // SAFETY: cq is ours; wc has room for n entries (the caller's).
+        let key = unsafe { cq_key(cq) };
+        let out = unsafe { std::slice::from_raw_parts_mut(wc, n) };
+        runtime::with(|sh, now| {
+            sh.engine.progress(now);
+            match sh.engine.poll_cq(key, out) {
+                Some(k) => k as c_int,
+                None => -libc::EINVAL,
+            }
+        })
+    })
+}
+
+pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    catch(libc::EIO, || {
+        // SAFETY: cq is ours.
+        let key = unsafe { cq_key(cq) };
+        runtime::with(|sh, _| {
+            if sh.engine.arm_cq(key, solicited_only != 0) {
+                0
+            } else {
+                libc::EINVAL
+            }
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wr(opcode: ibv_wr_opcode, flags: u32) -> ibv_send_wr {
+        // SAFETY: all-zero is a valid ibv_send_wr.
+        let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+        w.opcode = opcode;
+        w.send_flags = flags;
+        w
+    }
+
+    #[test]
+    fn opcodes_map_to_trp_operations() {
+        let w = wr(IBV_WR_SEND, IBV_SEND_SOLICITED);
+        assert_eq!(
+            send_op(&w),
+            Some(SendOp::Send {
+                invalidate: None,
+                solicited: true
+            })
+        );
+        let mut w = wr(IBV_WR_SEND_WITH_INV, 0);
+        w.__bindgen_anon_1.invalidate_rkey = 0x1234;
+        assert_eq!(
+            send_op(&w),
+            Some(SendOp::Send {
+                invalidate: Some(0x1234),
+                solicited: false
+            })
+        );
+        let mut w = wr(IBV_WR_RDMA_WRITE_WITH_IMM, 0);
+        w.wr.rdma.remote_addr = 0x1000;
+        w.wr.rdma.rkey = 77;
+        w.__bindgen_anon_1.imm_data = u32::from_ne_bytes([1, 2, 3, 4]);
+        assert_eq!(
+            send_op(&w),
+            Some(SendOp::RdmaWriteImm {
+                remote_addr: 0x1000,
+                rkey: 77,
+                imm: 0x0102_0304,
+                solicited: false
+            })
+        );
+        let mut w = wr(IBV_WR_RDMA_READ, 0);
+        w.wr.rdma.remote_addr = 8;
+        w.wr.rdma.rkey = 9;
+        assert_eq!(
+            send_op(&w),
+            Some(SendOp::RdmaRead {
+                remote_addr: 8,
+                rkey: 9
+            })
+        );
+        assert_eq!(send_op(&wr(IBV_WR_SEND_WITH_IMM, 0)), None);
+        assert_eq!(send_op(&wr(IBV_WR_ATOMIC_FETCH_AND_ADD, 0)), None);
+    }
+
+    #[test]
+    fn sge_lists_are_bounded() {
+        let list = [ibv_sge {
+            addr: 1,
+            length: 2,
+            lkey: 3,
+        }; 9];
+        let mut out = [Sge {
+            addr: 0,
+            len: 0,
+            lkey: 0,
+        }; MAX_SGE];
+        let got = unsafe { sges(list.as_ptr(), 2, &mut out) }.unwrap();
+        assert_eq!(
+            got,
+            &[Sge {
+                addr: 1,
+                len: 2,
+                lkey: 3
+            }; 2]
+        );
+        assert!(unsafe { sges(list.as_ptr(), 9, &mut out) }.is_none());
+        assert!(unsafe { sges(list.as_ptr(), -1, &mut out) }.is_none());
+        assert_eq!(
+            unsafe { sges(std::ptr::null(), 0, &mut out) }
+                .unwrap()
+                .len(),
+            0
+        );
+    }
+}

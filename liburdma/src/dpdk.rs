@@ -1,0 +1,260 @@
+//! The process as urdmad's DPDK secondary: EAL initialisation (once per
+//! process), the mempool and TX rings urdmad hands out, and a connected
+//! QP's [`Flow`] over its RX ring and its port's TX ring.
+//!
+//! Ring discipline (docs/urdmad.md): the process is the only consumer of
+//! its flows' RX rings and the only producer of its TX rings. Every ring
+//! operation here runs under the engine lock, which serialises the
+//! application's threads and the helper thread.
+
+use std::ffi::{c_char, c_void, CString};
+use std::sync::OnceLock;
+
+use dpdk_sys as sys;
+use urdmad::proto::Attachment;
+
+use crate::engine::Flow;
+use crate::frame::{self, Endpoints, HEADERS};
+
+const BURST: usize = 32;
+
+static EAL: OnceLock<Result<String, String>> = OnceLock::new();
+
+/// Initialises EAL as urdmad's secondary, once per process. Run it on the
+/// provider's helper thread: EAL binds the calling thread to the lcore
+/// urdmad reserved and starts its own threads from it, which inherit its
+/// signal mask, so the application's threads keep their affinity and
+/// signals.
+pub fn eal_init(a: &Attachment) -> Result<(), String> {
+    let r = EAL.get_or_init(|| {
+        let mut args = vec!["liburdma".to_string()];
+        args.extend(a.eal_args());
+        args.push("--log-level=3".into());
+        let cargs: Vec<CString> = args
+            .iter()
+            .map(|s| CString::new(s.as_str()).unwrap_or_default())
+            .collect();
+        // EAL keeps pointers into argv: it lives for the whole process.
+        let argv: &mut Vec<*mut c_char> =
+            Box::leak(Box::new(cargs.into_iter().map(|c| c.into_raw()).collect()));
+        // SAFETY: argv holds NUL-terminated strings that are never freed.
+        let rc = unsafe { sys::rte_eal_init(argv.len() as i32, argv.as_mut_ptr()) };
+        if rc < 0 {
+            Err(format!(
+                "DPDK secondary initialisation failed: {}",
+                sys::rte_strerror_string(sys::rte_errno())
+            ))
+        } else {
+            Ok(a.file_prefix.clone())
+        }
+    });
+    match r {
+        Ok(prefix) if *prefix == a.file_prefix => Ok(()),
+        Ok(prefix) => Err(format!(
+            "this process is attached to the urdmad of DPDK prefix {prefix} already"
+        )),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, String> {
+    let c = CString::new(name).map_err(|_| "ring name".to_string())?;
+    // SAFETY: valid C string; EAL is up.
+    let r = unsafe { sys::rte_ring_lookup(c.as_ptr()) };
+    if r.is_null() {
+        Err(format!("ring {name} not found in urdmad's memory"))
+    } else {
+        Ok(r)
+    }
+}
+
+/// What the attachment gave the process: its mbuf pool and one TX ring per
+/// port.
+pub struct Rings {
+    pool: *mut sys::rte_mempool,
+    tx: Vec<*mut sys::rte_ring>,
+    macs: Vec<[u8; 6]>,
+}
+
+// SAFETY: the pointers name objects in urdmad's shared memory, valid while
+// the process is attached; they are used under the engine lock only.
+unsafe impl Send for Rings {}
+
+impl Rings {
+    /// Looks up the pool and TX rings (after [`eal_init`]).
+    pub fn lookup(a: &Attachment) -> Result<Rings, String> {
+        let pname = CString::new(a.pool.as_str()).map_err(|_| "pool name".to_string())?;
+        // SAFETY: valid C string; EAL is up.
+        let pool = unsafe { sys::rte_mempool_lookup(pname.as_ptr()) };
+        if pool.is_null() {
+            return Err(format!("mempool {} not found", a.pool));
+        }
+        let tx = a
+            .ports
+            .iter()
+            .map(|p| lookup_ring(&p.tx_ring))
+            .collect::<Result<_, _>>()?;
+        Ok(Rings {
+            pool,
+            tx,
+            macs: a.ports.iter().map(|p| p.mac.0).collect(),
+        })
+    }
+
+    /// The flow of a connected QP: `rx_ring` on `port`, frames between
+    /// `local` and `remote` (peer MAC `remote_mac`).
+    pub fn flow(
+        &self,
+        port: u16,
+        rx_ring: &str,
+        local: std::net::SocketAddrV4,
+        remote: std::net::SocketAddrV4,
+        remote_mac: [u8; 6],
+    ) -> Result<DpdkFlow, String> {
+        let p = usize::from(port);
+        let (Some(&tx), Some(&local_mac)) = (self.tx.get(p), self.macs.get(p)) else {
+            return Err(format!(
+                "urdmad named port {port}, which the attachment lacks"
+            ));
+        };
+        Ok(DpdkFlow {
+            rx: lookup_ring(rx_ring)?,
+            tx,
+            pool: self.pool,
+            ep: Endpoints {
+                local_mac,
+                remote_mac,
+                local,
+                remote,
+            },
+        })
+    }
+}
+
+pub struct DpdkFlow {
+    rx: *mut sys::rte_ring,
+    tx: *mut sys::rte_ring,
+    pool: *mut sys::rte_mempool,
+    ep: Endpoints,
+}
+
+// SAFETY: as for Rings.
+unsafe impl Send for DpdkFlow {}
+
+impl DpdkFlow {
+    fn enqueue(&self, pkts: &mut Vec<*mut sys::rte_mbuf>) {
+        if pkts.is_empty() {
+            return;
+        }
+        // SAFETY: the process is this TX ring's only producer (engine lock).
+        let n = unsafe {
+            sys::rte_ring_sp_enqueue_burst(
+                self.tx,
+                pkts.as_ptr() as *const *mut c_void,
+                pkts.len() as u32,
+                std::ptr::null_mut(),
+            )
+        } as usize;
+        // A full TX ring drops the rest; trp retransmits them.
+        for &m in &pkts[n..] {
+            // SAFETY: not handed over: still ours.
+            unsafe { sys::rte_pktmbuf_free(m) };
+        }
+        pkts.clear();
+    }
+}
+
+impl Flow for DpdkFlow {
+    fn receive(&mut self, handle: &mut dyn FnMut(&[&[u8]])) -> usize {
+        let mut m = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
+        // SAFETY: the process is this ring's only consumer (engine lock);
+        // `m` has room for BURST pointers.
+        let n = unsafe {
+            sys::rte_ring_sc_dequeue_burst(
+                self.rx,
+                m.as_mut_ptr() as *mut *mut c_void,
+                BURST as u32,
+                std::ptr::null_mut(),
+            )
+        } as usize;
+        if n == 0 {
+            return 0;
+        }
+        let mut payloads: [&[u8]; BURST] = [&[]; BURST];
+        let mut k = 0;
+        for &mb in &m[..n] {
+            // SAFETY: a valid mbuf we now own; its first segment's data is
+            // `data_len` bytes at mtod. Frames of several segments are not
+            // ours (urdmad's pool holds a whole frame per mbuf).
+            let frame = unsafe {
+                if (*mb).nb_segs != 1 {
+                    continue;
+                }
+                std::slice::from_raw_parts(
+                    sys::rte_pktmbuf_mtod::<u8>(mb) as *const u8,
+                    usize::from((*mb).data_len),
+                )
+            };
+            if let Some(p) = frame::payload(frame, &self.ep) {
+                payloads[k] = p;
+                k += 1;
+            }
+        }
+        if k > 0 {
+            handle(&payloads[..k]);
+        }
+        for &mb in &m[..n] {
+            // SAFETY: ours; the payload slices are no longer used.
+            unsafe { sys::rte_pktmbuf_free(mb) };
+        }
+        n
+    }
+
+    fn transmit(
+        &mut self,
+        datagram: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> usize {
+        let Ok(full) = u16::try_from(HEADERS + datagram) else {
+            return 0;
+        };
+        let mut pkts = Vec::with_capacity(BURST);
+        let mut sent = 0;
+        loop {
+            // SAFETY: the pool is urdmad's, shared with this process.
+            let m = unsafe { sys::rte_pktmbuf_alloc(self.pool) };
+            if m.is_null() {
+                break;
+            }
+            // SAFETY: m is a fresh mbuf of ours; append returns room for
+            // `full` bytes in its first segment or NULL.
+            let buf = unsafe {
+                let p = sys::rte_pktmbuf_append(m, full) as *mut u8;
+                if p.is_null() {
+                    sys::rte_pktmbuf_free(m);
+                    break;
+                }
+                std::slice::from_raw_parts_mut(p, usize::from(full))
+            };
+            match fill(&mut buf[HEADERS..]) {
+                Some(n) => {
+                    let len = frame::write_headers(buf, &self.ep, n);
+                    // SAFETY: shortening the data we appended.
+                    unsafe { sys::rte_pktmbuf_trim(m, full - len as u16) };
+                    pkts.push(m);
+                    sent += 1;
+                    if pkts.len() == BURST {
+                        self.enqueue(&mut pkts);
+                    }
+                }
+                None => {
+                    // SAFETY: unused, ours.
+                    unsafe { sys::rte_pktmbuf_free(m) };
+                    break;
+                }
+            }
+        }
+        self.enqueue(&mut pkts);
+        sent
+    }
+}

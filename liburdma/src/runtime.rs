@@ -1,0 +1,549 @@
+//! The provider's process-wide state: the [`Engine`] behind one lock, the
+//! connection to urdmad, the DPDK attachment, and the helper thread that
+//! makes progress while the application sleeps.
+//!
+//! # Attachment
+//! Nothing DPDK happens before the first `create_qp` of a process (a
+//! process that opened the device and then forked works in the child).
+//! That call finds the device's urdmad in sysfs
+//! (`/sys/class/infiniband/<dev>/urdmad`), connects, sends `ATTACH`, starts
+//! the helper thread, which initialises EAL as urdmad's secondary, and
+//! registers the QP (`QP dev= qpn=`). A process attaches once, to one
+//! urdmad: it may use devices served by that urdmad only. An attachment
+//! belongs to the process that made it; a child forked after it cannot
+//! create QPs.
+//!
+//! # Progress
+//! The application's own calls drive progress (`post_send`, `post_recv`
+//! and `poll_cq` receive, run timers and transmit for every connection).
+//! The helper thread covers the time the application spends elsewhere
+//! (blocked in `ibv_get_cq_event`, `rdma_get_cm_event`, ...): while traffic
+//! flows it keeps going; once idle, if the application made a call in the
+//! last [`APP_ACTIVE`] it sleeps in short naps (the application is polling
+//! and drives progress itself), otherwise it sends `ARM` to urdmad,
+//! checks the rings once more and sleeps in `poll()` on the control socket
+//! and its own eventfd until an event (`EVENT WAKE`, `EVENT CONNECTED`,
+//! `EVENT DISCONNECT`), the earliest trp timer, or a kick from an
+//! application call that made a timer earlier than the one it sleeps to.
+//! The helper takes the lock with `try_lock` and never holds it while it
+//! sleeps. It blocks every signal.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
+use std::time::Duration;
+
+use trp::Instant;
+use urdmad::client::Connection as Control;
+use urdmad::proto::{Event, Request, Response};
+
+use crate::dpdk::{self, Rings};
+use crate::engine::{Engine, Handoff, Notice, QpKey, Role};
+use crate::log;
+
+/// How recently the application must have called the provider for the
+/// helper to leave progress to it.
+pub const APP_ACTIVE: Duration = Duration::from_millis(2);
+/// Rounds the helper keeps going after the last useful one.
+const SPIN_ROUNDS: u32 = 64;
+/// How long urdmad may take to answer a request.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The monotonic clock trp runs on, in nanoseconds.
+pub fn now() -> Instant {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    Instant(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// The attachment to one urdmad.
+struct Attached {
+    /// The control socket path it was found at.
+    path: PathBuf,
+    pid: u32,
+    /// None once urdmad has closed the connection.
+    ctl: Option<Control>,
+    rings: Rings,
+}
+
+pub struct Shared {
+    pub engine: Engine,
+    attached: Option<Attached>,
+    /// Why attaching failed for good (EAL can be initialised only once).
+    attach_failed: Option<i32>,
+    /// The helper sleeps until this (inner None: no timer).
+    helper_sleep: Option<Option<Instant>>,
+    last_app: Instant,
+}
+
+struct Runtime {
+    state: Mutex<Shared>,
+    /// Wakes the helper out of its poll().
+    kick: OnceLock<OwnedFd>,
+}
+
+fn rt() -> &'static Runtime {
+    static RT: OnceLock<Runtime> = OnceLock::new();
+    RT.get_or_init(|| Runtime {
+        state: Mutex::new(Shared {
+            engine: Engine::new(),
+            attached: None,
+            attach_failed: None,
+            helper_sleep: None,
+            last_app: Instant(0),
+        }),
+        kick: OnceLock::new(),
+    })
+}
+
+fn lock() -> MutexGuard<'static, Shared> {
+    // A panic under the lock (caught at the C boundary) leaves the state
+    // as it was at that point; keep going rather than fail every verb.
+    rt().state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `f` under the engine lock for an application call, then delivers
+/// what urdmad must hear and wakes the helper if its sleep is too long
+/// now.
+pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
+    let mut g = lock();
+    let now = now();
+    g.last_app = now;
+    let r = f(&mut g, now);
+    g.after_app_call();
+    r
+}
+
+/// Runs `f` under the lock for a control verb (no progress, no timers).
+pub fn with_engine<R>(f: impl FnOnce(&mut Engine) -> R) -> R {
+    f(&mut lock().engine)
+}
+
+fn kick_helper() {
+    if let Some(fd) = rt().kick.get() {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// The urdmad control socket of the device at `ibdev_path`, from sysfs.
+pub fn urdmad_socket(ibdev_path: &Path) -> Result<PathBuf, String> {
+    let f = ibdev_path.join("urdmad");
+    let s = std::fs::read_to_string(&f).map_err(|e| {
+        format!(
+            "cannot read {}: {e} (is urdma.ko new enough to name the device's urdmad?)",
+            f.display()
+        )
+    })?;
+    let s = s.trim();
+    if s.is_empty() {
+        return Err(format!(
+            "no urdmad serves device {} ({} is empty): start urdmad for its interface",
+            ibdev_path.display(),
+            f.display()
+        ));
+    }
+    Ok(PathBuf::from(s))
+}
+
+impl Shared {
+    /// Attaches the process to the urdmad at `path` unless it is attached
+    /// already (to the same one).
+    pub fn ensure_attached(&mut self, path: &Path) -> Result<(), i32> {
+        if let Some(a) = &self.attached {
+            if a.pid != std::process::id() {
+                log::error(format_args!(
+                    "this process was forked after its parent attached to urdmad: it cannot create QPs"
+                ));
+                return Err(libc::EINVAL);
+            }
+            if a.path != path {
+                log::error(format_args!(
+                    "a process may use the devices of one urdmad only: attached to {}, device served by {}",
+                    a.path.display(),
+                    path.display()
+                ));
+                return Err(libc::EINVAL);
+            }
+            if a.ctl.is_none() {
+                log::error(format_args!("urdmad has gone away"));
+                return Err(libc::ENOTCONN);
+            }
+            return Ok(());
+        }
+        if let Some(e) = self.attach_failed {
+            return Err(e);
+        }
+        let r = attach(path);
+        match r {
+            Ok(a) => {
+                self.attached = Some(a);
+                Ok(())
+            }
+            Err((e, permanent)) => {
+                if permanent {
+                    self.attach_failed = Some(e);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// One request to urdmad; events it meets are handled.
+    fn request(&mut self, req: &Request, now: Instant) -> Result<Response, String> {
+        let Some(ctl) = self.attached.as_mut().and_then(|a| a.ctl.as_mut()) else {
+            return Err("not attached to urdmad".into());
+        };
+        let r = ctl.request(req);
+        self.pump(now);
+        r
+    }
+
+    fn expect_ok(&mut self, req: &Request, now: Instant) -> Result<(), String> {
+        match self.request(req, now)? {
+            Response::Ok => Ok(()),
+            other => Err(urdmad::client::refusal(other)),
+        }
+    }
+
+    /// `QP dev= qpn=`: the QP is this process's.
+    pub fn register_qp(&mut self, key: QpKey, now: Instant) -> Result<(), String> {
+        self.expect_ok(
+            &Request::Qp {
+                dev: key.0,
+                qpn: key.1,
+            },
+            now,
+        )
+    }
+
+    /// `UNQP dev= qpn=`.
+    pub fn unregister_qp(&mut self, key: QpKey, now: Instant) {
+        if self.attached.as_ref().is_some_and(|a| a.ctl.is_some()) {
+            if let Err(e) = self.expect_ok(
+                &Request::Unqp {
+                    dev: key.0,
+                    qpn: key.1,
+                },
+                now,
+            ) {
+                log::error(format_args!("UNQP {key:?}: {e}"));
+            }
+        }
+    }
+
+    /// Reads and handles urdmad's events (never blocks). When urdmad has
+    /// closed the connection every QP fails.
+    pub fn pump(&mut self, now: Instant) -> bool {
+        let Some(ctl) = self.attached.as_mut().and_then(|a| a.ctl.as_mut()) else {
+            return false;
+        };
+        match ctl.poll_events() {
+            Ok(events) => {
+                let any = !events.is_empty();
+                if any && self.helper_sleep.is_some() {
+                    // Read by an application thread while the helper sleeps:
+                    // it must re-arm (a WAKE is one-shot).
+                    self.helper_sleep = None;
+                    kick_helper();
+                }
+                for e in events {
+                    self.handle_event(e, now);
+                }
+                any
+            }
+            Err(e) => {
+                log::error(format_args!("{e}: every QP fails"));
+                if let Some(a) = self.attached.as_mut() {
+                    a.ctl = None;
+                }
+                self.engine.fail_all(now);
+                true
+            }
+        }
+    }
+
+    fn handle_event(&mut self, e: Event, now: Instant) {
+        match e {
+            Event::Wake => {}
+            Event::Disconnect { dev, qpn, status } => {
+                log::debug(format_args!("disconnect {dev}/{qpn} status {status}"));
+                if status == 0 {
+                    self.engine.close((dev, qpn));
+                } else {
+                    self.engine.abort((dev, qpn), now);
+                }
+            }
+            Event::Connected(c) => {
+                let key = (c.dev, c.qpn);
+                let Some(a) = self.attached.as_ref() else {
+                    return;
+                };
+                let h = Handoff {
+                    role: match c.role {
+                        urdmad::proto::Role::Active => Role::Active,
+                        urdmad::proto::Role::Passive => Role::Passive,
+                    },
+                    ird: c.ird,
+                    ord: c.ord,
+                    datagram: c.datagram,
+                    conn: c.conn,
+                    isn: c.isn,
+                    pdata: c.pdata.clone(),
+                    pkt: c.pkt.clone(),
+                };
+                let r = a
+                    .rings
+                    .flow(c.port, &c.rx_ring, c.local, c.remote, c.mac.0)
+                    .and_then(|flow| self.engine.connected(key, &h, Box::new(flow), now));
+                match r {
+                    Ok(()) => log::debug(format_args!(
+                        "QP {}/{} connected {} -> {} ({:?})",
+                        c.dev, c.qpn, c.local, c.remote, h.role
+                    )),
+                    Err(e) => {
+                        log::error(format_args!("QP {}/{}: {e}", c.dev, c.qpn));
+                        self.engine.drop_flow(key);
+                        let req = Request::QpClosed {
+                            dev: c.dev,
+                            qpn: c.qpn,
+                            status: -libc::ECONNRESET,
+                        };
+                        if let Err(e) = self.expect_ok(&req, now) {
+                            log::error(format_args!("QPCLOSED: {e}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tells urdmad what the engine found (PEERCLOSED, QPCLOSED).
+    pub fn deliver_notices(&mut self, now: Instant) {
+        for n in self.engine.take_notices() {
+            let req = match n {
+                Notice::PeerClosed((dev, qpn)) => Request::PeerClosed { dev, qpn },
+                Notice::Closed((dev, qpn), status) => Request::QpClosed { dev, qpn, status },
+            };
+            if self.attached.as_ref().is_some_and(|a| a.ctl.is_some()) {
+                if let Err(e) = self.expect_ok(&req, now) {
+                    log::error(format_args!("{}: {e}", req.encode().trim_end()));
+                }
+            }
+        }
+    }
+
+    /// A QP without a connection at post time: urdmad writes `EVENT
+    /// CONNECTED` before the application hears `ESTABLISHED`, so read the
+    /// socket, and if that brings nothing ask for the rest with `SYNC`.
+    pub fn catch_up(&mut self, now: Instant) {
+        if self.pump(now) {
+            return;
+        }
+        if let Err(e) = self.expect_ok(&Request::Sync, now) {
+            log::error(format_args!("SYNC: {e}"));
+        }
+    }
+
+    fn after_app_call(&mut self) {
+        let now = now();
+        self.deliver_notices(now);
+        if let Some(sleep) = self.helper_sleep {
+            let d = self.engine.deadline();
+            let earlier = match (d, sleep) {
+                (Some(d), Some(s)) => d < s,
+                (Some(_), None) => true,
+                _ => false,
+            };
+            if earlier {
+                self.helper_sleep = None;
+                kick_helper();
+            }
+        }
+    }
+}
+
+/// Connects, attaches, starts the helper (which initialises EAL) and looks
+/// up the rings. The error says whether trying again is pointless.
+fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
+    let mut ctl = Control::connect(path, CONTROL_TIMEOUT).map_err(|e| {
+        log::error(format_args!("{e}"));
+        (libc::ECONNREFUSED, false)
+    })?;
+    let a = match ctl.request(&Request::Attach) {
+        Ok(Response::Attached(a)) => a,
+        Ok(other) => {
+            log::error(format_args!("ATTACH: {}", urdmad::client::refusal(other)));
+            return Err((libc::EPERM, false));
+        }
+        Err(e) => {
+            log::error(format_args!("ATTACH: {e}"));
+            return Err((libc::ECONNREFUSED, false));
+        }
+    };
+    // SAFETY: plain eventfd creation.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err((crate::guard::errno(), false));
+    }
+    // SAFETY: a fresh descriptor we own.
+    let _ = rt().kick.set(unsafe { OwnedFd::from_raw_fd(fd) });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let attachment = a.clone();
+    spawn_blocking_signals(move || {
+        let r = dpdk::eal_init(&attachment);
+        let ok = r.is_ok();
+        let _ = tx.send(r);
+        if ok {
+            helper_loop();
+        }
+    })
+    .map_err(|e| {
+        log::error(format_args!("cannot start the progress thread: {e}"));
+        (libc::EAGAIN, false)
+    })?;
+    match rx.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            log::error(format_args!("{e}"));
+            return Err((libc::EIO, true));
+        }
+        Err(_) => return Err((libc::EIO, true)),
+    }
+    let rings = Rings::lookup(&a).map_err(|e| {
+        log::error(format_args!("{e}"));
+        (libc::EIO, true)
+    })?;
+    log::info(format_args!(
+        "attached to urdmad at {} (client {}, {} port(s))",
+        path.display(),
+        a.client,
+        a.ports.len()
+    ));
+    Ok(Attached {
+        path: path.to_owned(),
+        pid: std::process::id(),
+        ctl: Some(ctl),
+        rings,
+    })
+}
+
+/// Starts a thread with every signal blocked (set around the spawn, so
+/// there is no moment when it could take one of the application's).
+fn spawn_blocking_signals(f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    // SAFETY: sigset manipulation on local storage; pthread_sigmask on the
+    // calling thread, restored right after the spawn.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        let r = std::thread::Builder::new()
+            .name("urdma-progress".into())
+            .spawn(move || crate::guard::catch((), f));
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        r.map(|_| ())
+    }
+}
+
+fn helper_loop() {
+    let kick = rt().kick.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
+    let mut idle = 0u32;
+    loop {
+        let mut g = match rt().state.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+        };
+        let now = now();
+        let events = g.pump(now);
+        let p = g.engine.progress(now);
+        g.deliver_notices(now);
+        let Some(fd) = g
+            .attached
+            .as_ref()
+            .and_then(|a| a.ctl.as_ref())
+            .map(|c| c.as_raw_fd())
+        else {
+            // urdmad is gone: nothing more will arrive.
+            return;
+        };
+        if p.busy || events {
+            idle = 0;
+            drop(g);
+            std::thread::yield_now();
+            continue;
+        }
+        idle += 1;
+        if idle < SPIN_ROUNDS {
+            drop(g);
+            std::thread::yield_now();
+            continue;
+        }
+        let until = |d: Option<Instant>, cap: Option<Duration>| -> Option<Duration> {
+            let left = d.map(|d| d.saturating_duration_since(now));
+            match (left, cap) {
+                (Some(l), Some(c)) => Some(l.min(c)),
+                (l, c) => l.or(c),
+            }
+        };
+        if now.saturating_duration_since(g.last_app) < APP_ACTIVE {
+            // The application is polling: it drives progress itself.
+            let nap = until(p.deadline, Some(Duration::from_millis(1))).unwrap_or_default();
+            drop(g);
+            std::thread::sleep(nap);
+            continue;
+        }
+        if let Err(e) = g.expect_ok(&Request::Arm, now) {
+            log::error(format_args!("ARM: {e}"));
+        }
+        // Frames that came before the ARM took effect wake nobody.
+        let p = g.engine.progress(now);
+        g.deliver_notices(now);
+        if p.busy {
+            idle = 0;
+            continue;
+        }
+        let deadline = g.engine.deadline();
+        g.helper_sleep = Some(deadline);
+        drop(g);
+        sleep_on(fd, kick, until(deadline, None));
+        lock().helper_sleep = None;
+        let mut v = 0u64;
+        // SAFETY: draining our non-blocking eventfd into a local.
+        unsafe { libc::read(kick, (&mut v as *mut u64).cast(), 8) };
+        idle = SPIN_ROUNDS / 2;
+    }
+}
+
+fn sleep_on(ctl: i32, kick: i32, timeout: Option<Duration>) {
+    let mut fds = [
+        libc::pollfd {
+            fd: ctl,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: kick,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: fds and ts live across the call; no signal mask change.
+    unsafe { libc::ppoll(fds.as_mut_ptr(), 2, tsp, std::ptr::null()) };
+}
