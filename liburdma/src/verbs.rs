@@ -318,24 +318,11 @@ pub(crate) unsafe extern "C" fn create_qp(
         // SAFETY: pd and its context are valid (libibverbs' contract).
         let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
         let dev = unsafe { dev_of(ctx) };
-        let ibdev_path = unsafe { c_path(&(*(*ctx).device).ibdev_path) };
-        // The first QP attaches the process to urdmad.
-        let socket = match runtime::urdmad_socket(&ibdev_path) {
-            Ok(p) => p,
-            Err(e) => {
-                log::error(format_args!("create_qp: {e}"));
-                set_errno(libc::ENODEV);
-                return std::ptr::null_mut();
-            }
-        };
-        if let Err(e) = runtime::with(|sh, _| sh.ensure_attached(&socket)) {
-            set_errno(e);
-            return std::ptr::null_mut();
-        }
         let qp = Box::into_raw(Box::new(zeroed::<UrdmaQp>()));
         let ibqp = qp.cast::<ibv_qp>();
         let mut cmd: ibv_create_qp = zeroed();
         let mut resp = CreateQpResp::default();
+        // The kernel first: an invalid request fails with its errno.
         // SAFETY: qp is ours (verbs_qp starts with the ibv_qp).
         let ret = unsafe {
             ibv_cmd_create_qp(
@@ -348,50 +335,57 @@ pub(crate) unsafe extern "C" fn create_qp(
                 size_of_val(&resp),
             )
         };
-        object(if ret == 0 {
-            let qpn = resp.ibv.qpn;
-            unsafe {
-                (*qp).id = qpn;
-                (*qp).dev = dev;
-            }
-            // SAFETY: attr is the caller's, updated with the granted caps.
-            let a = unsafe { &*attr };
-            let init = QpInit {
-                pd: pdh,
-                send_cq: unsafe { cq_key(a.send_cq) },
-                recv_cq: unsafe { cq_key(a.recv_cq) },
-                sig_all: a.sq_sig_all != 0,
-                max_send_wr: a.cap.max_send_wr,
-                max_recv_wr: a.cap.max_recv_wr,
-                max_send_sge: a.cap.max_send_sge,
-                max_recv_sge: a.cap.max_recv_sge,
-                max_inline: a.cap.max_inline_data,
-            };
-            let registered = runtime::with(|sh, now| {
-                sh.engine.create_qp((dev, qpn), init);
-                let r = sh.register_qp((dev, qpn), now);
-                if r.is_err() {
-                    sh.engine.destroy_qp((dev, qpn));
-                }
-                r
-            });
-            match registered {
-                Ok(()) => {
-                    log::debug(format_args!("qp {} (dev {dev})", qpn));
-                    Ok(ibqp)
-                }
-                Err(e) => {
-                    log::error(format_args!("urdmad refused QP {dev}/{qpn}: {e}"));
-                    // SAFETY: the kernel QP we just made.
-                    if unsafe { ibv_cmd_destroy_qp(ibqp) } == 0 {
-                        drop(unsafe { Box::from_raw(qp) });
-                    }
-                    Err(libc::EPROTO)
-                }
-            }
-        } else {
+        if ret != 0 {
             drop(unsafe { Box::from_raw(qp) });
-            Err(ret)
+            return object(Err(ret));
+        }
+        let qpn = resp.ibv.qpn;
+        unsafe {
+            (*qp).id = qpn;
+            (*qp).dev = dev;
+        }
+        // SAFETY: attr is the caller's, updated with the granted caps.
+        let a = unsafe { &*attr };
+        let init = QpInit {
+            pd: pdh,
+            send_cq: unsafe { cq_key(a.send_cq) },
+            recv_cq: unsafe { cq_key(a.recv_cq) },
+            sig_all: a.sq_sig_all != 0,
+            max_send_wr: a.cap.max_send_wr,
+            max_recv_wr: a.cap.max_recv_wr,
+            max_send_sge: a.cap.max_send_sge,
+            max_recv_sge: a.cap.max_recv_sge,
+            max_inline: a.cap.max_inline_data,
+        };
+        // SAFETY: the context's device is libibverbs' record of it.
+        let ibdev_path = unsafe { c_path(&(*(*ctx).device).ibdev_path) };
+        // The first QP of the process attaches it to urdmad; every QP is
+        // registered with it.
+        let registered = runtime::with(|sh, now| {
+            let socket = runtime::urdmad_socket(&ibdev_path).map_err(|e| {
+                log::error(format_args!("create_qp: {e}"));
+                libc::ENODEV
+            })?;
+            sh.ensure_attached(&socket)?;
+            sh.engine.create_qp((dev, qpn), init);
+            sh.register_qp((dev, qpn), now).map_err(|e| {
+                log::error(format_args!("urdmad refused QP {dev}/{qpn}: {e}"));
+                sh.engine.destroy_qp((dev, qpn));
+                libc::EPROTO
+            })
+        });
+        object(match registered {
+            Ok(()) => {
+                log::debug(format_args!("qp {qpn} (dev {dev})"));
+                Ok(ibqp)
+            }
+            Err(e) => {
+                // SAFETY: the kernel QP made above.
+                if unsafe { ibv_cmd_destroy_qp(ibqp) } == 0 {
+                    drop(unsafe { Box::from_raw(qp) });
+                }
+                Err(e)
+            }
         })
     })
 }
