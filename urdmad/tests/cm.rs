@@ -1,0 +1,541 @@
+//! Connection management without urdma.ko: two urdmads in two namespaces joined by a veth
+//! pair, each with a fake kernel (a `SOCK_SEQPACKET` socket at its `cm_device`) and a test
+//! process registered as the owner of a QP. The test plays the kernel's part of
+//! docs/connection.md and checks urdmad's.
+
+mod common;
+
+use common::*;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use urdmad::client::Connection;
+use urdmad::cm::{Channel, FakeKernel, Msg, Op};
+use urdmad::proto::{Connected, Event, Mac, Request, Response, Role};
+
+/// Addresses the CM messages use; no kernel owns them, so only urdmad answers.
+const A_IP: Ipv4Addr = Ipv4Addr::new(10, 98, 0, 1);
+const B_IP: Ipv4Addr = Ipv4Addr::new(10, 98, 0, 2);
+const WAIT: Duration = Duration::from_secs(5);
+
+struct Side {
+    _daemon: Urdmad,
+    kernel: Channel,
+    _fake: FakeKernel,
+    socket: PathBuf,
+    tap: String,
+    mac: Mac,
+}
+
+impl Side {
+    /// A greeted, attached process owning QP `qpn` of device 0.
+    fn process(&self, qpn: u32) -> Connection {
+        let mut c = Connection::connect(&self.socket, WAIT).expect("connect");
+        assert!(matches!(
+            c.request(&Request::Attach).unwrap(),
+            Response::Attached(_)
+        ));
+        assert_eq!(
+            c.request(&Request::Qp { dev: 0, qpn }).unwrap(),
+            Response::Ok
+        );
+        c
+    }
+
+    fn expect(&self, op: Op) -> Msg {
+        let m = self
+            .kernel
+            .recv_timeout(WAIT)
+            .expect("channel")
+            .unwrap_or_else(|| panic!("no {op:?} from urdmad within {WAIT:?}"));
+        assert_eq!(m.op, op, "expected {op:?}, got {m:?}");
+        m
+    }
+
+    fn nothing(&self, wait: Duration) {
+        if let Some(m) = self.kernel.recv_timeout(wait).unwrap() {
+            panic!("unexpected message {m:?}");
+        }
+    }
+
+    fn send(&self, m: Msg) {
+        self.kernel.send(&m).unwrap();
+    }
+
+    fn status(&self) -> Vec<String> {
+        Connection::connect(&self.socket, WAIT)
+            .unwrap()
+            .status()
+            .unwrap()
+    }
+}
+
+/// Starts urdmad in `ns` on `iface` with a fake kernel; waits for its REGISTER.
+fn start_side(bed: &Bed, ns: &str, iface: &str, tag: &str) -> Side {
+    let socket = bed.dir.join(format!("urdmad-{tag}.sock"));
+    let cm = bed.dir.join(format!("cm-{tag}"));
+    let tap = format!("{}{tag}", bed.tap);
+    let fake = FakeKernel::bind(&cm).unwrap();
+    let cfg = format!(
+        "[daemon]\nsocket = {socket:?}\ngroup = \"\"\nfile_prefix = \"{}{tag}\"\nmemory_mb = 48\nmbufs = 2047\nring_size = 256\nlog_level = \"debug\"\ncm_device = {cm:?}\n\
+         [[port]]\nname = \"p0\"\ndevice = \"net_af_packet0,iface={iface}\"\nexception = {tap:?}\nsteering = \"software\"\n",
+        bed.prefix
+    );
+    let path = bed.write_config(&format!("urdmad-{tag}.toml"), &cfg);
+    let log = bed.dir.join(format!("urdmad-{tag}.log"));
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns, URDMAD, "--config"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let daemon = Urdmad {
+        child: Some(child),
+        socket: socket.clone(),
+        log,
+    };
+    let kernel = fake.accept(START_LIMIT).unwrap_or_else(|e| {
+        panic!(
+            "urdmad {tag} did not open its cm channel: {e}: {}",
+            daemon.log_text()
+        )
+    });
+    let end = Instant::now() + START_LIMIT;
+    while daemon.try_status().is_err() {
+        assert!(
+            Instant::now() < end,
+            "urdmad {tag} not serving: {}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut side = Side {
+        _daemon: daemon,
+        kernel,
+        _fake: fake,
+        socket,
+        tap,
+        mac: Mac::default(),
+    };
+    let reg = side.expect(Op::Register);
+    assert_eq!(reg.ifname, side.tap);
+    assert_eq!(Path::new(&reg.socket_path), side.socket.as_path());
+    let mut c = Connection::connect(&side.socket, WAIT).unwrap();
+    match c.request(&Request::Attach).unwrap() {
+        Response::Attached(a) => side.mac = a.ports[0].mac,
+        other => panic!("{other:?}"),
+    }
+    side
+}
+
+fn listen(side: &Side, id: u64, port: u16) {
+    let mut m = Msg::new(Op::Listen);
+    m.id = id;
+    m.local = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port);
+    m.ifname = side.tap.clone();
+    side.send(m);
+}
+
+fn connect_msg(id: u64, qpn: u32, local: u16, remote: SocketAddrV4, mac: Mac, pdata: &[u8]) -> Msg {
+    let mut m = Msg::new(Op::Connect);
+    m.id = id;
+    m.qpn = qpn;
+    m.local = SocketAddrV4::new(A_IP, local);
+    m.remote = remote;
+    m.remote_mac = mac;
+    m.ird = 4;
+    m.ord = 3;
+    m.pdata = pdata.to_vec();
+    m
+}
+
+/// Waits for the first event of a process.
+fn event(c: &mut Connection) -> Event {
+    let end = Instant::now() + WAIT;
+    loop {
+        if let Some(e) = c.poll_events().unwrap().into_iter().next() {
+            return e;
+        }
+        assert!(Instant::now() < end, "no event within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn connected(c: &mut Connection) -> Connected {
+    match event(c) {
+        Event::Connected(c) => *c,
+        e => panic!("expected EVENT CONNECTED, got {e:?}"),
+    }
+}
+
+fn cfg_of(c: &Connected) -> trp::Config {
+    trp::Config {
+        ird: c.ird,
+        ord: c.ord,
+        max_datagram: c.datagram,
+        ..trp::Config::default()
+    }
+}
+
+fn memory() -> trp::VecMemory {
+    let mut m = trp::VecMemory::new(1 << 16);
+    m.register(
+        1,
+        trp::Region::new(0, 0, 1 << 16, trp::Access::LOCAL_WRITE),
+        false,
+    );
+    m
+}
+
+/// Moves datagrams between two connections until neither has anything to send.
+fn exchange(
+    a: &mut trp::Connection,
+    b: &mut trp::Connection,
+    ma: &mut trp::VecMemory,
+    mb: &mut trp::VecMemory,
+    now: trp::Instant,
+) {
+    let mut buf = vec![0u8; 2048];
+    for _ in 0..100 {
+        let mut moved = false;
+        while let Some(n) = a.poll_transmit(now, ma, &mut buf) {
+            b.handle_datagram(now, mb, &buf[..n]).unwrap();
+            moved = true;
+        }
+        while let Some(n) = b.poll_transmit(now, mb, &mut buf) {
+            a.handle_datagram(now, ma, &buf[..n]).unwrap();
+            moved = true;
+        }
+        if !moved {
+            return;
+        }
+    }
+}
+
+#[test]
+fn connections_through_two_urdmads_with_fake_kernels() {
+    let bed = Bed::new("cm");
+    let a = start_side(&bed, &bed.ns_a, &bed.veth_a, "a");
+    let b = start_side(&bed, &bed.ns_b, &bed.veth_b, "b");
+    let b_addr = SocketAddrV4::new(B_IP, 7000);
+
+    // --- Listen on B, connect from A, accept on B.
+    let mut pa = a.process(5);
+    let mut pb = b.process(9);
+    listen(&b, 1, 7000);
+    a.send(connect_msg(11, 5, 40000, b_addr, b.mac, b"hello"));
+    let req = b.expect(Op::Request);
+    assert_eq!(req.id, 1);
+    assert_eq!(req.local, b_addr);
+    assert_eq!(req.remote, SocketAddrV4::new(A_IP, 40000));
+    assert_eq!(req.pdata, b"hello");
+    assert_eq!((req.ird, req.ord), (4, 3));
+    assert_eq!(req.remote_mac, a.mac);
+    let st = b.status();
+    assert_eq!(
+        field(&st, "request", "", "state").as_deref(),
+        Some("pending")
+    );
+    assert_eq!(field(&st, "listener", "", "id").as_deref(), Some("1"));
+    let mut acc = Msg::new(Op::Accept);
+    acc.req = req.req;
+    acc.qpn = 9;
+    acc.ird = 2;
+    acc.ord = 1;
+    acc.pdata = b"welcome".to_vec();
+    b.send(acc);
+    let ev_b = connected(&mut pb);
+    let accepted = b.expect(Op::Accepted);
+    assert_eq!((accepted.req, accepted.status), (req.req, 0));
+    assert_eq!(ev_b.role, Role::Passive);
+    assert_eq!((ev_b.dev, ev_b.qpn), (0, 9));
+    assert_eq!(ev_b.local, b_addr);
+    assert_eq!(ev_b.remote, SocketAddrV4::new(A_IP, 40000));
+    assert_eq!(ev_b.mac, a.mac);
+    assert_eq!((ev_b.ird, ev_b.ord, ev_b.datagram), (2, 1, 1472));
+    assert_eq!(ev_b.pdata, b"welcome");
+    assert!(ev_b.rx_ring.starts_with("urd_rx_"));
+
+    // The provider's part on B: rebuild the connection, which sends the Accept. The test
+    // sends it from namespace B's kernel (urdmad B's TX ring would need a DPDK secondary).
+    let now = trp::Instant::from_nanos(1);
+    let inc = trp::Incoming::parse(&ev_b.pkt).unwrap();
+    assert_eq!(inc.private_data(), b"hello");
+    let mut conn_b = inc
+        .accept(cfg_of(&ev_b), ev_b.conn, ev_b.isn, &ev_b.pdata)
+        .unwrap();
+    let mut mem_a = memory();
+    let mut mem_b = memory();
+    let mut buf = vec![0u8; 2048];
+    let n = conn_b
+        .poll_transmit(now, &mem_b, &mut buf)
+        .expect("the Accept");
+    let accept_pkt = buf[..n].to_vec();
+    sh(&[
+        "ip",
+        "-n",
+        &bed.ns_b,
+        "addr",
+        "add",
+        &format!("{B_IP}/32"),
+        "dev",
+        &bed.veth_b,
+    ]);
+    sh(&[
+        "ip",
+        "-n",
+        &bed.ns_b,
+        "neigh",
+        "replace",
+        &A_IP.to_string(),
+        "lladdr",
+        &a.mac.to_string(),
+        "dev",
+        &bed.veth_b,
+    ]);
+    sh(&[
+        "ip",
+        "-n",
+        &bed.ns_b,
+        "route",
+        "add",
+        &format!("{A_IP}/32"),
+        "dev",
+        &bed.veth_b,
+    ]);
+    let udp_b: UdpSocket = udp_in(&bed.ns_b, b_addr);
+    udp_b
+        .send_to(&accept_pkt, SocketAddrV4::new(A_IP, 40000))
+        .unwrap();
+
+    let ev_a = connected(&mut pa);
+    let c = a.expect(Op::Connected);
+    assert_eq!(c.id, 11);
+    assert_eq!(c.pdata, b"welcome");
+    assert_eq!((c.ird, c.ord), (2, 1));
+    assert_eq!(
+        (c.local, c.remote),
+        (SocketAddrV4::new(A_IP, 40000), b_addr)
+    );
+    assert_eq!(ev_a.role, Role::Active);
+    assert_eq!((ev_a.dev, ev_a.qpn), (0, 5));
+    assert_eq!(ev_a.remote, b_addr);
+    assert_eq!(ev_a.mac, b.mac);
+    assert_eq!(ev_a.pdata, b"hello");
+    assert_eq!(ev_a.pkt, accept_pkt);
+    assert_eq!((ev_a.ird, ev_a.ord), (4, 3));
+
+    // The provider's part on A: the rebuild docs/connection.md prescribes.
+    let mut conn_a =
+        match trp::Connecting::new(cfg_of(&ev_a), ev_a.conn, ev_a.isn, &ev_a.pdata, now)
+            .unwrap()
+            .handle_datagram(now, &ev_a.pkt)
+        {
+            trp::ConnectOutcome::Established {
+                conn, private_data, ..
+            } => {
+                assert_eq!(private_data, b"welcome");
+                conn
+            }
+            o => panic!("rebuild on A: {o:?}"),
+        };
+    // The two rebuilt connections talk: a Send from A lands in B's receive.
+    mem_a.bytes[..5].copy_from_slice(b"ping!");
+    conn_b
+        .post_recv(
+            &mem_b,
+            &trp::RecvWr {
+                wr_id: 7,
+                sges: &[trp::Sge {
+                    addr: 100,
+                    len: 64,
+                    lkey: 1,
+                }],
+            },
+        )
+        .unwrap();
+    conn_a
+        .post_send(
+            &mem_a,
+            &trp::SendWr {
+                wr_id: 3,
+                op: trp::SendOp::Send {
+                    invalidate: None,
+                    solicited: false,
+                },
+                sges: &[trp::Sge {
+                    addr: 0,
+                    len: 5,
+                    lkey: 1,
+                }],
+                signaled: true,
+            },
+        )
+        .unwrap();
+    exchange(&mut conn_a, &mut conn_b, &mut mem_a, &mut mem_b, now);
+    let wc = conn_b.poll_completion().expect("B received");
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (7, trp::WcStatus::Success, 5)
+    );
+    assert_eq!(&mem_b.bytes[100..105], b"ping!");
+    assert_eq!(
+        conn_a.poll_completion().unwrap().status,
+        trp::WcStatus::Success
+    );
+
+    let st = a.status();
+    assert_eq!(
+        field(&st, "connection", "qpn=5", "role").as_deref(),
+        Some("active")
+    );
+    assert_eq!(count(&st, "connecting"), 0);
+
+    // --- ARM: the next frame on A's flow wakes the process once.
+    assert_eq!(pa.request(&Request::Arm).unwrap(), Response::Ok);
+    assert!(pa.poll_events().unwrap().is_empty());
+    udp_b
+        .send_to(b"anything", SocketAddrV4::new(A_IP, 40000))
+        .unwrap();
+    assert_eq!(event(&mut pa), Event::Wake);
+    udp_b
+        .send_to(b"anything", SocketAddrV4::new(A_IP, 40000))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    pa.sync().unwrap();
+    assert!(pa.poll_events().unwrap().is_empty(), "one wake per ARM");
+    // Frames wait on the ring: ARM now wakes at once.
+    assert_eq!(pa.request(&Request::Arm).unwrap(), Response::Ok);
+    assert_eq!(event(&mut pa), Event::Wake);
+
+    // --- DISCONNECT from B's kernel reaches B's process; its QPCLOSED closes.
+    let mut d = Msg::new(Op::Disconnect);
+    d.qpn = 9;
+    b.send(d);
+    assert_eq!(
+        event(&mut pb),
+        Event::Disconnect {
+            dev: 0,
+            qpn: 9,
+            status: 0
+        }
+    );
+    assert_eq!(
+        pb.request(&Request::PeerClosed { dev: 0, qpn: 9 }).unwrap(),
+        Response::Ok
+    );
+    let pc = b.expect(Op::PeerClosed);
+    assert_eq!(pc.qpn, 9);
+    assert_eq!(
+        pb.request(&Request::QpClosed {
+            dev: 0,
+            qpn: 9,
+            status: 0
+        })
+        .unwrap(),
+        Response::Ok
+    );
+    let closed = b.expect(Op::Closed);
+    assert_eq!((closed.qpn, closed.status), (9, 0));
+    assert_eq!(count(&b.status(), "connection"), 0);
+
+    // --- Process death on A: Abort to the peer, CLOSED -ECONNRESET to the kernel.
+    let aborts = |s: &Side| field(&s.status(), "cm", "", "aborts_sent").unwrap();
+    assert_eq!(aborts(&a), "0");
+    drop(pa);
+    let closed = a.expect(Op::Closed);
+    assert_eq!((closed.qpn, closed.status), (5, -104));
+    assert_eq!(aborts(&a), "1");
+    let st = a.status();
+    assert_eq!(count(&st, "connection"), 0);
+    assert_eq!(count(&st, "flow"), 0);
+
+    // --- Reject with private data.
+    let _pa2 = a.process(6);
+    listen(&b, 2, 7001);
+    a.send(connect_msg(
+        12,
+        6,
+        40001,
+        SocketAddrV4::new(B_IP, 7001),
+        b.mac,
+        b"may I",
+    ));
+    let req = b.expect(Op::Request);
+    assert_eq!(req.pdata, b"may I");
+    let mut rej = Msg::new(Op::Reject);
+    rej.req = req.req;
+    rej.pdata = b"no".to_vec();
+    b.send(rej);
+    let f = a.expect(Op::ConnectFailed);
+    assert_eq!((f.id, f.status, f.pdata.as_slice()), (12, -111, &b"no"[..]));
+    assert_eq!(
+        field(&b.status(), "request", "listener=2", "state").as_deref(),
+        Some("rejected")
+    );
+
+    // --- No listener: urdmad B rejects at once, without private data.
+    a.send(connect_msg(
+        13,
+        6,
+        40002,
+        SocketAddrV4::new(B_IP, 7999),
+        b.mac,
+        b"",
+    ));
+    let f = a.expect(Op::ConnectFailed);
+    assert_eq!((f.id, f.status, f.pdata.len()), (13, -111, 0));
+    b.nothing(Duration::from_millis(300));
+
+    // --- Nobody there: the handshake times out.
+    let t0 = Instant::now();
+    a.send(connect_msg(
+        14,
+        6,
+        40003,
+        SocketAddrV4::new(Ipv4Addr::new(10, 98, 0, 77), 7000),
+        Mac([2, 0, 0, 0, 0, 0x77]),
+        b"",
+    ));
+    assert_eq!(
+        field(&a.status(), "connecting", "id=14", "remote").as_deref(),
+        Some("10.98.0.77:7000")
+    );
+    let end = Instant::now() + Duration::from_secs(10);
+    let f = loop {
+        if let Some(m) = a.kernel.recv_timeout(Duration::from_millis(500)).unwrap() {
+            break m;
+        }
+        assert!(Instant::now() < end, "no CONNECT_FAILED");
+    };
+    assert_eq!((f.op, f.id, f.status), (Op::ConnectFailed, 14, -110));
+    assert!(t0.elapsed() > Duration::from_millis(500));
+
+    // --- Loopback: A connects to its own address; urdmad's frames to its own MAC are
+    // received by urdmad A itself.
+    listen(&a, 3, 7002);
+    let mut m = connect_msg(16, 6, 40005, SocketAddrV4::new(A_IP, 7002), a.mac, b"self");
+    m.local = SocketAddrV4::new(A_IP, 40005);
+    a.send(m);
+    let req = a.expect(Op::Request);
+    assert_eq!((req.id, req.pdata.as_slice()), (3, &b"self"[..]));
+    let mut rej = Msg::new(Op::Reject);
+    rej.req = req.req;
+    a.send(rej);
+    let f = a.expect(Op::ConnectFailed);
+    assert_eq!((f.id, f.status), (16, -111));
+    assert!(field(&a.status(), "port", "", "loopback").unwrap() != "0");
+
+    // --- Connect to a QP nobody owns on the passive side: ACCEPTED -ENOTCONN.
+    a.send(connect_msg(15, 6, 40004, b_addr, b.mac, b""));
+    let req = b.expect(Op::Request);
+    let mut acc = Msg::new(Op::Accept);
+    acc.req = req.req;
+    acc.qpn = 99;
+    b.send(acc);
+    let r = b.expect(Op::Accepted);
+    assert_eq!(r.status, -107);
+}
