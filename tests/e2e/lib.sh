@@ -1,0 +1,102 @@
+# SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+# Shared by the end-to-end VM tests (tests/vm/5*-e2e-*.sh): sourced inside the VM from the
+# repository root.  Brings the two-node bed up (scripts/bed) and removes it when the test
+# exits; every step is bounded in time; a failure prints one line "FAIL ..." and exits 1.
+
+STEP_TIMEOUT=${STEP_TIMEOUT:-300}
+OUT=${URDMA_OUT:-/tmp}
+BED=scripts/bed
+ADDR_A=
+ADDR_B=
+
+fail() {
+	echo "FAIL: $*"
+	exit 1
+}
+
+t() {
+	timeout -k 5 "$STEP_TIMEOUT" "$@"
+}
+
+# Runs CMD in node A or B (network namespace of that node).
+in_node() {
+	local n=$1
+	shift
+	"$BED" exec "$n" "$@"
+}
+
+bed_down() {
+	# a test may leave its background processes: end the ones it started
+	local p
+	for p in $(jobs -p); do kill -9 "$p" 2>/dev/null; done
+	timeout 120 "$BED" down >/dev/null 2>&1
+	true
+}
+
+bed_up() {
+	trap bed_down EXIT
+	t "$BED" up >"$OUT/bed-up.log" 2>&1 || fail "scripts/bed up: $(tail -n1 "$OUT/bed-up.log")"
+	ADDR_A=$("$BED" addr A)
+	ADDR_B=$("$BED" addr B)
+	DMESG_START=$(dmesg | wc -l)
+}
+
+# Compiles tests/e2e/NAME.c (librdmacm + libibverbs) into $OUT and prints its path.
+build_e2e() {
+	local exe=$OUT/$1
+	TMPDIR=$OUT t cc -O2 -Wall -Werror -o "$exe" "tests/e2e/$1.c" -lrdmacm -libverbs -lpthread ||
+		fail "cannot build tests/e2e/$1.c"
+	echo "$exe"
+}
+
+# "pd N cq N qp N cm_id N mr N ..." of device $1.
+res_counts() {
+	t rdma resource show "$1" 2>/dev/null | sed -E 's/^[0-9]+: *[^ ]+: *//'
+}
+
+# Waits until the resource counts of device $1 equal $2 (at most $3 seconds).
+wait_res() {
+	local i now
+	for i in $(seq $((${3:-30} * 5))); do
+		now=$(res_counts "$1")
+		[ "$now" = "$2" ] && return 0
+		sleep 0.2
+	done
+	fail "$1: resource counts '$now', expected '$2'"
+}
+
+dmesg_check() {
+	local bad
+	bad=$(dmesg | tail -n +"$((DMESG_START + 1))" |
+		grep -m1 -E "Oops|BUG:|WARNING:|general protection|Call Trace|KASAN|refcount_t:|hung_task|blocked for more than")
+	[ -z "$bad" ] || fail "kernel: $bad"
+}
+
+# Starts a server in node $1 in the background (output in $OUT/$2.log), waits until it
+# prints a line matching $3 (a regular expression), and sets SERVER_PID.
+start_server() {
+	local n=$1 name=$2 ready=$3 i
+	shift 3
+	in_node "$n" stdbuf -oL "$@" >"$OUT/$name.log" 2>&1 &
+	SERVER_PID=$!
+	for i in $(seq 300); do
+		grep -qE "$ready" "$OUT/$name.log" 2>/dev/null && return 0
+		kill -0 "$SERVER_PID" 2>/dev/null || fail "$name exited before it was ready: $(tail -n1 "$OUT/$name.log")"
+		sleep 0.2
+	done
+	fail "$name not ready in 60 s: $(tail -n1 "$OUT/$name.log")"
+}
+
+# Waits (bounded) for the background server started last; fails with its last line.
+wait_server() {
+	local name=$1 limit=${2:-$STEP_TIMEOUT} i
+	for i in $(seq $((limit * 5))); do
+		kill -0 "$SERVER_PID" 2>/dev/null || break
+		sleep 0.2
+	done
+	if kill -0 "$SERVER_PID" 2>/dev/null; then
+		kill -9 "$SERVER_PID" 2>/dev/null
+		fail "$name did not finish within ${limit}s: $(tail -n1 "$OUT/$name.log")"
+	fi
+	wait "$SERVER_PID" || fail "$name: $(tail -n1 "$OUT/$name.log")"
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Unmodified rping with data verification (-V) over urdma: between the two nodes of the bed
+# at several sizes up to rping's largest buffer (65535 bytes), the same with netem loss 2 %
+# plus reordering on the link, and between two processes of one node (loopback).
+set -u
+. tests/e2e/lib.sh
+
+ITER=${RPING_ITER:-1000}
+port=7100
+
+# rping_pair SERVER_NODE SERVER_ADDR CLIENT_NODE SIZE LABEL
+rping_pair() {
+	local sn=$1 sa=$2 cn=$3 size=$4 label=$5 out
+	port=$((port + 1))
+	start_server "$sn" "rping-$label-$size" "." \
+		sh -c "echo started; exec rping -s -a $sa -p $port -C $ITER -S $size -V"
+	sleep 0.5
+	out=$(t ip netns exec "urdma$cn" rping -c -a "$sa" -p "$port" -C "$ITER" -S "$size" -V 2>&1)
+	rc=$?
+	[ $rc = 0 ] || fail "rping client $label size $size (exit $rc): $(tail -n2 <<<"$out" | tr '\n' ' ')"
+	wait_server "rping-$label-$size" 120
+	grep -qiE "error|fail|mismatch" "$OUT/rping-$label-$size.log" &&
+		fail "rping server $label size $size: $(grep -m1 -iE 'error|fail|mismatch' "$OUT/rping-$label-$size.log")"
+	echo "rping $label -S $size -C $ITER: ok"
+}
+
+bed_up
+before_a=$(res_counts urdmaA)
+before_b=$(res_counts urdmaB)
+
+for size in 16 1000 4096 65535; do
+	rping_pair B "$ADDR_B" A "$size" nodes
+done
+
+t "$BED" netem loss 2% delay 1ms reorder 25% 50% || fail "scripts/bed netem"
+for size in 64 65535; do
+	rping_pair B "$ADDR_B" A "$size" loss2
+done
+t "$BED" netem off || fail "scripts/bed netem off"
+
+for size in 64 65535; do
+	rping_pair A "$ADDR_A" A "$size" loopback
+done
+
+wait_res urdmaA "$before_a" 30
+wait_res urdmaB "$before_b" 30
+dmesg_check
+echo "PASS"

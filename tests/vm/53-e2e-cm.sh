@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# rdma_cm over urdma as librdmacm applications see it (tests/e2e/cm_cases.c): a reject
+# with private data, nobody listening, an unreachable peer, disconnect from either side,
+# a port already listened on, and several connections to one listening port.
+set -u
+. tests/e2e/lib.sh
+
+prog=$(build_e2e cm_cases) || exit 1
+port=7500
+
+# case_pair LABEL SERVER_SCENARIO [PDATA] -- CLIENT_SCENARIO [PDATA]
+case_pair() {
+	local label=$1 s=() c=() out
+	shift
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do s+=("$1"); shift; done
+	shift
+	c=("$@")
+	port=$((port + 1))
+	start_server B "cm-$label" "listening|ok" "$prog" server "$ADDR_B" "$port" "${s[@]}"
+	out=$(t ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" "${c[@]}" 2>&1)
+	rc=$?
+	echo "$out"
+	[ $rc = 0 ] || fail "$label: client: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
+	wait_server "cm-$label" 60
+	echo "$label: ok"
+}
+
+bed_up
+before_a=$(res_counts urdmaA)
+before_b=$(res_counts urdmaB)
+
+case_pair reject reject "not today" -- rejected "not today"
+case_pair disconnect-by-server disconnect -- wait
+case_pair disconnect-by-client wait -- disconnect
+
+# nobody listens on the port: REJECTED at once
+out=$(t ip netns exec urdmaA "$prog" client "$ADDR_B" 7599 rejected 2>&1) ||
+	fail "no listener: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
+echo "no listener: ok"
+
+# an address that resolves (a permanent neighbour entry) but never answers: UNREACHABLE
+t ip -n urdmaA neigh replace 10.77.0.9 lladdr 02:00:00:00:00:09 dev urdma-tapA nud permanent ||
+	fail "cannot add a neighbour entry"
+start=$SECONDS
+out=$(t ip netns exec urdmaA "$prog" client 10.77.0.9 7598 unreachable -t 60 2>&1) ||
+	fail "unreachable peer: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
+echo "unreachable: ok after $((SECONDS - start)) s"
+
+# a second listener on the same port
+out=$(t ip netns exec urdmaB "$prog" server "$ADDR_B" 7597 twice 2>&1) ||
+	fail "port in use: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
+echo "port in use: ok"
+
+# several connections to one port, with data
+verify=$(build_e2e verify) || exit 1
+start_server B "cm-many" "listening" "$verify" server "$ADDR_B" 7596 -c 8 -t 300
+out=$(t ip netns exec urdmaA "$verify" client "$ADDR_B" 7596 -c 8 -n 100 -t 300 2>&1) ||
+	fail "8 connections to one port: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
+wait_server cm-many 60
+echo "8 connections to one port: ok"
+
+wait_res urdmaA "$before_a" 30
+wait_res urdmaB "$before_b" 30
+dmesg_check
+echo "PASS"

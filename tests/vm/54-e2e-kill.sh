@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# kill -9 in the middle of a transfer.  Either application: the survivor sees error
+# completions or DISCONNECTED within a bound, urdmad reclaims the dead process's flows and
+# rdma resource counts return to their baseline on both nodes.  A node's urdmad: its
+# applications get errors, not a hang, and once urdmad is back new connections work.
+set -u
+. tests/e2e/lib.sh
+
+BOUND=${KILL_BOUND:-30}	# seconds a survivor may take to notice
+prog=$(build_e2e verify) || exit 1
+port=7700
+
+# kill_app VICTIM(client|server)
+kill_app() {
+	local victim=$1 cpid start
+	port=$((port + 1))
+	start_server B "kill-$victim" "listening" "$prog" server "$ADDR_B" "$port" -n 1000000 -t 600
+	ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n 1000000 -t 600 >"$OUT/kill-$victim-client.log" 2>&1 &
+	cpid=$!
+	sleep 8
+	kill -0 "$cpid" 2>/dev/null || fail "$victim: client ended early: $(tail -n1 "$OUT/kill-$victim-client.log")"
+	kill -0 "$SERVER_PID" 2>/dev/null || fail "$victim: server ended early"
+	start=$SECONDS
+	if [ "$victim" = client ]; then
+		kill -9 "$cpid"
+		wait "$cpid" 2>/dev/null
+		# the server fails (error completion or DISCONNECTED) and exits
+		for _ in $(seq $((BOUND * 5))); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.2; done
+		kill -0 "$SERVER_PID" 2>/dev/null && fail "server still waiting ${BOUND}s after its peer was killed"
+		wait "$SERVER_PID" 2>/dev/null
+		echo "client killed: server noticed after $((SECONDS - start)) s: $(tail -n1 "$OUT/kill-$victim.log")"
+	else
+		kill -9 "$SERVER_PID"
+		wait "$SERVER_PID" 2>/dev/null
+		for _ in $(seq $((BOUND * 5))); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.2; done
+		kill -0 "$cpid" 2>/dev/null && fail "client still waiting ${BOUND}s after its peer was killed"
+		wait "$cpid" 2>/dev/null
+		echo "server killed: client noticed after $((SECONDS - start)) s: $(tail -n1 "$OUT/kill-$victim-client.log")"
+	fi
+}
+
+bed_up
+before_a=$(res_counts urdmaA)
+before_b=$(res_counts urdmaB)
+
+kill_app client
+wait_res urdmaA "$before_a" 30
+wait_res urdmaB "$before_b" 30
+kill_app server
+wait_res urdmaA "$before_a" 30
+wait_res urdmaB "$before_b" 30
+for n in A B; do
+	flows=$("$BED" status "$n" | awk '$1 == "daemon" {for (i = 2; i <= NF; i++) if ($i ~ /^flows=/) print substr($i, 7)}')
+	[ "$flows" = 0 ] || fail "urdmad of node $n still has $flows flows"
+done
+
+# kill -9 of node B's urdmad mid-transfer, then a restart and a new connection
+port=$((port + 1))
+start_server B kill-urdmad "listening" "$prog" server "$ADDR_B" "$port" -n 1000000 -t 600
+ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n 1000000 -t 600 >"$OUT/kill-urdmad-client.log" 2>&1 &
+cpid=$!
+sleep 8
+upid=$(cat /run/urdma/bed/B.pid) || fail "no pid file for node B's urdmad"
+start=$SECONDS
+kill -9 "$upid"
+for _ in $(seq $((BOUND * 5))); do
+	kill -0 "$cpid" 2>/dev/null || kill -0 "$SERVER_PID" 2>/dev/null || break
+	sleep 0.2
+done
+kill -0 "$SERVER_PID" 2>/dev/null && fail "node B's application still running ${BOUND}s after its urdmad was killed"
+kill -0 "$cpid" 2>/dev/null && fail "node A's application still running ${BOUND}s after the peer's urdmad was killed"
+wait
+echo "urdmad killed: both applications ended after $((SECONDS - start)) s"
+t "$BED" restart B >"$OUT/bed-restart.log" 2>&1 || fail "scripts/bed restart B: $(tail -n1 "$OUT/bed-restart.log")"
+port=$((port + 1))
+start_server B after-restart "listening" "$prog" server "$ADDR_B" "$port" -t 300
+out=$(t ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n 200 -t 300 2>&1) ||
+	fail "a new connection after urdmad's restart: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
+wait_server after-restart 60
+echo "after urdmad's restart: a new connection works"
+wait_res urdmaA "$before_a" 30
+wait_res urdmaB "$before_b" 30
+dmesg_check
+echo "PASS"
