@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The two-node test bed (scripts/bed) works before any RDMA traffic does: up, a ping from
+# node A to node B that crosses both urdmads (counted in their status) and the veth pair,
+# netem on the link (loss 100% stops the ping, removing it restores it), each node's urdma
+# device seen by rdma-core tools, and `scripts/bed down` leaving nothing behind.
+#   scripts/vm --out out/bed -- bash tests/vm/40-bed.sh
+set -u
+
+STEP_TIMEOUT=${STEP_TIMEOUT:-300}
+urdmad=${URDMAD:-$PWD/target/release/urdmad}
+start=$SECONDS
+
+fail() {
+	echo "FAIL: $*"
+	exit 1
+}
+t() { timeout -k 5 "$STEP_TIMEOUT" "$@"; }
+step() { echo "--- [$((SECONDS - start))s] $*"; }
+cleanup() { timeout 120 scripts/bed down >/dev/null 2>&1; }
+trap cleanup EXIT
+
+# counter NODE KIND KEY: a counter of the node's urdmad status line KIND (port, exception).
+counter() {
+	t "$urdmad" status --socket "/run/urdma/$1.sock" |
+		awk -v kind="$2" -v key="$3" '$1 == kind {
+			for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == key) print a[2] } }' |
+		grep -E '^[0-9]+$' || echo "none"
+}
+snapshot() {
+	local n
+	for n in A B; do
+		echo "$n $(counter "$n" port rx_packets) $(counter "$n" port tx_packets) $(counter "$n" exception to_kernel) $(counter "$n" exception from_kernel)"
+	done
+}
+
+step "scripts/bed up"
+t scripts/bed up || fail "scripts/bed up failed"
+pid_a=$(cat /run/urdma/bed/A.pid) && pid_b=$(cat /run/urdma/bed/B.pid) || fail "no urdmad pid recorded"
+step "bed is up (urdmad pids $pid_a $pid_b)"
+t scripts/bed show
+
+step "the nodes are separate: A's kernel has no route to B but through urdma-tapA"
+route=$(t scripts/bed exec A ip -o route get 10.77.0.2) || fail "ip route get in A"
+echo "$route"
+grep -q "dev urdma-tapA" <<<"$route" || fail "A routes 10.77.0.2 not through urdma-tapA: $route"
+t scripts/bed exec A ip -o addr show | grep -q "10.77.0.2" && fail "A owns B's address"
+
+step "ping B from A"
+before=$(snapshot)
+echo "$before"
+t scripts/bed exec A ping -c 3 -i 0.5 -W 10 10.77.0.2 || fail "ping 10.77.0.2 from node A"
+after=$(snapshot)
+echo "$after"
+# Each of the 3 requests and replies (and ARP) crosses both urdmads: A sends what its kernel
+# gave its TAP, B receives it and hands it to its kernel, and back.
+while read -r n rx0 tx0 tk0 fk0 && read -r _ rx1 tx1 tk1 fk1 <&3; do
+	for v in "$rx0" "$tx0" "$tk0" "$fk0" "$rx1" "$tx1" "$tk1" "$fk1"; do
+		[[ "$v" =~ ^[0-9]+$ ]] || fail "node $n: urdmad status has no counter ($before / $after)"
+	done
+	((rx1 - rx0 >= 3)) || fail "node $n: urdmad received $((rx1 - rx0)) frames on its port, expected >= 3"
+	((tx1 - tx0 >= 3)) || fail "node $n: urdmad sent $((tx1 - tx0)) frames on its port, expected >= 3"
+	((tk1 - tk0 >= 3)) || fail "node $n: urdmad gave its kernel $((tk1 - tk0)) frames, expected >= 3"
+	((fk1 - fk0 >= 3)) || fail "node $n: urdmad took $((fk1 - fk0)) frames from its kernel, expected >= 3"
+done <<<"$before" 3<<<"$after"
+
+step "netem loss 100% on the link stops the ping"
+t scripts/bed netem loss 100% || fail "scripts/bed netem loss 100%"
+t scripts/bed show
+rx_b0=$(counter B port rx_packets)
+t scripts/bed exec A ping -c 3 -i 0.5 -W 3 10.77.0.2 && fail "ping got through netem loss 100%"
+rx_b1=$(counter B port rx_packets)
+echo "node B port rx_packets: $rx_b0 -> $rx_b1"
+[ "$rx_b0" = "$rx_b1" ] || fail "node B's urdmad received frames through loss 100% ($rx_b0 -> $rx_b1)"
+
+step "netem off restores it"
+t scripts/bed netem off || fail "scripts/bed netem off"
+t scripts/bed exec A ping -c 3 -i 0.5 -W 10 10.77.0.2 || fail "ping after netem off"
+
+step "each node's urdma device"
+for n in A B; do
+	links=$(t scripts/bed exec "$n" rdma link show) || fail "rdma link show in node $n"
+	echo "$links"
+	grep -qE "^link urdma$n/1 .*netdev urdma-tap$n\b" <<<"$links" ||
+		fail "node $n: rdma link shows no urdma$n on urdma-tap$n"
+	devs=$(t scripts/bed exec "$n" ibv_devices) || fail "ibv_devices in node $n"
+	echo "$devs"
+	grep -qw "urdma$n" <<<"$devs" || fail "node $n: ibv_devices does not list urdma$n"
+done
+
+step "scripts/bed down"
+t scripts/bed down || fail "scripts/bed down failed"
+left=
+for ns in urdmaA urdmaB; do
+	[ -e "/run/netns/$ns" ] && left+=" netns $ns"
+done
+for p in "$pid_a" "$pid_b"; do
+	[ -d "/proc/$p" ] && left+=" urdmad pid $p"
+done
+for i in urdma-tapA urdma-tapB urdma-vethA urdma-vethB; do
+	ip link show "$i" >/dev/null 2>&1 && left+=" interface $i"
+done
+rdma link show 2>/dev/null | grep -qE "^link urdma[AB]/" && left+=" rdma links: $(rdma link show | grep -E '^link urdma[AB]/')"
+for d in $(awk '$3 == "hugetlbfs" {print $2}' /proc/mounts); do
+	for f in "$d"/urdmabedA* "$d"/urdmabedB*; do
+		[ -e "$f" ] && left+=" $f"
+	done
+done
+for f in /run/urdma/A.sock /run/urdma/B.sock /run/urdma/bed /var/run/dpdk/urdmabedA /var/run/dpdk/urdmabedB; do
+	[ -e "$f" ] && left+=" $f"
+done
+[ -z "$left" ] || fail "left after scripts/bed down:$left"
+
+step "scripts/bed down again (idempotent)"
+t scripts/bed down || fail "a second scripts/bed down failed"
+echo "PASS: bed up, ping across both urdmads, netem, devices, down ($((SECONDS - start))s)"
