@@ -10,12 +10,15 @@
  *   uverbs_probe DEV limits CTX    every object count stops at its limit
  *                                  (CTX: the module's max_ctx)
  *   uverbs_probe DEV hold SECS     keep a context with objects, then exit
+ *   uverbs_probe DEV notify        REQ_NOTIFY_CQ makes the CQ's completion
+ *                                  channel readable, one event per call
  *
  * DEV is /dev/infiniband/uverbsN.  Exit status 0 means every check passed;
  * a failing check prints one line starting with "FAIL".
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -594,11 +597,73 @@ static int do_hold(long secs)
 	return 0;
 }
 
+static int readable(int fd, int ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+}
+
+static int req_notify(__u32 cq, int solicited)
+{
+	struct ib_uverbs_req_notify_cq req = {
+		.cq_handle = cq, .solicited_only = solicited,
+	};
+
+	return uverbs_cmd(IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, &req, sizeof(req),
+			  NULL, 0);
+}
+
+/*
+ * The provider arms CQs itself and asks the kernel, with REQ_NOTIFY_CQ,
+ * to wake the completion channel when an event is due: each call must
+ * queue exactly one event for the CQ's user handle.
+ */
+static int do_notify(void)
+{
+	struct ib_uverbs_create_comp_channel ch = {};
+	struct ib_uverbs_create_comp_channel_resp ch_resp = {};
+	struct ib_uverbs_create_cq req = {
+		.user_handle = 0x5eed, .cqe = 8,
+	};
+	struct {
+		struct ib_uverbs_create_cq_resp core;
+		struct urdma_uresp_create_cq drv;
+	} resp = {};
+	struct ib_uverbs_comp_event_desc desc = {};
+	__u32 plain;
+
+	get_context();
+	must(uverbs_cmd(IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL, &ch, sizeof(ch),
+			&ch_resp, sizeof(ch_resp)), "create_comp_channel");
+	req.comp_channel = ch_resp.fd;
+	must(uverbs_cmd(IB_USER_VERBS_CMD_CREATE_CQ, &req, sizeof(req),
+			&resp, sizeof(resp)), "create_cq with a channel");
+	expect(readable(ch_resp.fd, 0), 0, "channel idle after create");
+	expect(req_notify(resp.core.cq_handle, 0), 0, "req_notify_cq");
+	expect(readable(ch_resp.fd, 2000), 1, "channel readable after req_notify_cq");
+	expect(read(ch_resp.fd, &desc, sizeof(desc)), sizeof(desc), "read the event");
+	expect(desc.cq_handle == 0x5eed, 1, "event names the CQ's user handle");
+	expect(readable(ch_resp.fd, 0), 0, "one event per call");
+	expect(req_notify(resp.core.cq_handle, 1), 0, "req_notify_cq solicited");
+	expect(readable(ch_resp.fd, 2000), 1, "channel readable again");
+	expect(read(ch_resp.fd, &desc, sizeof(desc)), sizeof(desc), "read the second event");
+	expect(destroy_cq(resp.core.cq_handle), 0, "destroy_cq");
+	close(ch_resp.fd);
+
+	must(create_cq(8, &plain), "create_cq without a channel");
+	expect(req_notify(plain, 0), 0, "req_notify_cq without a channel");
+	expect(destroy_cq(plain), 0, "destroy_cq without a channel");
+	if (failures)
+		printf("FAIL %d check(s) failed\n", failures);
+	return failures != 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
 		fprintf(stderr, "usage: %s /dev/infiniband/uverbsN %s\n", argv[0],
-			"info|cycle N|errors|limits CTX|hold SECS");
+			"info|cycle N|errors|limits CTX|hold SECS|notify");
 		return 2;
 	}
 	dev_fd = open(argv[1], O_RDWR | O_CLOEXEC);
@@ -614,6 +679,8 @@ int main(int argc, char **argv)
 		return do_errors();
 	if (!strcmp(argv[2], "limits") && argc > 3)
 		return do_limits(argv[1], strtol(argv[3], NULL, 0));
+	if (!strcmp(argv[2], "notify"))
+		return do_notify();
 	if (!strcmp(argv[2], "hold") && argc > 3)
 		return do_hold(strtol(argv[3], NULL, 0));
 	fprintf(stderr, "unknown mode %s\n", argv[2]);

@@ -40,6 +40,15 @@ echo "$out"
 after=$(res_counts urdma0) || fail "rdma resource show urdma0"
 [ "$after" = "$before" ] || fail "resource counts '$after' after error checks, were '$before'"
 
+# REQ_NOTIFY_CQ, which the provider sends when an armed CQ has an event
+# due, wakes the CQ's completion channel: one event per call.
+out=$(t "$PROBE" "$uv" notify)
+rc=$?
+echo "$out"
+[ $rc = 0 ] || fail "$(grep -m1 '^FAIL' <<<"$out")"
+after=$(res_counts urdma0) || fail "rdma resource show urdma0"
+[ "$after" = "$before" ] || fail "resource counts '$after' after notify checks, were '$before'"
+
 # A process that dies with objects open leaves nothing behind.
 t "$PROBE" "$uv" hold 0 >/dev/null || fail "probe hold"
 after=$(res_counts urdma0) || fail "rdma resource show urdma0"

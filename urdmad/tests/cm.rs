@@ -71,6 +71,14 @@ impl Side {
     }
 }
 
+impl Drop for Side {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- urdmad log {}:\n{}", self.tap, self._daemon.log_text());
+        }
+    }
+}
+
 /// Starts urdmad in `ns` on `iface` with a fake kernel; waits for its REGISTER.
 fn start_side(bed: &Bed, ns: &str, iface: &str, tag: &str) -> Side {
     let socket = bed.dir.join(format!("urdmad-{tag}.sock"));
@@ -137,6 +145,13 @@ fn listen(side: &Side, id: u64, port: u16) {
     m.local = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port);
     m.ifname = side.tap.clone();
     side.send(m);
+    // urdmad reads the channel before it serves requests: once a status shows the
+    // listener, ConnectRequests find it.
+    let end = Instant::now() + WAIT;
+    while field(&side.status(), "listener", &format!("id={id} "), "local").is_none() {
+        assert!(Instant::now() < end, "listener {id} not in status");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn connect_msg(id: u64, qpn: u32, local: u16, remote: SocketAddrV4, mac: Mac, pdata: &[u8]) -> Msg {
@@ -538,4 +553,72 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     b.send(acc);
     let r = b.expect(Op::Accepted);
     assert_eq!(r.status, -107);
+
+    // A's handshake gives up (nobody sends the Accept); B's pending request is then gone.
+    let f = loop {
+        let m = a
+            .kernel
+            .recv_timeout(WAIT)
+            .unwrap()
+            .expect("CONNECT_FAILED for 15");
+        if m.op == Op::ConnectFailed {
+            break m;
+        }
+    };
+    assert_eq!((f.id, f.status), (15, -110));
+    let g = loop {
+        let m = b.kernel.recv_timeout(WAIT).unwrap().expect("REQUEST_GONE");
+        if m.op == Op::RequestGone {
+            break m;
+        }
+    };
+    assert_eq!(g.req, req.req);
+}
+
+/// The main thread's voluntary context switches.
+fn wakeups(pid: i32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn idle_urdmad_wakes_rarely_and_still_answers_at_once() {
+    let bed = Bed::new("idl");
+    // No cm_device: urdmad warns and runs without connection management.
+    let d = bed.start();
+    assert!(d.log_text().contains("without connection management"));
+    assert_eq!(
+        field(&d.status(), "cm", "", "channel").as_deref(),
+        Some("none")
+    );
+    // The kernels' IPv6 chatter (on the TAP, from the peer) is traffic, which ends
+    // idleness for a while.
+    for ns in [&bed.ns_a, &bed.ns_b] {
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+        ]);
+    }
+    let mut c = Connection::connect(&d.socket, WAIT).unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let before = wakeups(d.pid());
+    std::thread::sleep(Duration::from_secs(2));
+    let n = (wakeups(d.pid()) - before) / 2;
+    // idle_sleep_max_us = 4000: at most ~250 sleeps a second (was 10,000).
+    eprintln!("idle: {n} wake-ups per second");
+    assert!(n < 600, "{n} wake-ups per idle second");
+    // A request ends the sleep at once.
+    let t = Instant::now();
+    c.sync().unwrap();
+    assert!(t.elapsed() < Duration::from_millis(20), "{:?}", t.elapsed());
 }
