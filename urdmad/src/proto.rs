@@ -13,7 +13,7 @@
 //! status reply announces how many report lines follow it.
 //!
 //! ```text
-//! HELLO version=1 pid=4242                 -> HELLO version=1 daemon=0.1.0
+//! HELLO version=2 pid=4242                 -> HELLO version=2 daemon=0.1.0
 //! ATTACH                                   -> ATTACHED client=3 prefix=urdma lcore=3 pool=urd_mbufs ports=1
 //!                                             PORT index=0 name=port0 mac=02:00:00:00:00:01 tx=urd_tx_3_0 steering=software
 //! OPEN port=0 local=10.0.0.1:4791 remote=10.0.0.2:4791 mac=02:..   (remote and mac optional)
