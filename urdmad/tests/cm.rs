@@ -622,3 +622,33 @@ fn idle_urdmad_wakes_rarely_and_still_answers_at_once() {
     c.sync().unwrap();
     assert!(t.elapsed() < Duration::from_millis(20), "{:?}", t.elapsed());
 }
+
+#[test]
+fn a_frame_to_the_ports_own_mac_is_received_not_sent() {
+    let bed = Bed::new("lo");
+    let d = bed.start();
+    let mut c = Connection::connect(&d.socket, WAIT).unwrap();
+    let mac = match c.request(&Request::Attach).unwrap() {
+        Response::Attached(a) => a.ports[0].mac,
+        other => panic!("{other:?}"),
+    };
+    drop(c);
+    let to = SocketAddrV4::new(LOCAL_IP, 6000);
+    let mut rx = TestClient::spawn(&d.socket, &["--open", &to.to_string(), "--run-secs", "10"]);
+    rx.wait_for("READY", WAIT);
+    let mut tx = TestClient::spawn(
+        &d.socket,
+        &[
+            "--send",
+            &format!("{mac},{LOCAL_IP}:6001,{to},over-the-loop"),
+        ],
+    );
+    tx.wait_for("SENT", WAIT);
+    let line = rx.wait_for("RX ", WAIT);
+    assert!(line.contains("payload=over-the-loop"), "{line}");
+    assert!(line.contains(&format!("src={LOCAL_IP}:6001")), "{line}");
+    assert_eq!(
+        field(&d.status(), "port", "", "loopback").as_deref(),
+        Some("1")
+    );
+}
