@@ -547,3 +547,64 @@ fn sleep_on(ctl: i32, kick: i32, timeout: Option<Duration>) {
     // SAFETY: fds and ts live across the call; no signal mask change.
     unsafe { libc::ppoll(fds.as_mut_ptr(), 2, tsp, std::ptr::null()) };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urdmad_socket_comes_from_sysfs() {
+        let dir = std::env::temp_dir().join(format!("urdma-sysfs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(urdmad_socket(&dir).unwrap_err().contains("cannot read"));
+        std::fs::write(dir.join("urdmad"), "\n").unwrap();
+        assert!(urdmad_socket(&dir)
+            .unwrap_err()
+            .contains("no urdmad serves"));
+        std::fs::write(dir.join("urdmad"), "/run/urdma/A.sock\n").unwrap();
+        assert_eq!(
+            urdmad_socket(&dir).unwrap(),
+            PathBuf::from("/run/urdma/A.sock")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn clock_is_monotonic_nanoseconds() {
+        let a = now();
+        std::thread::sleep(Duration::from_millis(2));
+        let b = now();
+        assert!(b.saturating_duration_since(a) >= Duration::from_millis(2));
+    }
+
+    #[test]
+    fn helper_thread_blocks_every_signal() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        spawn_blocking_signals(move || {
+            // SAFETY: reading the calling thread's mask into local storage.
+            let blocked = unsafe {
+                let mut cur: libc::sigset_t = std::mem::zeroed();
+                libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur);
+                [
+                    libc::SIGINT,
+                    libc::SIGTERM,
+                    libc::SIGUSR1,
+                    libc::SIGALRM,
+                    libc::SIGCHLD,
+                ]
+                .iter()
+                .all(|&s| libc::sigismember(&cur, s) == 1)
+            };
+            tx.send(blocked).unwrap();
+        })
+        .unwrap();
+        assert!(rx.recv().unwrap());
+        // The spawning thread's mask is back as it was.
+        let mine = unsafe {
+            let mut cur: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur);
+            libc::sigismember(&cur, libc::SIGUSR1)
+        };
+        assert_eq!(mine, 0);
+    }
+}
