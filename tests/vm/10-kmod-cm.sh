@@ -1,53 +1,266 @@
 #!/usr/bin/env bash
-# rdma_cm with a urdma device present, before connection setup exists:
-# listening (on the device's address and on the wildcard, which covers
-# every RDMA device) works, and a connection attempt through librdmacm
-# fails cleanly with EOPNOTSUPP instead of hanging or hurting the kernel.
+# The kernel's connection management (docs/connection.md) against a fake
+# urdmad (kmod/tests/fake_urdmad.py) on /dev/urdma_cm, seen through the
+# rdma_cm events applications get (kmod/tests/cm_probe.c, raw ucma and
+# uverbs: no provider needed).  Covers: no daemon (ENETUNREACH), REGISTER
+# in the opener's namespace, the sysfs urdmad file, LISTEN replay,
+# ESTABLISHED on both sides with private data, graceful and daemon-side
+# close, REJECTED (fake and real reject), UNREACHABLE, the next hop's MAC,
+# an unanswered accept, urdmad dying with pending and established
+# connections, a process killed while connecting, two daemons in two
+# namespaces, module unload refused while a daemon is attached, and
+# resource counts back to where they were.
 set -u
 . kmod/tests/vm-lib.sh
+
+NS=urdma-peer
+SOCK=/run/urdma-cm-test
+pids=
+daemons=
+
+finish() {
+	local p
+	for p in $pids; do
+		kill -KILL "$p" 2>/dev/null
+	done
+	wait 2>/dev/null
+	cleanup
+	timeout 30 ip netns del "$NS" 2>/dev/null
+	true
+}
+
+# Runs "$@" in the background with output to file $1; remembers the pid in BG.
+bg() {
+	local out=$1
+	shift
+	timeout -k 5 240 "$@" >"$out" 2>&1 &
+	BG=$!
+	pids="$pids $BG"
+}
+
+# Waits up to $3 seconds for a line matching regex $2 in file $1.
+wait_line() {
+	local i
+	for ((i = 0; i < $3 * 5; i++)); do
+		grep -qE "$2" "$1" 2>/dev/null && return 0
+		sleep 0.2
+	done
+	return 1
+}
+
+# Waits up to $2 seconds for process $1 to end.
+wait_gone() {
+	local i
+	for ((i = 0; i < $2 * 5; i++)); do
+		kill -0 "$1" 2>/dev/null || return 0
+		sleep 0.2
+	done
+	return 1
+}
+
+expect_line() {
+	grep -qE "$2" "$1" || fail "$3: want /$2/, got: $(tr '\n' '|' <"$1")"
+}
+
+start_daemon() {
+	local name=$1 ifname=$2
+	shift 2
+	bg "$log/$name" "$@" python3 kmod/tests/fake_urdmad.py "$ifname" "$SOCK/$name.sock"
+	daemons="$daemons $BG"
+	wait_line "$log/$name" '^(registered|register:)' 30 || fail "$name did not register: $(cat "$log/$name")"
+	expect_line "$log/$name" '^registered' "$name register"
+}
+
+client() {
+	t "$CMP" "$uv" client "$@" >"$log/client" 2>&1
+	cat "$log/client"
+}
+
+server() {
+	local name=$1
+	shift
+	bg "$log/$name" "$CMP" "$uv" server "$@"
+	wait_line "$log/$name" '^(listening|FAIL)' 30 || fail "$name not listening"
+	expect_line "$log/$name" '^listening' "$name listen"
+}
 
 dmesg_mark
 ensure_module
 setup_veth
-t ip addr add 10.77.0.1/24 dev veth0 || fail "address on veth0"
-t ip addr add 10.77.0.2/24 dev veth1 || fail "address on veth1"
-t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0"
-
-servers=
-finish() {
-	[ -n "$servers" ] && kill $servers 2>/dev/null && wait $servers 2>/dev/null
-	cleanup
-}
 trap finish EXIT
+t ip netns del "$NS" 2>/dev/null
+t ip netns add "$NS" || fail "ip netns add"
+t ip link set veth1 netns "$NS" || fail "veth1 to $NS"
+t ip -n "$NS" addr add 10.77.0.2/24 dev veth1 || fail "address on veth1"
+t ip -n "$NS" link set veth1 up || fail "veth1 up"
+t ip -n "$NS" link set lo up || fail "lo up in $NS"
+t ip addr add 10.77.0.1/24 dev veth0 || fail "address on veth0"
+t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0"
+uv=$(uverbs_dev urdma0) || fail "no uverbs device for urdma0"
+mac0=$(cat /sys/class/net/veth0/address)
+mac1=$(ip netns exec "$NS" cat /sys/class/net/veth1/address)
+mkdir -p "$SOCK"
 
 log=$(mktemp -d 2>/dev/null || mktemp -d -p "${URDMA_OUT:?}")
-t gcc -O2 -Wall -o "$log/cm_probe" kmod/tests/cm_probe.c -lrdmacm -libverbs || fail "cannot build cm_probe"
-# A listener stays up until a client comes; one that fails exits at once.
-timeout 300 rping -s -a 10.77.0.1 -p 7471 -C 1 -v >"$log/addr" 2>&1 &
-servers=$!
-timeout 300 rping -s -p 7472 -C 1 -v >"$log/wild" 2>&1 &
-servers="$servers $!"
-sleep 5
-for s in $servers; do
-	kill -0 "$s" 2>/dev/null || fail "rping listener exited: $(cat "$log/addr" "$log/wild" | tail -n1)"
-done
+t gcc -O2 -Wall -o "$log/cm_probe" kmod/tests/cm_probe.c || fail "cannot build cm_probe"
+CMP=$log/cm_probe
+before=$(res_counts urdma0) || fail "rdma resource show urdma0"
+echo "resources before: $before"
 
-# No TRP handshake yet: the QP reaches INIT through rdma_cm's iWARP
-# attributes, then iw_connect refuses and the application sees EOPNOTSUPP.
-out=$(t "$log/cm_probe" 10.77.0.1 7471)
-rc=$?
-echo "$out"
-[ $rc = 0 ] || fail "cm_probe: $(tail -n1 <<<"$out")"
-grep -qx "device: urdma0" <<<"$out" || fail "rdma_cm did not pick urdma0: $(head -n1 <<<"$out")"
-grep -q "state after rdma_create_qp: 1$" <<<"$out" || fail "QP not in INIT after rdma_create_qp"
-grep -qx "connect: EOPNOTSUPP" <<<"$out" || fail "rdma_connect: $(tail -n1 <<<"$out"), want EOPNOTSUPP"
-for s in $servers; do
-	kill -0 "$s" 2>/dev/null || fail "rping listener died after the failed connect: $(cat "$log/addr" "$log/wild" | tail -n1)"
-done
-kill $servers 2>/dev/null
-wait $servers 2>/dev/null
-servers=
+# -- No daemon: the device's sysfs file is empty, listening works, and a
+# connect fails at once with ENETUNREACH (no event).
+[ -c /dev/urdma_cm ] || fail "/dev/urdma_cm missing"
+[ "$(wc -c </sys/class/infiniband/urdma0/urdmad)" = 0 ] ||
+	fail "sysfs urdmad not empty without a daemon: $(cat /sys/class/infiniband/urdma0/urdmad)"
+server s1 0.0.0.0 7471 welcome accept
+s1=$BG
+client 10.77.0.1 7471 hello
+expect_line "$log/client" '^connect: ENETUNREACH$' "connect without a daemon"
+if command -v setpriv >/dev/null; then
+	out=$(setpriv --bounding-set=-net_admin --inh-caps=-net_admin \
+		python3 -c 'import os; os.open("/dev/urdma_cm", os.O_RDWR)' 2>&1) &&
+		fail "/dev/urdma_cm opened without CAP_NET_ADMIN"
+	grep -q "PermissionError\|Operation not permitted" <<<"$out" ||
+		fail "open without CAP_NET_ADMIN: $out"
+fi
 
-t rdma link delete urdma0 || fail "rdma link delete after rdma_cm use"
+# -- A daemon registers: the listener is replayed to it, sysfs names it.
+start_daemon d1 veth0
+wait_line "$log/d1" '^LISTEN .*local=0\.0\.0\.0:7471 ifname=veth0' 10 ||
+	fail "listener not replayed at REGISTER: $(cat "$log/d1")"
+printf '%s\n' "$SOCK/d1.sock" | cmp -s - /sys/class/infiniband/urdma0/urdmad ||
+	fail "sysfs urdmad is '$(cat /sys/class/infiniband/urdma0/urdmad)'"
+# Names resolve in the opener's namespace; an interface has one daemon.
+t python3 kmod/tests/fake_urdmad.py veth1 "$SOCK/x.sock" >"$log/x" 2>&1
+expect_line "$log/x" '^register: ENODEV$' "REGISTER of another namespace's interface"
+t python3 kmod/tests/fake_urdmad.py veth0 "$SOCK/x.sock" >"$log/x" 2>&1
+expect_line "$log/x" '^register: EBUSY$' "second REGISTER of veth0"
+
+# -- Two processes on one node: ESTABLISHED on both sides with each
+# other's private data, QPs in RTS, then a graceful close from the client.
+client 10.77.0.1 7471 hello disconnect
+expect_line "$log/client" '^event ESTABLISHED status 0 pdata welcome$' "client connect"
+expect_line "$log/client" '^qp state 3$' "client QP state after ESTABLISHED"
+expect_line "$log/client" '^event DISCONNECTED status 0 ' "client disconnect"
+wait_gone "$s1" 30 || fail "server s1 still running: $(tr '\n' '|' <"$log/s1")"
+expect_line "$log/s1" '^event CONNECT_REQUEST status 0 pdata hello$' "server request"
+expect_line "$log/s1" '^event ESTABLISHED status 0 ' "server established"
+expect_line "$log/s1" '^qp state 3$' "server QP state after ESTABLISHED"
+expect_line "$log/s1" '^event DISCONNECTED status 0 ' "server disconnected"
+expect_line "$log/d1" "^CONNECT .*local=10\.77\.0\.1:[0-9]+ remote=10\.77\.0\.1:7471 mac=$mac0 .*pdata=hello" \
+	"CONNECT to an own address carries the interface's MAC"
+expect_line "$log/d1" '^ACCEPT .*pdata=welcome' "ACCEPT message"
+expect_line "$log/d1" '^DISCONNECT .*status=0$' "graceful DISCONNECT message"
+wait_line "$log/d1" '^UNLISTEN ' 10 || fail "no UNLISTEN after the server exited"
+
+# -- Refusals: the daemon's (with the peer's private data), the server's
+# own rdma_reject, no answer in time, and the next hop's MAC.
+client 10.77.0.1 7001 hello
+expect_line "$log/client" '^event REJECTED status -111 pdata refused-by-fake$' "refused connect"
+server s2 10.77.0.1 7472 go-away reject
+s2=$BG
+client 10.77.0.1 7472 hello
+expect_line "$log/client" '^event REJECTED status -111 pdata go-away$' "connect rejected by the server"
+wait_gone "$s2" 30 || fail "server s2 still running"
+expect_line "$log/s2" '^reject: ok$' "server reject"
+expect_line "$log/d1" '^REJECT .*pdata=go-away' "REJECT message"
+client 10.77.0.1 7002 hello
+expect_line "$log/client" '^event UNREACHABLE status -110 ' "timed-out connect"
+client 10.77.0.2 7001 hello
+expect_line "$log/client" '^event REJECTED status -111 ' "refused connect to the peer"
+expect_line "$log/d1" "^CONNECT .*remote=10\.77\.0\.2:7001 mac=$mac1 " "CONNECT carries the next hop's MAC"
+
+# -- An accept the daemon never answers fails after 5 s; the requester
+# is rejected.
+server s3 10.77.0.1 7473 noanswer accept
+s3=$BG
+client 10.77.0.1 7473 hello
+expect_line "$log/client" '^event REJECTED status -111 ' "connect to an unanswered accept"
+wait_gone "$s3" 30 || fail "server s3 still running"
+expect_line "$log/s3" '^accept: ETIMEDOUT$' "unanswered accept"
+
+# -- The daemon closes an established connection: DISCONNECTED on both.
+server s4 10.77.0.1 7474 welcome accept
+s4=$BG
+bg "$log/c4" "$CMP" "$uv" client 10.77.0.1 7474 hello wait 60
+c4=$BG
+wait_line "$log/c4" '^qp state' 60 || fail "c4 not connected: $(tr '\n' '|' <"$log/c4")"
+wait_line "$log/s4" '^qp state' 60 || fail "s4 not connected: $(tr '\n' '|' <"$log/s4")"
+kill -USR1 "$(pgrep -f "^python3 kmod/tests/fake_urdmad.py veth0 $SOCK/d1.sock" | head -n1)"
+wait_gone "$c4" 30 || fail "c4 still running"
+wait_gone "$s4" 30 || fail "s4 still running"
+expect_line "$log/c4" '^event DISCONNECTED status 0 ' "client after the daemon's close"
+expect_line "$log/s4" '^event DISCONNECTED status 0 ' "server after the daemon's close"
+
+# -- urdmad dies with an established connection: DISCONNECTED -ECONNRESET.
+server s5 10.77.0.1 7475 welcome accept
+s5=$BG
+bg "$log/c5" "$CMP" "$uv" client 10.77.0.1 7475 hello wait 60
+c5=$BG
+wait_line "$log/c5" '^qp state' 60 || fail "c5 not connected: $(tr '\n' '|' <"$log/c5")"
+wait_line "$log/s5" '^qp state' 60 || fail "s5 not connected: $(tr '\n' '|' <"$log/s5")"
+pkill -KILL -f "^python3 kmod/tests/fake_urdmad.py veth0 $SOCK/d1.sock"
+wait_gone "$c5" 30 || fail "c5 still running"
+wait_gone "$s5" 30 || fail "s5 still running"
+expect_line "$log/c5" '^event DISCONNECTED status -104 ' "client when urdmad died"
+expect_line "$log/s5" '^event DISCONNECTED status -104 ' "server when urdmad died"
+[ "$(wc -c </sys/class/infiniband/urdma0/urdmad)" = 0 ] || fail "sysfs urdmad not empty after the daemon died"
+
+# -- urdmad dies with a connect pending: REJECTED -ECONNRESET.
+start_daemon d2 veth0
+bg "$log/c6" "$CMP" "$uv" client 10.77.0.1 7003 hello wait 60
+c6=$BG
+wait_line "$log/d2" '^CONNECT .*:7003 ' 30 || fail "d2 got no CONNECT"
+pkill -KILL -f "^python3 kmod/tests/fake_urdmad.py veth0 $SOCK/d2.sock"
+wait_gone "$c6" 30 || fail "c6 still running"
+expect_line "$log/c6" '^event REJECTED status -104 ' "pending connect when urdmad died"
+
+# -- A process killed while connecting: gone once the daemon answers (a
+# pending connect holds rdma_destroy_id until its reply, IWCM.md 1.3).
+start_daemon d3 veth0
+# Not under timeout(1): the signal must reach cm_probe itself.
+"$CMP" "$uv" client 10.77.0.1 7003 hello wait 60 >"$log/c7" 2>&1 &
+c7=$!
+pids="$pids $c7"
+wait_line "$log/d3" '^CONNECT .*:7003 ' 30 || fail "d3 got no CONNECT"
+kill -KILL "$c7"
+sleep 2
+echo "killed client state: $(ps -o stat= -p "$c7" 2>/dev/null || echo gone)"
+kill -USR2 "$(pgrep -f "^python3 kmod/tests/fake_urdmad.py veth0 $SOCK/d3.sock" | head -n1)"
+wait_gone "$c7" 20 || fail "killed client stuck: $(ps -o stat=,wchan= -p "$c7")"
+stuck=$(ps -eo stat=,comm= | awk '$1 ~ /^D/ && $2 == "cm_probe"')
+[ -z "$stuck" ] || fail "cm_probe in D state: $stuck"
+
+# -- A second daemon in another namespace serves its own interface.
+t ip netns exec "$NS" rdma link add urdma1 type urdma netdev veth1 || fail "rdma link add urdma1 in $NS"
+start_daemon d4 veth1 ip netns exec "$NS"
+printf '%s\n' "$SOCK/d4.sock" | cmp -s - /sys/class/infiniband/urdma1/urdmad ||
+	fail "sysfs urdma1/urdmad is '$(cat /sys/class/infiniband/urdma1/urdmad)'"
+printf '%s\n' "$SOCK/d3.sock" | cmp -s - /sys/class/infiniband/urdma0/urdmad ||
+	fail "sysfs urdma0/urdmad is '$(cat /sys/class/infiniband/urdma0/urdmad)'"
+# A wildcard listen reaches every device, each through its own daemon.
+server s8 0.0.0.0 7476 welcome accept
+s8=$BG
+wait_line "$log/d3" '^LISTEN .*:7476 ifname=veth0' 10 || fail "d3 got no LISTEN"
+wait_line "$log/d4" '^LISTEN .*:7476 ifname=veth1' 10 || fail "d4 got no LISTEN"
+kill "$s8"
+wait_line "$log/d4" '^UNLISTEN ' 10 || fail "d4 got no UNLISTEN"
+t rdma link delete urdma1 || fail "rdma link delete urdma1"
+
+# -- The module stays while a daemon has the channel open; no hang.
+t rmmod urdma 2>/dev/null && fail "rmmod succeeded with /dev/urdma_cm open"
+module_loaded || fail "module gone"
+
+# Everything above released what it held.
+pkill -f "fake_urdmad.py" 2>/dev/null
+for p in $daemons; do
+	wait_gone "$p" 30 || fail "a fake daemon did not exit"
+done
+after=$(res_counts urdma0) || fail "rdma resource show urdma0"
+[ "$after" = "$before" ] || fail "resource counts '$after' at the end, were '$before'"
+
+t rdma link delete urdma0 || fail "rdma link delete urdma0"
+t rmmod urdma || fail "rmmod after the daemons exited"
+ensure_module
 dmesg_check
 echo "ok"
