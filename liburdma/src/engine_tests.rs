@@ -530,3 +530,131 @@ fn lost_datagrams_are_retransmitted_on_timers() {
     t.run(10);
     assert_eq!(t.poll(BCQ).len(), 1);
 }
+
+#[test]
+fn armed_cq_fires_on_delivery_and_solicited_only_waits() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut t = Bed::new();
+    let fired = Arc::new(AtomicUsize::new(0));
+    let f = fired.clone();
+    t.e.destroy_cq(BCQ);
+    t.e.create_cq(
+        BCQ,
+        16,
+        Some(Box::new(move || {
+            f.fetch_add(1, Ordering::SeqCst);
+        })),
+    );
+    t.connect();
+    let mut rbuf = vec![0u8; 64];
+    let raddr = t.reg(2, 0x200, 2, &mut rbuf, Access::LOCAL_WRITE);
+    for i in 0..3 {
+        t.e.post_recv(
+            B,
+            i,
+            &[Sge {
+                addr: raddr,
+                len: 64,
+                lkey: 0x200,
+            }],
+        )
+        .unwrap();
+    }
+    assert!(t.e.arm_cq(BCQ, true));
+    t.e.post_send(A, &send(1, &[])).unwrap();
+    t.run(10);
+    assert_eq!(fired.load(Ordering::SeqCst), 0, "not solicited");
+    let solicited = SendReq {
+        op: SendOp::Send {
+            invalidate: None,
+            solicited: true,
+        },
+        ..send(2, &[])
+    };
+    t.e.post_send(A, &solicited).unwrap();
+    t.run(10);
+    assert_eq!(fired.load(Ordering::SeqCst), 1);
+    assert_eq!(t.poll(BCQ).len(), 2);
+    t.e.arm_cq(BCQ, false);
+    t.e.post_send(A, &send(3, &[])).unwrap();
+    t.run(10);
+    assert_eq!(fired.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn send_with_invalidate_reports_and_invalidates_the_stag() {
+    let mut t = Bed::new();
+    t.connect();
+    let mut rbuf = vec![0u8; 64];
+    let raddr = t.reg(2, 0x200, 2, &mut rbuf, Access::LOCAL_WRITE);
+    let mut target = vec![0u8; 64];
+    let taddr = t.reg(
+        2,
+        0x300,
+        2,
+        &mut target,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    );
+    t.e.post_recv(
+        B,
+        1,
+        &[Sge {
+            addr: raddr,
+            len: 64,
+            lkey: 0x200,
+        }],
+    )
+    .unwrap();
+    let wr = SendReq {
+        op: SendOp::Send {
+            invalidate: Some(0x300),
+            solicited: false,
+        },
+        ..send(1, &[])
+    };
+    t.e.post_send(A, &wr).unwrap();
+    t.run(10);
+    let wcs = t.poll(BCQ);
+    assert_eq!(wcs[0].wc_flags, IBV_WC_WITH_INV);
+    assert_eq!(unsafe { wcs[0].__bindgen_anon_1.invalidated_rkey }, 0x300);
+    assert!(!t.e.mrs.get(2, 0x300).unwrap().region.valid);
+    // A write through the invalidated STag is refused: nothing placed.
+    let mut src = vec![7u8; 8];
+    let saddr = t.reg(1, 0x100, 1, &mut src, Access::NONE);
+    let s = [Sge {
+        addr: saddr,
+        len: 8,
+        lkey: 0x100,
+    }];
+    let wr = SendReq {
+        op: SendOp::RdmaWrite {
+            remote_addr: taddr,
+            rkey: 0x300,
+        },
+        ..send(2, &s)
+    };
+    t.e.post_send(A, &wr).unwrap();
+    t.run(10);
+    assert_eq!(target, vec![0u8; 64]);
+    let wcs = t.poll(ACQ);
+    assert!(wcs
+        .iter()
+        .any(|w| w.wr_id == 2 && w.status == IBV_WC_REM_ACCESS_ERR));
+}
+
+#[test]
+fn zero_entry_queues_refuse_posts() {
+    let mut t = Bed::new();
+    let mut i = init(1, ACQ);
+    i.max_send_wr = 0;
+    i.max_recv_wr = 0;
+    t.e.create_qp((1, 11), i);
+    assert_eq!(
+        t.e.post_send((1, 11), &send(1, &[])),
+        Err(PostFail::Errno(libc::ENOMEM))
+    );
+    assert_eq!(
+        t.e.post_recv((1, 11), 1, &[]),
+        Err(PostFail::Errno(libc::ENOMEM))
+    );
+}
