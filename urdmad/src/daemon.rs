@@ -1138,7 +1138,7 @@ unsafe fn take_cm_frames(tap: &mut cm_impl::Tap, pi: usize, kernel: &mut Vec<*mu
             sys::rte_pktmbuf_mtod::<u8>(m) as *const u8,
             usize::from((*m).data_len),
         );
-        if tap.wants(frame) {
+        if tap.wants(pi, frame) {
             tap.frames.push((pi, frame.to_vec()));
             sys::rte_pktmbuf_free(m);
             false

@@ -100,14 +100,16 @@ pub(super) struct Tap {
     pub ports: BTreeSet<u16>,
     /// Frames taken, by port index, to handle between bursts.
     pub frames: Vec<(usize, Vec<u8>)>,
+    /// Each port's MAC: only frames to it are urdmad's (a promiscuous port sees others).
+    pub macs: Vec<[u8; 6]>,
 }
 
 impl Tap {
     /// Whether a frame that belongs to no flow is urdmad's: a TRP ConnectRequest to any
     /// port, or a TRP frame to a port urdmad uses for connections. Everything else goes to
     /// the kernel as before.
-    pub fn wants(&self, frame: &[u8]) -> bool {
-        if !self.enabled {
+    pub fn wants(&self, port: usize, frame: &[u8]) -> bool {
+        if !self.enabled || frame.get(..6) != self.macs.get(port).map(|m| &m[..]) {
             return false;
         }
         let Some((dst, _)) = udp4_addresses(frame) else {
@@ -238,6 +240,7 @@ impl Daemon {
         }
         tracing::info!(device = %path.display(), ports = self.ports.len(), "connection channel open");
         self.cm.chan = Some(chan);
+        self.cm.tap.macs = self.ports.iter().map(|p| p.port.mac.0).collect();
         self.cm.tap.enabled = true;
     }
 

@@ -468,6 +468,43 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     assert_eq!(count(&st, "connection"), 0);
     assert_eq!(count(&st, "flow"), 0);
 
+    // --- UNQP of a connected QP (active side) and death of the passive side's process.
+    let mut pa3 = a.process(7);
+    assert_eq!(
+        pb.request(&Request::Qp { dev: 0, qpn: 10 }).unwrap(),
+        Response::Ok
+    );
+    a.send(connect_msg(17, 7, 40010, b_addr, b.mac, b""));
+    let req = b.expect(Op::Request);
+    let mut acc = Msg::new(Op::Accept);
+    acc.req = req.req;
+    acc.qpn = 10;
+    b.send(acc);
+    let ev_b = connected(&mut pb);
+    assert_eq!(b.expect(Op::Accepted).status, 0);
+    let mut conn_b = trp::Incoming::parse(&ev_b.pkt)
+        .unwrap()
+        .accept(cfg_of(&ev_b), ev_b.conn, ev_b.isn, &ev_b.pdata)
+        .unwrap();
+    let n = conn_b.poll_transmit(now, &mem_b, &mut buf).unwrap();
+    udp_b
+        .send_to(&buf[..n], SocketAddrV4::new(A_IP, 40010))
+        .unwrap();
+    assert_eq!(connected(&mut pa3).qpn, 7);
+    assert_eq!(a.expect(Op::Connected).id, 17);
+    assert_eq!(
+        pa3.request(&Request::Unqp { dev: 0, qpn: 7 }).unwrap(),
+        Response::Ok
+    );
+    let closed = a.expect(Op::Closed);
+    assert_eq!((closed.qpn, closed.status), (7, -104));
+    assert_eq!(aborts(&a), "2");
+    assert_eq!(count(&a.status(), "qp"), 0);
+    drop(pb);
+    let closed = b.expect(Op::Closed);
+    assert_eq!((closed.qpn, closed.status), (10, -104));
+    assert_eq!(aborts(&b), "1");
+
     // --- Reject with private data.
     let _pa2 = a.process(6);
     listen(&b, 2, 7001);
@@ -527,6 +564,8 @@ fn connections_through_two_urdmads_with_fake_kernels() {
         assert!(Instant::now() < end, "no CONNECT_FAILED");
     };
     assert_eq!((f.op, f.id, f.status), (Op::ConnectFailed, 14, -110));
+    // B's port is promiscuous: it saw those ConnectRequests, to another MAC, and left them.
+    b.nothing(Duration::from_millis(100));
     assert!(t0.elapsed() > Duration::from_millis(500));
 
     // --- Loopback: A connects to its own address; urdmad's frames to its own MAC are
