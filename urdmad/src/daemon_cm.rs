@@ -1088,3 +1088,89 @@ impl Daemon {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn established() -> (trp::Connection, trp::Connection) {
+        let cfg = trp::Config::default();
+        let now = trp::Instant::from_nanos(1);
+        let mut c = Connecting::new(cfg, 11, 100, b"", now).unwrap();
+        let mut buf = vec![0u8; 2048];
+        let n = c.poll_transmit(now, &mut buf).unwrap();
+        let mut b = Incoming::parse(&buf[..n])
+            .unwrap()
+            .accept(cfg, 22, 200, b"")
+            .unwrap();
+        let mem = trp::VecMemory::new(16);
+        let n = b.poll_transmit(now, &mem, &mut buf).unwrap();
+        assert_eq!(accept_src_conn(&buf[..n]), Some(22));
+        match c.handle_datagram(now, &buf[..n]) {
+            ConnectOutcome::Established { conn, .. } => (conn, b),
+            o => panic!("{o:?}"),
+        }
+    }
+
+    #[test]
+    fn our_abort_fails_the_peers_connection() {
+        let (mut a, _b) = established();
+        let mut mem = trp::VecMemory::new(16);
+        let now = trp::Instant::from_nanos(2);
+        a.handle_datagram(now, &mut mem, &abort_packet(11)).unwrap();
+        assert_eq!(
+            a.poll_event(),
+            Some(trp::Event::Failed(trp::FailReason::PeerAborted))
+        );
+        // To another connection id it is foreign.
+        let (mut a, _b) = established();
+        let _ = a.handle_datagram(now, &mut mem, &abort_packet(12));
+        assert_eq!(a.state(), trp::QpState::Rts);
+    }
+
+    fn frame(dst_mac: [u8; 6], dst_port: u16, payload: &[u8]) -> Vec<u8> {
+        crate::secondary::udp_frame(
+            dst_mac,
+            [2, 0, 0, 0, 0, 2],
+            "10.0.0.2:5000".parse().unwrap(),
+            SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), dst_port),
+            payload,
+        )
+    }
+
+    #[test]
+    fn the_tap_takes_connect_requests_and_frames_to_its_ports_only() {
+        let mac = [2, 0, 0, 0, 0, 1];
+        let mut tap = Tap {
+            enabled: true,
+            macs: vec![mac],
+            ..Tap::default()
+        };
+        let now = trp::Instant::from_nanos(1);
+        let mut c = Connecting::new(trp::Config::default(), 11, 100, b"x", now).unwrap();
+        let mut buf = vec![0u8; 2048];
+        let n = c.poll_transmit(now, &mut buf).unwrap();
+        let req = frame(mac, 7000, &buf[..n]);
+        assert_eq!(udp_payload(&req), Some(&buf[..n]));
+        assert!(tap.wants(0, &req));
+        assert!(!tap.wants(0, &frame([2, 0, 0, 0, 0, 9], 7000, &buf[..n])));
+        assert!(!tap.wants(1, &req));
+        let abort = frame(mac, 7000, &abort_packet(5));
+        assert!(!tap.wants(0, &abort));
+        tap.ports.insert(7000);
+        assert!(tap.wants(0, &abort));
+        // Not TRP: the kernel's, even on a port urdmad uses.
+        assert!(!tap.wants(0, &frame(mac, 7000, b"hi")));
+        tap.enabled = false;
+        assert!(!tap.wants(0, &req));
+        for i in 0..req.len() {
+            let _ = udp_payload(&req[..i]);
+            let _ = Tap {
+                enabled: true,
+                macs: vec![mac],
+                ..Tap::default()
+            }
+            .wants(0, &req[..i]);
+        }
+    }
+}
