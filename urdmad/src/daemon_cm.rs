@@ -295,6 +295,36 @@ impl Daemon {
             .position(|p| p.port.exception_name == ifname)
     }
 
+    /// The port whose exception interface has IPv4 address `ip` (in urdmad's namespace).
+    fn port_of_addr(&self, ip: Ipv4Addr) -> Option<usize> {
+        let mut ifs: *mut libc::ifaddrs = std::ptr::null_mut();
+        // SAFETY: getifaddrs fills a list we free below.
+        if unsafe { libc::getifaddrs(&mut ifs) } != 0 {
+            return None;
+        }
+        let mut found = None;
+        let mut cur = ifs;
+        // SAFETY: walking the list getifaddrs returned; sockaddr_in for AF_INET entries.
+        unsafe {
+            while !cur.is_null() {
+                let a = (*cur).ifa_addr;
+                if !a.is_null() && i32::from((*a).sa_family) == libc::AF_INET {
+                    let sin = &*(a as *const libc::sockaddr_in);
+                    if Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()) == ip {
+                        let name = std::ffi::CStr::from_ptr((*cur).ifa_name).to_string_lossy();
+                        found = self.port_of_iface(&name);
+                        if found.is_some() {
+                            break;
+                        }
+                    }
+                }
+                cur = (*cur).ifa_next;
+            }
+            libc::freeifaddrs(ifs);
+        }
+        found
+    }
+
     fn port_datagram(&self, port: usize) -> u16 {
         let mut mtu = 0u16;
         // SAFETY: valid port and out-pointer.
@@ -360,8 +390,12 @@ impl Daemon {
     }
 
     fn cm_connect(&mut self, m: Msg) {
+        // The interface when the kernel names it, else the one holding the local address,
+        // else the one the device was seen on (LISTEN), else the only one.
         let port = if !m.ifname.is_empty() {
             self.port_of_iface(&m.ifname)
+        } else if let Some(p) = self.port_of_addr(*m.local.ip()) {
+            Some(p)
         } else if let Some(&p) = self.cm.dev_port.get(&m.dev) {
             Some(p)
         } else if self.ports.len() == 1 {
