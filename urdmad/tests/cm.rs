@@ -691,3 +691,80 @@ fn a_frame_to_the_ports_own_mac_is_received_not_sent() {
         Some("1")
     );
 }
+
+#[test]
+fn a_connect_goes_out_on_the_port_holding_its_local_address() {
+    let bed = Bed::new("2pc");
+    let (a2, b2, tap2) = (
+        format!("{}2", bed.veth_a),
+        format!("{}2", bed.veth_b),
+        format!("{}2", bed.tap),
+    );
+    bed.add_veth_pair(&a2, &b2, "10.97.0.2/24");
+    let cm = bed.dir.join("cm");
+    let fake = FakeKernel::bind(&cm).unwrap();
+    let text = format!(
+        "{}\n[[port]]\nname = \"p1\"\ndevice = \"net_af_packet1,iface={a2}\"\nexception = {tap2:?}\n",
+        bed.config(&format!("cm_device = {cm:?}"), None)
+    );
+    let d = bed.start_with(&bed.write_config("two.toml", &text));
+    let kernel = fake.accept(WAIT).unwrap();
+    for tap in [&bed.tap, &tap2] {
+        let m = kernel.recv_timeout(WAIT).unwrap().unwrap();
+        assert_eq!((m.op, &m.ifname), (Op::Register, tap));
+    }
+    sh(&[
+        "ip",
+        "-n",
+        &bed.ns_a,
+        "addr",
+        "add",
+        "10.97.0.1/24",
+        "dev",
+        &tap2,
+    ]);
+    let peer_mac: Mac = {
+        let out = run_bounded(
+            Command::new("ip").args(["-n", &bed.ns_b, "-o", "link", "show", &b2]),
+            Duration::from_secs(5),
+        );
+        let t = String::from_utf8_lossy(&out.stdout).to_string();
+        t.split("link/ether ")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    // The peer is namespace B's kernel: a UDP socket speaking TRP's handshake.
+    let peer = udp_in(&bed.ns_b, "10.97.0.2:7000".parse().unwrap());
+    let mut m = Msg::new(Op::Connect);
+    m.id = 21;
+    m.qpn = 3;
+    m.local = "10.97.0.1:41000".parse().unwrap();
+    m.remote = "10.97.0.2:7000".parse().unwrap();
+    m.remote_mac = peer_mac;
+    m.pdata = b"port one?".to_vec();
+    kernel.send(&m).unwrap();
+    let (req, from) = drain(&peer, Duration::from_millis(500))
+        .into_iter()
+        .next()
+        .expect("a ConnectRequest on the second port");
+    assert_eq!(from.to_string(), "10.97.0.1:41000");
+    let inc = trp::Incoming::parse(&req).unwrap();
+    assert_eq!(inc.private_data(), b"port one?");
+    assert_eq!(
+        field(&d.status(), "connecting", "id=21", "port").as_deref(),
+        Some("p1")
+    );
+    let mut buf = vec![0u8; 512];
+    let n = inc.reject(b"via p1", &mut buf).unwrap();
+    peer.send_to(&buf[..n], from).unwrap();
+    let f = kernel.recv_timeout(WAIT).unwrap().expect("CONNECT_FAILED");
+    assert_eq!(
+        (f.op, f.id, f.status, f.pdata.as_slice()),
+        (Op::ConnectFailed, 21, -111, &b"via p1"[..])
+    );
+}
