@@ -22,6 +22,7 @@
 #include <linux/poll.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
+#include <linux/workqueue.h>
 #include <linux/etherdevice.h>
 #include <net/arp.h>
 #include <net/ipv6.h>
@@ -33,6 +34,13 @@
 
 /* How long iw_accept waits for urdmad's ACCEPTED. */
 #define URDMA_ACCEPT_TIMEOUT	(5 * HZ)
+/*
+ * How long a CONNECT may stay unanswered.  urdmad gives up on a handshake
+ * within seconds; this only bounds what a hung daemon would otherwise
+ * make unbounded: iw_cm holds rdma_destroy_id, and the exit of the
+ * owning process, uninterruptibly until the CONNECT_REPLY.
+ */
+#define URDMA_CONNECT_TIMEOUT	(30 * HZ)
 
 /* One open of /dev/urdma_cm: one urdmad. */
 struct urdma_chan {
@@ -100,6 +108,7 @@ struct urdma_ep {
 	u8 ird;
 	u8 ord;
 	u8 disc_sent;
+	struct delayed_work connect_timeout;	/* active, holds a reference */
 	/* iw_accept's wait for ACCEPTED (or for the end of the daemon) */
 	struct completion answered;
 	bool has_answer;		/* accept_status is set */
@@ -107,6 +116,8 @@ struct urdma_ep {
 };
 
 static DEFINE_MUTEX(urdma_cm_mutex);
+/* The connect timeouts; destroyed at unload, which waits for them. */
+static struct workqueue_struct *urdma_cm_wq;
 static LIST_HEAD(urdma_regs);
 static LIST_HEAD(urdma_listeners);
 static LIST_HEAD(urdma_eps);
@@ -328,6 +339,8 @@ static void urdma_ep_put(struct urdma_ep *ep)
 	kref_put(&ep->ref, urdma_ep_free);
 }
 
+static void urdma_ep_connect_timeout(struct work_struct *work);
+
 static struct urdma_ep *urdma_ep_new(struct urdma_dev *udev,
 				     struct urdma_chan *chan,
 				     enum urdma_ep_state state)
@@ -338,6 +351,7 @@ static struct urdma_ep *urdma_ep_new(struct urdma_dev *udev,
 		return NULL;
 	kref_init(&ep->ref);
 	init_completion(&ep->answered);
+	INIT_DELAYED_WORK(&ep->connect_timeout, urdma_ep_connect_timeout);
 	ep->state = state;
 	ep->udev = udev;
 	ep->chan = chan;
@@ -360,6 +374,9 @@ static void urdma_ep_finish(struct urdma_ep *ep)
 		urdma_qp_put(&ep->qp->ibqp);
 		ep->qp = NULL;
 	}
+	/* A timeout already running finds the endpoint off the list. */
+	if (cancel_delayed_work(&ep->connect_timeout))
+		urdma_ep_put(ep);
 	list_del_init(&ep->link);
 	urdma_ep_put(ep);
 }
@@ -458,6 +475,21 @@ static void urdma_ep_abort(struct urdma_ep *ep, int status, bool fatal)
 	case URDMA_EP_DEAD:
 		break;
 	}
+}
+
+static void urdma_ep_connect_timeout(struct work_struct *work)
+{
+	struct urdma_ep *ep = container_of(to_delayed_work(work),
+					   struct urdma_ep, connect_timeout);
+
+	mutex_lock(&urdma_cm_mutex);
+	if (!list_empty(&ep->link) && ep->state == URDMA_EP_CONNECTING) {
+		urdma_send_disconnect(ep, -ECONNRESET);
+		urdma_ep_connect_reply(ep, -ETIMEDOUT, NULL, 0);
+		urdma_ep_finish(ep);
+	}
+	mutex_unlock(&urdma_cm_mutex);
+	urdma_ep_put(ep);
 }
 
 /* Ends the endpoints @chan serves, or only those on @netdev. */
@@ -681,6 +713,9 @@ int urdma_connect(struct iw_cm_id *id, struct iw_cm_conn_param *param)
 	ep->cm_id = id;
 	id->provider_data = ep;
 	list_add_tail(&ep->link, &urdma_eps);
+	kref_get(&ep->ref);
+	queue_delayed_work(urdma_cm_wq, &ep->connect_timeout,
+			   URDMA_CONNECT_TIMEOUT);
 
 	m->msg.id = ep->id;
 	m->msg.dev_id = udev->ibdev.index;
@@ -1297,10 +1332,19 @@ static struct miscdevice urdma_cm_misc = {
 
 int urdma_cm_init(void)
 {
-	return misc_register(&urdma_cm_misc);
+	int rv;
+
+	urdma_cm_wq = alloc_workqueue("urdma_cm", 0, 0);
+	if (!urdma_cm_wq)
+		return -ENOMEM;
+	rv = misc_register(&urdma_cm_misc);
+	if (rv)
+		destroy_workqueue(urdma_cm_wq);
+	return rv;
 }
 
 void urdma_cm_exit(void)
 {
 	misc_deregister(&urdma_cm_misc);
+	destroy_workqueue(urdma_cm_wq);
 }

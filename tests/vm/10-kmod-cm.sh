@@ -7,7 +7,8 @@
 # ESTABLISHED on both sides with private data, graceful and daemon-side
 # close, REJECTED (fake and real reject), UNREACHABLE, the next hop's MAC,
 # an unanswered accept, urdmad dying with pending and established
-# connections, a process killed while connecting, two daemons in two
+# connections, a process killed while connecting, a connect never
+# answered (the kernel's 30 s timeout), two daemons in two
 # namespaces, module unload refused while a daemon is attached, and
 # resource counts back to where they were.
 set -u
@@ -230,6 +231,13 @@ kill -USR2 "$(pgrep -f "^python3 kmod/tests/fake_urdmad.py veth0 $SOCK/d3.sock" 
 wait_gone "$c7" 20 || fail "killed client stuck: $(ps -o stat=,wchan= -p "$c7")"
 stuck=$(ps -eo stat=,comm= | awk '$1 ~ /^D/ && $2 == "cm_probe"')
 [ -z "$stuck" ] || fail "cm_probe in D state: $stuck"
+
+# -- A CONNECT the daemon never answers fails on its own after 30 s
+# (UNREACHABLE), and the daemon is told to drop it.
+STEP_TIMEOUT=120 client 10.77.0.1 7003 hello wait 90
+expect_line "$log/client" '^event UNREACHABLE status -110 ' "connect never answered"
+qpn=$(awk '$1 == "qpn" {print $2}' "$log/client")
+expect_line "$log/d3" "^DISCONNECT .*qpn=$qpn status=-104" "DISCONNECT after the connect timeout"
 
 # -- A second daemon in another namespace serves its own interface.
 t ip netns exec "$NS" rdma link add urdma1 type urdma netdev veth1 || fail "rdma link add urdma1 in $NS"
