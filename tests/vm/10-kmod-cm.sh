@@ -21,10 +21,16 @@ daemons=
 
 finish() {
 	local p
+	# The daemons first: that ends any connect a killed process waits
+	# for in iw_cm.  Killing their timeout(1) wrappers would not.
+	pkill -KILL -f "^python3 kmod/tests/fake_urdmad.py" 2>/dev/null
+	[ -n "${CMP:-}" ] && pkill -KILL -f "^$CMP " 2>/dev/null
 	for p in $pids; do
 		kill -KILL "$p" 2>/dev/null
 	done
-	wait 2>/dev/null
+	for p in $pids; do
+		wait_gone "$p" 30
+	done
 	cleanup
 	timeout 30 ip netns del "$NS" 2>/dev/null
 	true
