@@ -497,7 +497,9 @@ fn helper_loop() {
         };
         if now.saturating_duration_since(g.last_app) < APP_ACTIVE {
             // The application is polling: it drives progress itself.
-            let nap = until(p.deadline, Some(Duration::from_millis(1))).unwrap_or_default();
+            let nap = until(p.deadline, Some(Duration::from_millis(1)))
+                .unwrap_or_default()
+                .max(Duration::from_micros(20));
             drop(g);
             std::thread::sleep(nap);
             continue;
@@ -567,6 +569,32 @@ mod tests {
             PathBuf::from("/run/urdma/A.sock")
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn writing_to_a_closed_socket_does_not_raise_sigpipe() {
+        use std::io::Write;
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(b);
+        // The default action, as in a C application (Rust's runtime
+        // ignores SIGPIPE). std's socket writes pass MSG_NOSIGNAL, so a
+        // write to a urdmad that has gone away fails with EPIPE instead of
+        // killing the application; this would kill the test otherwise.
+        // SAFETY: changing the disposition for the test, restored below.
+        let prev = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        let _ = a.write_all(b"x");
+        let r = a.write_all(b"ARM\n");
+        // SAFETY: restoring what was there.
+        unsafe { libc::signal(libc::SIGPIPE, prev) };
+        assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::BrokenPipe);
+        // SAFETY: reading the calling thread's pending set and mask.
+        unsafe {
+            let mut p: libc::sigset_t = std::mem::zeroed();
+            libc::sigpending(&mut p);
+            assert_eq!(libc::sigismember(&p, libc::SIGPIPE), 0);
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut p);
+            assert_eq!(libc::sigismember(&p, libc::SIGPIPE), 0);
+        }
     }
 
     #[test]
