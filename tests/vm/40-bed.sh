@@ -76,6 +76,14 @@ step "netem off restores it"
 t scripts/bed netem off || fail "scripts/bed netem off"
 t scripts/bed exec A ping -c 3 -i 0.5 -W 10 10.77.0.2 || fail "ping after netem off"
 
+step "scripts/bed pair: the server side runs in B, the client side in A with B's address"
+# shellcheck disable=SC2016
+pair_script='case $0 in
+	10.77.0.2) ip -br addr show urdma-tapA | grep -q 10.77.0.1 && ping -c 2 -W 10 "$0" ;;
+	*) ip -br addr show urdma-tapB | grep -q 10.77.0.2 && sleep 1 ;;
+	esac'
+t scripts/bed pair --timeout 120 sh -c "$pair_script" || fail "scripts/bed pair"
+
 step "each node's urdma device"
 for n in A B; do
 	links=$(t scripts/bed exec "$n" rdma link show) || fail "rdma link show in node $n"
