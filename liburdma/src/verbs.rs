@@ -339,7 +339,14 @@ pub(crate) unsafe extern "C" fn create_qp(
             drop(unsafe { Box::from_raw(qp) });
             return object(Err(ret));
         }
-        let qpn = resp.ibv.qpn;
+        // libibverbs fills qp_num whichever way the command went (write or
+        // ioctl); the generic response buffer is only used by the former.
+        // urdma.ko's private udata carries the same number.
+        // SAFETY: the kernel made the QP; ibqp is ours.
+        let qpn = match unsafe { (*ibqp).qp_num } {
+            0 => resp.drv.qp_id,
+            n => n,
+        };
         unsafe {
             (*qp).id = qpn;
             (*qp).dev = dev;
