@@ -6,8 +6,8 @@ script calls but that setup does not install works on a developer's machine (whe
 installed it by hand) and fails on the fresh one.  This test finds those calls first.
 
 What is scanned: every shell script under scripts/, tests/ (also tests/vm/run-all and other
-files with a shell #!), kmod/tests/*.sh, .ci/run; and the literal Command::new("X") of the
-Rust tests (*/tests/**/*.rs).  Shell is parsed by shfmt (a real parser: quotes, heredocs,
+files with a shell #!), kmod/tests/*.sh, .ci/run; and in the Rust tests (*/tests/**/*.rs)
+the literal programs of Command::new("X"), sh(&["X", ...]) and "netns", "exec", NS, "X".  Shell is parsed by shfmt (a real parser: quotes, heredocs,
 comments and $(...) are understood), and a command is looked for behind the wrappers that
 run one: timeout, stdbuf, env, sudo, exec, nice, nohup, setsid, xargs, command, `ip netns
 exec NS`, `bash -c STRING`, `trap STRING`, and our own shell functions that run "$@": the
@@ -19,7 +19,8 @@ Each external program must be, after `command -v` and `dpkg -S` on its path:
     Depends/Pre-Depends, recursively (not Recommends: a machine may not install those);
   - in a package of Debian's base system (Essential: yes, or Priority required/important);
   - or one of the few programs setup provides otherwise (NON_APT below; each is checked
-    against the text of scripts/setup).
+    against the text of scripts/setup; cargo fmt and cargo clippy count as the toolchain's);
+  - or called only where the README rules the call out (UNNEEDED: sudo, when not root).
 Programs needed indirectly are checked too (INDIRECT: virtme-ng needs a static busybox).
 
     tests/host/programs.py [ROOT]      (ROOT: the repository; default: this file's)
