@@ -303,9 +303,10 @@ impl Channel {
     }
 
     /// The next message, `Ok(None)` when none is waiting. A message of the wrong size is
-    /// an `InvalidData` error (and consumed); end of file is `UnexpectedEof`.
+    /// an `InvalidData` error (and consumed); end of file is `UnexpectedEof`. The buffer
+    /// is exactly one message long: urdma.ko refuses reads of any other size.
     pub fn recv(&self) -> io::Result<Option<Msg>> {
-        let mut b = vec![0u8; MSG_SIZE + 1];
+        let mut b = vec![0u8; MSG_SIZE];
         loop {
             // SAFETY: reading into a buffer of the given length.
             let n = unsafe { libc::read(self.fd.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) };

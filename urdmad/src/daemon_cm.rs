@@ -14,8 +14,24 @@ use trp::setup::{ConnectOutcome, Connecting, Incoming};
 use trp::wire::trp as tw;
 
 /// A pending request whose requester has not repeated its ConnectRequest for this long is
-/// taken as abandoned (`REQUEST_GONE`): trp's default handshake gives up after about 2 s.
-const REQUEST_IDLE: Duration = Duration::from_secs(3);
+/// taken as abandoned (`REQUEST_GONE`): longer than the widest gap between two
+/// ConnectRequests of [`handshake_timing`].
+const REQUEST_IDLE: Duration = Duration::from_secs(5);
+
+/// How patiently a ConnectRequest is repeated: 50 ms, doubling up to 2 s, 12 repeats, so
+/// about 15 s before the connect fails with `-ETIMEDOUT`. The peer's application must
+/// accept within that time, and its first QP may be the one that attaches it to its urdmad
+/// (DPDK start-up takes seconds on small or emulated machines); trp's data-path timers
+/// (10 ms, 7 retries) are far too short for that. Only the handshake uses these values:
+/// the provider builds the data connection with its own configuration.
+fn handshake_timing(cfg: trp::Config) -> trp::Config {
+    trp::Config {
+        initial_rto: Duration::from_millis(50),
+        max_rto: Duration::from_secs(2),
+        max_retries: 12,
+        ..cfg
+    }
+}
 /// Answered (accepted or rejected) requests are remembered this long after their last
 /// repetition, so that a repeated ConnectRequest is not a new request.
 const REQUEST_MEMORY: Duration = Duration::from_secs(60);
@@ -428,7 +444,7 @@ impl Daemon {
         let conn = random_u32(true);
         let isn = random_u32(false);
         let now = self.trp_now();
-        let connecting = match Connecting::new(cfg, conn, isn, &m.pdata, now) {
+        let connecting = match Connecting::new(handshake_timing(cfg), conn, isn, &m.pdata, now) {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(id = m.id, "CONNECT refused: {e}");
