@@ -13,10 +13,10 @@ else
 	bed_up
 fi
 export URDMA_LOG=${URDMA_LOG:-debug}
-in_node B timeout 300 rping -s -a "$ADDR_B" -v -C "$count" -S "$size" >"$OUT/rping-s.log" 2>&1 &
+in_node B timeout 300 rping -s -a "$ADDR_B" -V -C "$count" -S "$size" >"$OUT/rping-s.log" 2>&1 &
 server=$!
 sleep 3
-in_node A timeout 240 rping -c -a "$ADDR_B" -v -C "$count" -S "$size" >"$OUT/rping-c.log" 2>&1
+in_node A timeout 240 rping -c -a "$ADDR_B" -V -C "$count" -S "$size" >"$OUT/rping-c.log" 2>&1
 rc=$?
 [ $rc = 0 ] || sleep 5
 kill "$server" 2>/dev/null
