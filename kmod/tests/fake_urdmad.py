@@ -12,6 +12,8 @@ CONNECT is answered by the remote port it names,
     7001  CONNECT_FAILED -ECONNREFUSED, private data "refused-by-fake"
     7002  CONNECT_FAILED -ETIMEDOUT
     7003  no answer until SIGUSR2 (then CONNECT_FAILED -ETIMEDOUT)
+    7005  REQUEST to the listener, then at once REQUEST_GONE (the
+          requester gave up) and CONNECT_FAILED -ETIMEDOUT
     else  REQUEST to a listener on that port, whose ACCEPT makes both
           sides connected (ACCEPTED 0, CONNECTED with the accept's
           private data) and whose REJECT fails the connect with
@@ -112,6 +114,11 @@ class Fake:
                 self.send("REQUEST", id=lid, req=req, la=m["ra"], lp=m["rp"],
                           ra=m["la"], rp=m["lp"], ird=m["ord"], ord=m["ird"],
                           pdata=m["pdata"])
+                if port == 7005:
+                    del self.pending[req]
+                    self.send("REQUEST_GONE", req=req)
+                    self.send("CONNECT_FAILED", id=m["id"],
+                              status=-errno.ETIMEDOUT)
                 return
         self.send("CONNECT_FAILED", id=m["id"], status=-errno.ECONNREFUSED)
 

@@ -7,10 +7,12 @@
 # ESTABLISHED on both sides with private data, graceful and daemon-side
 # close, REJECTED (fake and real reject), UNREACHABLE, the next hop's MAC,
 # an unanswered accept, urdmad dying with pending and established
-# connections, a process killed while connecting, a connect never
-# answered (the kernel's 30 s timeout), two daemons in two
-# namespaces, module unload refused while a daemon is attached, and
-# resource counts back to where they were.
+# connections and with an accept waiting, a process killed while
+# connecting and while connected, a connect never answered (the kernel's
+# 30 s timeout), a request abandoned before the accept, two daemons in
+# two namespaces, module unload refused while a daemon is attached,
+# resource counts back to where they were, and the interface deleted
+# under an established connection.
 set -u
 . kmod/tests/vm-lib.sh
 
@@ -261,19 +263,71 @@ kill "$s8"
 wait_line "$log/d4" '^UNLISTEN ' 10 || fail "d4 got no UNLISTEN"
 t rdma link delete urdma1 || fail "rdma link delete urdma1"
 
+# -- A process killed with an established connection: the peer sees
+# DISCONNECTED once the daemon reports the abort it was told about.
+server s9 10.77.0.1 7478 welcome accept
+s9=$BG
+"$CMP" "$uv" client 10.77.0.1 7478 hello wait 60 >"$log/c9" 2>&1 &
+c9=$!
+pids="$pids $c9"
+wait_line "$log/c9" '^qp state' 60 || fail "c9 not connected: $(tr '\n' '|' <"$log/c9")"
+wait_line "$log/s9" '^qp state' 60 || fail "s9 not connected: $(tr '\n' '|' <"$log/s9")"
+kill -KILL "$c9"
+wait_gone "$c9" 30 || fail "killed established client stuck: $(ps -o stat=,wchan= -p "$c9")"
+wait_gone "$s9" 30 || fail "s9 still running"
+expect_line "$log/s9" '^event DISCONNECTED status -104 ' "server after its peer was killed"
+expect_line "$log/d3" '^DISCONNECT .*status=-104$' "abortive DISCONNECT for the killed process's QP"
+
+# -- A request abandoned before the accept (REQUEST_GONE): the accept
+# fails with ENOTCONN.
+server s10 10.77.0.1 7005 welcome accept
+s10=$BG
+client 10.77.0.1 7005 hello
+expect_line "$log/client" '^event UNREACHABLE status -110 ' "connect abandoned by the daemon"
+wait_gone "$s10" 30 || fail "s10 still running"
+expect_line "$log/s10" '^accept: ENOTCONN$' "accept of an abandoned request"
+
 # -- The module stays while a daemon has the channel open; no hang.
 t rmmod urdma 2>/dev/null && fail "rmmod succeeded with /dev/urdma_cm open"
 module_loaded || fail "module gone"
 
+# -- urdmad dies while an accept waits for it: the accept fails at once
+# (ENOTCONN), the requester is reset.
+server s11 10.77.0.1 7479 noanswer accept
+s11=$BG
+bg "$log/c11" "$CMP" "$uv" client 10.77.0.1 7479 hello wait 60
+c11=$BG
+wait_line "$log/d3" '^ACCEPT .*pdata=noanswer' 30 || fail "d3 got no ACCEPT"
+pkill -KILL -f "^python3 kmod/tests/fake_urdmad.py veth0 $SOCK/d3.sock"
+wait_gone "$s11" 30 || fail "s11 still running"
+wait_gone "$c11" 30 || fail "c11 still running"
+expect_line "$log/s11" '^accept: ENOTCONN$' "accept when urdmad died"
+expect_line "$log/c11" '^event REJECTED status -104 ' "requester when urdmad died"
+
 # Everything above released what it held.
+after=$(res_counts urdma0) || fail "rdma resource show urdma0"
+[ "$after" = "$before" ] || fail "resource counts '$after' at the end, were '$before'"
+
+# -- The interface goes away under an established connection: the
+# registration ends with it and both sides see the connection end.
+start_daemon d5 veth0
+server s12 10.77.0.1 7480 welcome accept
+s12=$BG
+bg "$log/c12" "$CMP" "$uv" client 10.77.0.1 7480 hello wait 60
+c12=$BG
+wait_line "$log/c12" '^qp state' 60 || fail "c12 not connected: $(tr '\n' '|' <"$log/c12")"
+wait_line "$log/s12" '^qp state' 60 || fail "s12 not connected: $(tr '\n' '|' <"$log/s12")"
+STEP_TIMEOUT=120 t ip link del veth0 || fail "ip link del veth0 with a connection up"
+wait_gone "$c12" 30 || fail "c12 still running"
+wait_gone "$s12" 30 || fail "s12 still running"
+expect_line "$log/c12" '^event (DISCONNECTED status -104|DEVICE_REMOVAL) ' "client when the interface went"
+expect_line "$log/s12" '^event (DISCONNECTED status -104|DEVICE_REMOVAL) ' "server when the interface went"
+rdma link show 2>/dev/null | grep -q urdma0 && fail "urdma0 left after its interface went"
+
 pkill -f "fake_urdmad.py" 2>/dev/null
 for p in $daemons; do
 	wait_gone "$p" 30 || fail "a fake daemon did not exit"
 done
-after=$(res_counts urdma0) || fail "rdma resource show urdma0"
-[ "$after" = "$before" ] || fail "resource counts '$after' at the end, were '$before'"
-
-t rdma link delete urdma0 || fail "rdma link delete urdma0"
 t rmmod urdma || fail "rmmod after the daemons exited"
 ensure_module
 dmesg_check
