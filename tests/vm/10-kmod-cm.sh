@@ -125,6 +125,27 @@ server s1 0.0.0.0 7471 welcome accept
 s1=$BG
 client 10.77.0.1 7471 hello
 expect_line "$log/client" '^connect: ENETUNREACH$' "connect without a daemon"
+# One whole message per read and write; reads block unless O_NONBLOCK.
+out=$(t python3 - <<'EOF'
+import errno, os, struct
+fd = os.open("/dev/urdma_cm", os.O_RDWR | os.O_NONBLOCK)
+def res(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+msg = lambda op: struct.pack("<I", op) + bytes(436)
+print("read-empty", res(lambda: os.read(fd, 440)))
+print("read-short", res(lambda: os.read(fd, 439)))
+print("write-short", res(lambda: os.write(fd, msg(3)[:100])))
+print("write-badop", res(lambda: os.write(fd, msg(99))))
+print("write-stale", res(lambda: os.write(fd, msg(3))))
+print("register-noif", res(lambda: os.write(fd, msg(1))))
+EOF
+)
+[ "$(tr '\n' ' ' <<<"$out")" = "read-empty EAGAIN read-short EINVAL write-short EINVAL write-badop EINVAL write-stale ok register-noif ENODEV " ] ||
+	fail "channel read/write errors: $(tr '\n' ' ' <<<"$out")"
 if command -v setpriv >/dev/null; then
 	out=$(setpriv --bounding-set=-net_admin --inh-caps=-net_admin \
 		python3 -c 'import os; os.open("/dev/urdma_cm", os.O_RDWR)' 2>&1) &&
@@ -158,7 +179,10 @@ expect_line "$log/s1" '^qp state 3$' "server QP state after ESTABLISHED"
 expect_line "$log/s1" '^event DISCONNECTED status 0 ' "server disconnected"
 expect_line "$log/d1" "^CONNECT .*local=10\.77\.0\.1:[0-9]+ remote=10\.77\.0\.1:7471 mac=$mac0 .*pdata=hello" \
 	"CONNECT to an own address carries the interface's MAC"
-expect_line "$log/d1" '^ACCEPT .*pdata=welcome' "ACCEPT message"
+qpn=$(awk '$1 == "qpn" {print $2}' "$log/client")
+expect_line "$log/d1" "^CONNECT .* qpn=$qpn " "CONNECT names the client's QP"
+qpn=$(awk '$1 == "qpn" {print $2}' "$log/s1")
+expect_line "$log/d1" "^ACCEPT .* qpn=$qpn .*pdata=welcome" "ACCEPT names the server's QP"
 expect_line "$log/d1" '^DISCONNECT .*status=0$' "graceful DISCONNECT message"
 wait_line "$log/d1" '^UNLISTEN ' 10 || fail "no UNLISTEN after the server exited"
 
