@@ -121,6 +121,7 @@ impl Rings {
             rx: lookup_ring(rx_ring)?,
             tx,
             pool: self.pool,
+            spare: std::ptr::null_mut(),
             ep: Endpoints {
                 local_mac,
                 remote_mac,
@@ -135,14 +136,27 @@ pub struct DpdkFlow {
     rx: *mut sys::rte_ring,
     tx: *mut sys::rte_ring,
     pool: *mut sys::rte_mempool,
+    /// An empty mbuf kept between calls.
+    spare: *mut sys::rte_mbuf,
     ep: Endpoints,
+}
+
+impl Drop for DpdkFlow {
+    fn drop(&mut self) {
+        if !self.spare.is_null() {
+            // SAFETY: ours, not handed to any ring.
+            unsafe { sys::rte_pktmbuf_free(self.spare) };
+        }
+    }
 }
 
 // SAFETY: as for Rings.
 unsafe impl Send for DpdkFlow {}
 
 impl DpdkFlow {
-    fn enqueue(&self, pkts: &mut Vec<*mut sys::rte_mbuf>) {
+    /// Hands `pkts` to the port's TX ring; what does not fit is dropped
+    /// (trp retransmits it).
+    fn enqueue(&self, pkts: &[*mut sys::rte_mbuf]) {
         if pkts.is_empty() {
             return;
         }
@@ -155,12 +169,10 @@ impl DpdkFlow {
                 std::ptr::null_mut(),
             )
         } as usize;
-        // A full TX ring drops the rest; trp retransmits them.
         for &m in &pkts[n..] {
             // SAFETY: not handed over: still ours.
             unsafe { sys::rte_pktmbuf_free(m) };
         }
-        pkts.clear();
     }
 }
 
@@ -218,11 +230,17 @@ impl Flow for DpdkFlow {
         let Ok(full) = u16::try_from(HEADERS + datagram) else {
             return 0;
         };
-        let mut pkts = Vec::with_capacity(BURST);
+        let mut pkts = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
+        let mut k = 0;
         let mut sent = 0;
         loop {
-            // SAFETY: the pool is urdmad's, shared with this process.
-            let m = unsafe { sys::rte_pktmbuf_alloc(self.pool) };
+            // The spare left by a call that had nothing to send, or a new
+            // one from urdmad's pool (shared with this process).
+            let m = match std::mem::replace(&mut self.spare, std::ptr::null_mut()) {
+                m if !m.is_null() => m,
+                // SAFETY: allocation from the shared pool.
+                _ => unsafe { sys::rte_pktmbuf_alloc(self.pool) },
+            };
             if m.is_null() {
                 break;
             }
@@ -241,20 +259,25 @@ impl Flow for DpdkFlow {
                     let len = frame::write_headers(buf, &self.ep, n);
                     // SAFETY: shortening the data we appended.
                     unsafe { sys::rte_pktmbuf_trim(m, full - len as u16) };
-                    pkts.push(m);
+                    pkts[k] = m;
+                    k += 1;
                     sent += 1;
-                    if pkts.len() == BURST {
-                        self.enqueue(&mut pkts);
+                    if k == BURST {
+                        self.enqueue(&pkts[..k]);
+                        k = 0;
                     }
                 }
                 None => {
-                    // SAFETY: unused, ours.
-                    unsafe { sys::rte_pktmbuf_free(m) };
+                    // Kept, empty, for the next call: most calls have
+                    // nothing to send.
+                    // SAFETY: removing the data we appended; m stays ours.
+                    unsafe { sys::rte_pktmbuf_trim(m, full) };
+                    self.spare = m;
                     break;
                 }
             }
         }
-        self.enqueue(&mut pkts);
+        self.enqueue(&pkts[..k]);
         sent
     }
 }
