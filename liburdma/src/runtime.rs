@@ -17,14 +17,14 @@
 //! The application's own calls drive progress (`post_send`, `post_recv`
 //! and `poll_cq` receive, run timers and transmit for every connection).
 //! The helper thread covers the time the application spends elsewhere
-//! (blocked in `ibv_get_cq_event`, `rdma_get_cm_event`, ...): while traffic
-//! flows it keeps going; once idle, if the application made a call in the
-//! last [`APP_ACTIVE`] it sleeps in short naps (the application is polling
-//! and drives progress itself), otherwise it sends `ARM` to urdmad,
-//! checks the rings once more and sleeps in `poll()` on the control socket
-//! and its own eventfd until an event (`EVENT WAKE`, `EVENT CONNECTED`,
-//! `EVENT DISCONNECT`), the earliest trp timer, or a kick from an
-//! application call that made a timer earlier than the one it sleeps to.
+//! (blocked in `ibv_get_cq_event`, `rdma_get_cm_event`, polling its own
+//! memory, ...): while traffic flows it keeps going (yielding the CPU
+//! between rounds); after [`SPIN_ROUNDS`] idle rounds it sends `ARM` to
+//! urdmad, checks the rings once more and sleeps in `poll()` on the
+//! control socket and its own eventfd until an event (`EVENT WAKE`,
+//! `EVENT CONNECTED`, `EVENT DISCONNECT`), the earliest trp timer, or a
+//! kick from an application call that made a timer earlier than the one
+//! it sleeps to.
 //! The helper takes the lock with `try_lock` and never holds it while it
 //! sleeps. It blocks every signal.
 
@@ -41,9 +41,6 @@ use crate::dpdk::{self, Rings};
 use crate::engine::{Engine, Handoff, Notice, QpKey, Role};
 use crate::log;
 
-/// How recently the application must have called the provider for the
-/// helper to leave progress to it.
-pub const APP_ACTIVE: Duration = Duration::from_millis(2);
 /// Rounds the helper keeps going after the last useful one.
 const SPIN_ROUNDS: u32 = 64;
 /// How long urdmad may take to answer a request.
@@ -77,7 +74,6 @@ pub struct Shared {
     attach_failed: Option<i32>,
     /// The helper sleeps until this (inner None: no timer).
     helper_sleep: Option<Option<Instant>>,
-    last_app: Instant,
 }
 
 struct Runtime {
@@ -94,7 +90,6 @@ fn rt() -> &'static Runtime {
             attached: None,
             attach_failed: None,
             helper_sleep: None,
-            last_app: Instant(0),
         }),
         kick: OnceLock::new(),
     })
@@ -112,7 +107,6 @@ fn lock() -> MutexGuard<'static, Shared> {
 pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     let mut g = lock();
     let now = now();
-    g.last_app = now;
     let r = f(&mut g, now);
     g.after_app_call();
     r
@@ -459,14 +453,11 @@ fn helper_loop() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => {
+                // The application is in a verb, which makes progress itself.
                 std::thread::sleep(Duration::from_micros(50));
                 continue;
             }
         };
-        let now = now();
-        let events = g.pump(now);
-        let p = g.engine.progress(now);
-        g.deliver_notices(now);
         let Some(fd) = g
             .attached
             .as_ref()
@@ -476,6 +467,10 @@ fn helper_loop() {
             // urdmad is gone: nothing more will arrive.
             return;
         };
+        let now = now();
+        let events = readable(fd) && g.pump(now);
+        let p = g.engine.progress(now);
+        g.deliver_notices(now);
         if p.busy || events {
             idle = 0;
             drop(g);
@@ -486,22 +481,6 @@ fn helper_loop() {
         if idle < SPIN_ROUNDS {
             drop(g);
             std::thread::yield_now();
-            continue;
-        }
-        let until = |d: Option<Instant>, cap: Option<Duration>| -> Option<Duration> {
-            let left = d.map(|d| d.saturating_duration_since(now));
-            match (left, cap) {
-                (Some(l), Some(c)) => Some(l.min(c)),
-                (l, c) => l.or(c),
-            }
-        };
-        if now.saturating_duration_since(g.last_app) < APP_ACTIVE {
-            // The application is polling: it drives progress itself.
-            let nap = until(p.deadline, Some(Duration::from_millis(1)))
-                .unwrap_or_default()
-                .max(Duration::from_micros(20));
-            drop(g);
-            std::thread::sleep(nap);
             continue;
         }
         if let Err(e) = g.expect_ok(&Request::Arm, now) {
@@ -517,13 +496,24 @@ fn helper_loop() {
         let deadline = g.engine.deadline();
         g.helper_sleep = Some(deadline);
         drop(g);
-        sleep_on(fd, kick, until(deadline, None));
+        sleep_on(fd, kick, deadline.map(|d| d.saturating_duration_since(now)));
         lock().helper_sleep = None;
         let mut v = 0u64;
         // SAFETY: draining our non-blocking eventfd into a local.
         unsafe { libc::read(kick, (&mut v as *mut u64).cast(), 8) };
         idle = SPIN_ROUNDS / 2;
     }
+}
+
+/// Whether `fd` has something to read (one poll() that does not wait).
+fn readable(fd: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    unsafe { libc::poll(&mut p, 1, 0) > 0 }
 }
 
 fn sleep_on(ctl: i32, kick: i32, timeout: Option<Duration>) {
