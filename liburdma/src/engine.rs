@@ -540,8 +540,19 @@ fn progress_qp(
                     notices.push(Notice::PeerClosed(key));
                 }
             }
-            Event::Closed => ended = Some(0),
-            Event::Failed(r) => ended = Some(fail_errno(r)),
+            Event::Closed => {
+                crate::log::debug(format_args!("QP {}/{}: connection closed", key.0, key.1));
+                ended = Some(0)
+            }
+            Event::Failed(r) => {
+                crate::log::info(format_args!(
+                    "QP {}/{}: connection failed: {r:?} (stats {:?})",
+                    key.0,
+                    key.1,
+                    conn.stats()
+                ));
+                ended = Some(fail_errno(r))
+            }
         }
     }
     if let Some(status) = ended {
