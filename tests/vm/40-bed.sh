@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The two-node test bed (scripts/bed) works before any RDMA traffic does: up, a ping from
 # node A to node B that crosses both urdmads (counted in their status) and the veth pair,
-# netem on the link (loss 100% stops the ping, removing it restores it), each node's urdma
-# device seen by rdma-core tools, and `scripts/bed down` leaving nothing behind.
+# netem on the link (loss 100% stops the ping, removing it restores it), `bed pair`, each
+# node's urdma device seen by rdma-core tools, a node's urdmad killed and restarted
+# (`bed restart`), and `scripts/bed down` leaving nothing behind.
 #   scripts/vm --out out/bed -- bash tests/vm/40-bed.sh
 set -u
 
@@ -95,13 +96,22 @@ for n in A B; do
 	grep -qw "urdma$n" <<<"$devs" || fail "node $n: ibv_devices does not list urdma$n"
 done
 
+step "kill -9 of node B's urdmad, then scripts/bed restart B"
+kill -9 "$pid_b"
+t scripts/bed restart B || fail "scripts/bed restart B"
+pid_b2=$(cat /run/urdma/bed/B.pid)
+[ "$pid_b2" != "$pid_b" ] && [ -d "/proc/$pid_b2" ] || fail "no new urdmad in node B after restart"
+t scripts/bed exec A ping -c 3 -i 0.5 -W 10 10.77.0.2 || fail "ping after restarting node B's urdmad"
+links=$(t scripts/bed exec B rdma link show) || fail "rdma link show in node B"
+grep -qE "^link urdmaB/1 .*netdev urdma-tapB\b" <<<"$links" || fail "node B has no urdmaB on urdma-tapB after restart: $links"
+
 step "scripts/bed down"
 t scripts/bed down || fail "scripts/bed down failed"
 left=
 for ns in urdmaA urdmaB; do
 	[ -e "/run/netns/$ns" ] && left+=" netns $ns"
 done
-for p in "$pid_a" "$pid_b"; do
+for p in "$pid_a" "$pid_b" "$pid_b2"; do
 	[ -d "/proc/$p" ] && left+=" urdmad pid $p"
 done
 for i in urdma-tapA urdma-tapB urdma-vethA urdma-vethB; do
