@@ -507,6 +507,9 @@ impl Engine {
     }
 }
 
+/// Most receive bursts one round takes from a flow before moving on.
+const MAX_RX_BURSTS: usize = 64;
+
 fn progress_qp(
     mrs: &mut MrTable,
     key: QpKey,
@@ -521,9 +524,18 @@ fn progress_qp(
     let mut work = false;
     if let Some(flow) = qp.flow.as_mut() {
         let mut mem = mrs.view(key.0, inline);
-        let n = flow.receive(&mut |dgs| {
-            conn.handle_datagram_burst(now, &mut mem, dgs);
-        });
+        // Everything that has arrived first (bounded): a timer must not fire
+        // for data whose acknowledgement is still waiting in the ring.
+        let mut n = 0;
+        for _ in 0..MAX_RX_BURSTS {
+            let k = flow.receive(&mut |dgs| {
+                conn.handle_datagram_burst(now, &mut mem, dgs);
+            });
+            n += k;
+            if k == 0 {
+                break;
+            }
+        }
         if conn.poll_timeout().is_some_and(|t| t <= now) {
             conn.handle_timeout(now);
         }
