@@ -36,11 +36,11 @@
 #define URDMA_ACCEPT_TIMEOUT	(5 * HZ)
 /*
  * How long a CONNECT may stay unanswered.  urdmad gives up on a handshake
- * within seconds; this only bounds what a hung daemon would otherwise
- * make unbounded: iw_cm holds rdma_destroy_id, and the exit of the
- * owning process, uninterruptibly until the CONNECT_REPLY.
+ * after about a minute (docs/connection.md); this only bounds what a hung
+ * daemon would otherwise make unbounded: iw_cm holds rdma_destroy_id, and
+ * the exit of the owning process, uninterruptibly until the CONNECT_REPLY.
  */
-#define URDMA_CONNECT_TIMEOUT	(30 * HZ)
+#define URDMA_CONNECT_TIMEOUT	(90 * HZ)
 
 /* One open of /dev/urdma_cm: one urdmad. */
 struct urdma_chan {

@@ -9,7 +9,7 @@
 # an unanswered accept, urdmad dying with pending and established
 # connections and with an accept waiting, a process killed while
 # connecting and while connected, a connect never answered (the kernel's
-# 30 s timeout), a request abandoned before the accept, two daemons in
+# 90 s timeout), a request abandoned before the accept, two daemons in
 # two namespaces, module unload refused while a daemon is attached,
 # resource counts back to where they were, and the interface deleted
 # under an established connection.
@@ -264,9 +264,9 @@ wait_gone "$c7" 20 || fail "killed client stuck: $(ps -o stat=,wchan= -p "$c7")"
 stuck=$(ps -eo stat=,comm= | awk '$1 ~ /^D/ && $2 == "cm_probe"')
 [ -z "$stuck" ] || fail "cm_probe in D state: $stuck"
 
-# -- A CONNECT the daemon never answers fails on its own after 30 s
+# -- A CONNECT the daemon never answers fails on its own after 90 s
 # (UNREACHABLE), and the daemon is told to drop it.
-STEP_TIMEOUT=120 client 10.77.0.1 7003 hello wait 90
+STEP_TIMEOUT=180 client 10.77.0.1 7003 hello wait 150
 expect_line "$log/client" '^event UNREACHABLE status -110 ' "connect never answered"
 qpn=$(awk '$1 == "qpn" {print $2}' "$log/client")
 expect_line "$log/d3" "^DISCONNECT .*qpn=$qpn status=-104" "DISCONNECT after the connect timeout"

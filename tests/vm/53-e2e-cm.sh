@@ -42,7 +42,7 @@ echo "no listener: ok"
 t ip -n urdmaA neigh replace 10.77.0.9 lladdr 02:00:00:00:00:09 dev urdma-tapA nud permanent ||
 	fail "cannot add a neighbour entry"
 start=$SECONDS
-out=$(t ip netns exec urdmaA "$prog" client 10.77.0.9 7598 unreachable -t 60 2>&1) ||
+out=$(t ip netns exec urdmaA "$prog" client 10.77.0.9 7598 unreachable -t 120 2>&1) ||
 	fail "unreachable peer: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
 echo "unreachable: ok after $((SECONDS - start)) s"
 

@@ -18,17 +18,17 @@ use trp::wire::trp as tw;
 /// ConnectRequests of [`handshake_timing`].
 const REQUEST_IDLE: Duration = Duration::from_secs(5);
 
-/// How patiently a ConnectRequest is repeated: 50 ms, doubling up to 2 s, 12 repeats, so
-/// about 15 s before the connect fails with `-ETIMEDOUT`. The peer's application must
+/// How patiently a ConnectRequest is repeated: 50 ms, doubling up to 2 s, 34 repeats, so
+/// about a minute before the connect fails with `-ETIMEDOUT` (urdma.ko's own limit is 90 s). The peer's application must
 /// accept within that time, and its first QP may be the one that attaches it to its urdmad
-/// (DPDK start-up takes seconds on small or emulated machines); trp's data-path timers
+/// (DPDK start-up takes seconds on small machines, tens of seconds under emulation); trp's data-path timers
 /// (10 ms, 7 retries) are far too short for that. Only the handshake uses these values:
 /// the provider builds the data connection with its own configuration.
 fn handshake_timing(cfg: trp::Config) -> trp::Config {
     trp::Config {
         initial_rto: Duration::from_millis(50),
         max_rto: Duration::from_secs(2),
-        max_retries: 12,
+        max_retries: 34,
         ..cfg
     }
 }

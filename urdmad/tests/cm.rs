@@ -18,8 +18,8 @@ use urdmad::proto::{Connected, Event, Mac, Request, Response, Role};
 const A_IP: Ipv4Addr = Ipv4Addr::new(10, 98, 0, 1);
 const B_IP: Ipv4Addr = Ipv4Addr::new(10, 98, 0, 2);
 const WAIT: Duration = Duration::from_secs(5);
-/// Longer than urdmad's handshake repeats (about 15 s) plus the forgetting of a request.
-const HANDSHAKE_GIVES_UP: Duration = Duration::from_secs(30);
+/// Longer than urdmad's handshake repeats (about a minute) plus the forgetting of a request.
+const HANDSHAKE_GIVES_UP: Duration = Duration::from_secs(80);
 
 struct Side {
     _daemon: Urdmad,
@@ -558,7 +558,7 @@ fn connections_through_two_urdmads_with_fake_kernels() {
         field(&a.status(), "connecting", "id=14", "remote").as_deref(),
         Some("10.98.0.77:7000")
     );
-    // urdmad repeats a ConnectRequest for about 15 s before it gives up.
+    // urdmad repeats a ConnectRequest for about a minute before it gives up.
     let end = Instant::now() + HANDSHAKE_GIVES_UP;
     let f = loop {
         if let Some(m) = a.kernel.recv_timeout(Duration::from_millis(500)).unwrap() {
