@@ -389,6 +389,7 @@ fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
     let _ = rt().kick.set(unsafe { OwnedFd::from_raw_fd(fd) });
     let (tx, rx) = std::sync::mpsc::channel();
     let attachment = a.clone();
+    let started = std::time::Instant::now();
     spawn_blocking_signals(move || {
         let r = dpdk::eal_init(&attachment);
         let ok = r.is_ok();
@@ -414,10 +415,11 @@ fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
         (libc::EIO, true)
     })?;
     log::info(format_args!(
-        "attached to urdmad at {} (client {}, {} port(s))",
+        "attached to urdmad at {} (client {}, {} port(s), DPDK up in {} ms)",
         path.display(),
         a.client,
-        a.ports.len()
+        a.ports.len(),
+        started.elapsed().as_millis()
     ));
     Ok(Attached {
         path: path.to_owned(),
