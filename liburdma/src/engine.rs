@@ -574,10 +574,43 @@ fn progress_qp(
             notices.push(Notice::Closed(key, status));
         }
     }
+    let start = qp.out.len();
     while let Some(c) = conn.poll_completion() {
         qp.out.push_back(c);
     }
+    sends_first(&mut qp.out, start);
     work
+}
+
+/// Puts the send-queue completions among `out[start..]` (those of one
+/// round) before its receive completions, each queue keeping its order.
+///
+/// trp completes a request when a packet acknowledges it, after it placed
+/// what that packet carries: a message the peer sent after it received
+/// ours can complete before our request does. An application that answers
+/// messages one at a time (verify's ACKs) would see the answer before the
+/// completion of what it answers. Verbs orders each queue's completions,
+/// not the two queues against each other, so this order is as legal as
+/// trp's and respects causality.
+fn sends_first(out: &mut VecDeque<Completion>, start: usize) {
+    let mut seen_recv = false;
+    let mut needed = false;
+    for c in out.range(start..) {
+        match c.queue {
+            Queue::Recv => seen_recv = true,
+            Queue::Send if seen_recv => {
+                needed = true;
+                break;
+            }
+            Queue::Send => {}
+        }
+    }
+    if !needed {
+        return;
+    }
+    let round: Vec<Completion> = out.drain(start..).collect();
+    out.extend(round.iter().filter(|c| c.queue == Queue::Send).copied());
+    out.extend(round.iter().filter(|c| c.queue == Queue::Recv).copied());
 }
 
 /// Moves a QP's completions into its CQs while they have room.

@@ -745,3 +745,35 @@ fn queued_acknowledgements_are_read_before_timers_fire() {
         "nothing retransmitted: the ACKs were read first"
     );
 }
+
+#[test]
+fn a_round_reports_sends_before_receives_keeping_each_queue_in_order() {
+    let c = |wr_id, queue| Completion {
+        queue,
+        ..flush(wr_id, queue, WcOpcode::Send)
+    };
+    let mut out: VecDeque<Completion> = [c(0, Queue::Recv)].into_iter().collect();
+    out.extend([
+        c(1, Queue::Recv),
+        c(2, Queue::Send),
+        c(3, Queue::Recv),
+        c(4, Queue::Send),
+    ]);
+    sends_first(&mut out, 1);
+    let got: Vec<_> = out.iter().map(|c| (c.wr_id, c.queue)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (0, Queue::Recv),
+            (2, Queue::Send),
+            (4, Queue::Send),
+            (1, Queue::Recv),
+            (3, Queue::Recv)
+        ]
+    );
+    // Already in that order: untouched.
+    let mut out: VecDeque<Completion> =
+        [c(5, Queue::Send), c(6, Queue::Recv)].into_iter().collect();
+    sends_first(&mut out, 0);
+    assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![5, 6]);
+}
