@@ -15,20 +15,58 @@ t() {
 	timeout -k 5 "$STEP_TIMEOUT" "$@"
 }
 
+URDMAD_DIR=/run/urdma/verbs-test
+
 cleanup() {
+	local pid
 	timeout 30 rdma link delete urdma0 >/dev/null 2>&1
-	timeout 30 ip link del veth0 >/dev/null 2>&1
+	pid=$(cat "$URDMAD_DIR/urdmad.pid" 2>/dev/null)
+	if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+		kill "$pid"
+		for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+		kill -9 "$pid" 2>/dev/null
+	fi
+	rm -rf "$URDMAD_DIR"
+	timeout 30 ip link del vethv0 >/dev/null 2>&1
 	true
 }
 
-# A fresh veth pair with urdma0 on veth0; both removed when the test exits.
+# urdma0 on interface veth0, both removed when the test exits.  veth0 is the exception
+# (TAP) interface of a urdmad of the test's own whose port is one end of a veth pair
+# (vethv0/vethv1): a QP needs the urdmad that serves its device (docs/connection.md).
 setup_urdma0() {
+	local urdmad=target/release/urdmad
 	grep -q "^urdma " /proc/modules || fail "urdma.ko is not loaded"
 	[ -f /etc/libibverbs.d/urdma.driver ] || fail "provider not installed (/etc/libibverbs.d/urdma.driver)"
 	cleanup
 	trap cleanup EXIT
-	t ip link add veth0 type veth peer name veth1 || fail "cannot create veth pair"
-	t ip link set veth0 up && t ip link set veth1 up || fail "cannot bring the veth pair up"
+	t ip link add vethv0 type veth peer name vethv1 || fail "cannot create veth pair"
+	t ip link set vethv0 up && t ip link set vethv1 up || fail "cannot bring the veth pair up"
+	mkdir -p "$URDMAD_DIR"
+	cat >"$URDMAD_DIR/urdmad.toml" <<-EOF
+		[daemon]
+		socket = "$URDMAD_DIR/urdmad.sock"
+		group = ""
+		file_prefix = "urdmaverbs"
+		memory_mb = 64
+		mbufs = 4095
+		ring_size = 512
+
+		[[port]]
+		name = "port0"
+		device = "net_af_packet0,iface=vethv1"
+		exception = "veth0"
+	EOF
+	"$urdmad" --config "$URDMAD_DIR/urdmad.toml" </dev/null >"$OUT/verbs-urdmad.log" 2>&1 &
+	echo $! >"$URDMAD_DIR/urdmad.pid"
+	for _ in $(seq 600); do
+		ip link show veth0 >/dev/null 2>&1 &&
+			timeout 20 "$urdmad" status --socket "$URDMAD_DIR/urdmad.sock" >/dev/null 2>&1 && break
+		kill -0 "$(cat "$URDMAD_DIR/urdmad.pid")" 2>/dev/null ||
+			fail "urdmad did not start: $(tail -n1 "$OUT/verbs-urdmad.log")"
+		sleep 0.2
+	done
+	t ip link set veth0 up || fail "cannot bring veth0 up"
 	t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0 type urdma netdev veth0"
 	DMESG_START=$(dmesg | wc -l)
 }

@@ -2,6 +2,7 @@
 # Unmodified rping with data verification (-V) over urdma: between the two nodes of the bed
 # at several sizes up to rping's largest buffer (65535 bytes: rping refuses 64 KiB itself), the same with netem loss 2 %
 # plus reordering on the link, and between two processes of one node (loopback).
+# vm-timeout: 1800
 set -u
 . tests/e2e/lib.sh
 
@@ -10,7 +11,7 @@ port=7100
 
 # rping_pair SERVER_NODE SERVER_ADDR CLIENT_NODE SIZE LABEL
 rping_pair() {
-	local sn=$1 sa=$2 cn=$3 size=$4 label=$5 out
+	local sn=$1 sa=$2 cn=$3 size=$4 label=$5 out t0=$SECONDS
 	port=$((port + 1))
 	start_server "$sn" "rping-$label-$size" "." \
 		sh -c "echo started; exec rping -s -a $sa -p $port -C $ITER -S $size -V"
@@ -21,7 +22,7 @@ rping_pair() {
 	wait_server "rping-$label-$size" 120
 	grep -qiE "error|fail|mismatch" "$OUT/rping-$label-$size.log" &&
 		fail "rping server $label size $size: $(grep -m1 -iE 'error|fail|mismatch' "$OUT/rping-$label-$size.log")"
-	echo "rping $label -S $size -C $ITER: ok"
+	echo "rping $label -S $size -C $ITER: ok ($((SECONDS - t0)) s)"
 }
 
 bed_up
