@@ -6,7 +6,7 @@
 set -u
 . tests/e2e/lib.sh
 
-ITER=${RPING_ITER:-1000}
+ITER=${RPING_ITER:-100}
 port=7100
 
 # rping_pair SERVER_NODE SERVER_ADDR CLIENT_NODE SIZE LABEL

@@ -8,7 +8,7 @@
 set -u
 . tests/e2e/lib.sh
 
-OPS=${VERIFY_OPS:-2000}
+OPS=${VERIFY_OPS:-300}
 port=7300
 prog=$(build_e2e verify) || exit 1
 

@@ -10,6 +10,18 @@ BOUND=${KILL_BOUND:-30}	# seconds a survivor may take to notice
 prog=$(build_e2e verify) || exit 1
 port=7700
 
+# Waits until node $1's urdmad has $2 connected QPs (a first QP attaches to DPDK, which
+# takes many seconds under emulation), then lets the transfer run a little.
+wait_connected() {
+	local n=$1 want=$2 got
+	for _ in $(seq 600); do
+		got=$("$BED" status "$n" 2>/dev/null | awk '$1 == "cm" {for (i = 2; i <= NF; i++) if ($i ~ /^connected=/) print substr($i, 11)}')
+		[ "${got:-0}" -ge "$want" ] && { sleep 3; return 0; }
+		sleep 0.2
+	done
+	fail "node $n: no connection after 120 s"
+}
+
 # kill_app VICTIM(client|server)
 kill_app() {
 	local victim=$1 cpid start
@@ -17,7 +29,8 @@ kill_app() {
 	start_server B "kill-$victim" "listening" "$prog" server "$ADDR_B" "$port" -n 1000000 -t 600
 	ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n 1000000 -t 600 >"$OUT/kill-$victim-client.log" 2>&1 &
 	cpid=$!
-	sleep 8
+	wait_connected A 1
+	wait_connected B 1
 	kill -0 "$cpid" 2>/dev/null || fail "$victim: client ended early: $(tail -n1 "$OUT/kill-$victim-client.log")"
 	kill -0 "$SERVER_PID" 2>/dev/null || fail "$victim: server ended early"
 	start=$SECONDS
@@ -59,7 +72,8 @@ port=$((port + 1))
 start_server B kill-urdmad "listening" "$prog" server "$ADDR_B" "$port" -n 1000000 -t 600
 ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n 1000000 -t 600 >"$OUT/kill-urdmad-client.log" 2>&1 &
 cpid=$!
-sleep 8
+wait_connected A 1
+wait_connected B 1
 upid=$(cat /run/urdma/bed/B.pid) || fail "no pid file for node B's urdmad"
 start=$SECONDS
 kill -9 "$upid"

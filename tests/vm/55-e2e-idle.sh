@@ -21,6 +21,7 @@ cpu_ticks() {
 	echo $sum
 }
 
+declare -A b
 bed_up
 start_server B idle-server "listening" "$prog" server "$ADDR_B" 7900 hold
 ip netns exec urdmaA "$prog" client "$ADDR_B" 7900 hold >"$OUT/idle-client.log" 2>&1 &
@@ -31,6 +32,7 @@ sleep 2	# let the connection settle (handshake ACKs, back-off)
 pids=("$SERVER_PID" "$cpid" "$(cat /run/urdma/bed/A.pid)" "$(cat /run/urdma/bed/B.pid)")
 hz=$(getconf CLK_TCK)
 t0=$(cpu_ticks "${pids[@]}")
+for p in "${pids[@]}"; do b[$p]=$(cpu_ticks "$p"); done
 s0=$(date +%s.%N)
 sleep 10
 t1=$(cpu_ticks "${pids[@]}")
@@ -38,7 +40,9 @@ s1=$(date +%s.%N)
 for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || fail "process $p ended while idle"; done
 pct=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v s0="$s0" -v s1="$s1" 'BEGIN {printf "%.2f", 100 * (b - a) / hz / (s1 - s0)}')
 echo "idle: applications + urdmads used $pct % of one CPU over $(awk -v a="$s0" -v b="$s1" 'BEGIN {printf "%.1f", b - a}') s (bound $BOUND_PCT %)"
-for p in "${pids[@]}"; do echo "    pid $p ($(cat /proc/$p/comm)): $(awk '{print $14 + $15}' /proc/$p/stat) ticks in total"; done
+for p in "${pids[@]}"; do
+	echo "    $(cat "/proc/$p/comm") (pid $p): $(($(cpu_ticks "$p") - b[$p])) ticks of 1/$hz s"
+done
 awk -v p="$pct" -v b="$BOUND_PCT" 'BEGIN {exit !(p <= b)}' || fail "idle CPU $pct % is above the bound of $BOUND_PCT %"
 kill "$cpid" "$SERVER_PID" 2>/dev/null
 wait 2>/dev/null
