@@ -36,10 +36,10 @@ perf() {
 
 bed_up
 for dir in "B A" "A B"; do
-	for tool in ib_send_lat ib_write_lat ib_read_lat; do
+	for tool in ${PERFTEST_TOOLS:-ib_send_lat ib_write_lat ib_read_lat}; do
 		perf $dir $tool
 	done
 done
-perf B A ib_send_lat -e
+perf B A "${PERFTEST_EVENTS:-ib_send_lat}" -e
 dmesg_check
 echo "PASS"
