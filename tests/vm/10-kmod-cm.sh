@@ -13,6 +13,7 @@
 # two namespaces, module unload refused while a daemon is attached,
 # resource counts back to where they were, and the interface deleted
 # under an established connection.
+# vm-timeout: 1200
 set -u
 . kmod/tests/vm-lib.sh
 
