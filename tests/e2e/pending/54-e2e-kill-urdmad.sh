@@ -12,19 +12,6 @@ BOUND=${KILL_BOUND:-30}	# seconds a survivor may take to notice
 prog=$(build_e2e verify) || exit 1
 port=7700
 
-# Waits until node $1's urdmad has $2 connected QPs (a first QP attaches to DPDK, which
-# takes many seconds under emulation), then lets the transfer run a little.
-wait_connected() {
-	local n=$1 want=$2 got
-	for _ in $(seq 600); do
-		got=$("$BED" status "$n" 2>/dev/null | awk '$1 == "cm" {for (i = 2; i <= NF; i++) if ($i ~ /^connected=/) print substr($i, 11)}')
-		[ "${got:-0}" -ge "$want" ] && { sleep 3; return 0; }
-		sleep 0.2
-	done
-	fail "node $n: no connection after 120 s"
-}
-
-
 bed_up
 before_a=$(res_counts urdmaA)
 before_b=$(res_counts urdmaB)
