@@ -4,16 +4,7 @@
 
 KMOD_KO=$PWD/kmod/urdma.ko
 STEP_TIMEOUT=${STEP_TIMEOUT:-60}
-
-fail() {
-	echo "FAIL: $*"
-	exit 1
-}
-
-# Runs a command bounded in time.
-t() {
-	timeout -k 5 "$STEP_TIMEOUT" "$@"
-}
+. "$(dirname "${BASH_SOURCE[0]}")/../../tests/lib.sh"
 
 module_loaded() {
 	grep -q "^urdma " /proc/modules
@@ -33,24 +24,9 @@ setup_veth() {
 }
 
 cleanup() {
-	local l
-	for l in $(rdma link show 2>/dev/null | awk '$2 ~ /^urdma/ {split($2, a, "/"); print a[1]}'); do
-		timeout 30 rdma link delete "$l" >/dev/null 2>&1
-	done
+	delete_urdma_links
 	timeout 30 ip link del veth0 2>/dev/null
 	true
-}
-
-# Kernel trouble since dmesg_mark.
-dmesg_mark() {
-	DMESG_START=$(dmesg | wc -l)
-}
-
-dmesg_check() {
-	local bad
-	bad=$(dmesg | tail -n +"$((DMESG_START + 1))" |
-		grep -m1 -E "Oops|BUG:|WARNING:|general protection|Call Trace|KASAN|refcount_t:")
-	[ -z "$bad" ] || fail "kernel: $bad"
 }
 
 # /sys/class/infiniband/$1/ports/1/state is "4: ACTIVE" or "1: DOWN".
@@ -85,11 +61,6 @@ build_probe() {
 	dir=$(mktemp -d 2>/dev/null) || dir=$(mktemp -d -p "${URDMA_OUT:?}") || fail "no temp dir"
 	t gcc -O2 -Wall -o "$dir/uverbs_probe" kmod/tests/uverbs_probe.c || fail "cannot build uverbs_probe"
 	PROBE=$dir/uverbs_probe
-}
-
-# "pd 3 mr 1 ..." counts of device $1 from rdma resource show.
-res_counts() {
-	t rdma resource show "$1" | sed 's/^[0-9]*: *[^ ]* *//'
 }
 
 # A #define from the ABI header.

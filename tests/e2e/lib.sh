@@ -8,15 +8,7 @@ OUT=${URDMA_OUT:-/tmp}
 BED=scripts/bed
 ADDR_A=
 ADDR_B=
-
-fail() {
-	echo "FAIL: $*"
-	exit 1
-}
-
-t() {
-	timeout -k 5 "$STEP_TIMEOUT" "$@"
-}
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 # Runs CMD in node A or B (network namespace of that node).
 in_node() {
@@ -38,7 +30,7 @@ bed_up() {
 	t "$BED" up >"$OUT/bed-up.log" 2>&1 || fail "scripts/bed up: $(tail -n1 "$OUT/bed-up.log")"
 	ADDR_A=$("$BED" addr A)
 	ADDR_B=$("$BED" addr B)
-	DMESG_START=$(dmesg | wc -l)
+	dmesg_mark
 }
 
 # Compiles tests/e2e/NAME.c (librdmacm + libibverbs) into $OUT and prints its path.
@@ -47,11 +39,6 @@ build_e2e() {
 	TMPDIR=$OUT t cc -O2 -Wall -Werror -o "$exe" "tests/e2e/$1.c" -lrdmacm -libverbs -lpthread ||
 		fail "cannot build tests/e2e/$1.c"
 	echo "$exe"
-}
-
-# "pd N cq N qp N cm_id N mr N ..." of device $1.
-res_counts() {
-	t rdma resource show "$1" 2>/dev/null | sed -E 's/^[0-9]+: *[^ ]+: *//'
 }
 
 # Waits until the resource counts of device $1 equal $2 (at most $3 seconds).
@@ -63,13 +50,6 @@ wait_res() {
 		sleep 0.2
 	done
 	fail "$1: resource counts '$now', expected '$2'"
-}
-
-dmesg_check() {
-	local bad
-	bad=$(dmesg | tail -n +"$((DMESG_START + 1))" |
-		grep -m1 -E "Oops|BUG:|WARNING:|general protection|Call Trace|KASAN|refcount_t:|hung_task|blocked for more than")
-	[ -z "$bad" ] || fail "kernel: $bad"
 }
 
 # Starts a server in node $1 in the background (output in $OUT/$2.log), waits until it

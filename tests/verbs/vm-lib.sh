@@ -5,15 +5,7 @@
 
 STEP_TIMEOUT=${STEP_TIMEOUT:-120}
 OUT=${URDMA_OUT:-/tmp}
-
-fail() {
-	echo "FAIL: $*"
-	exit 1
-}
-
-t() {
-	timeout -k 5 "$STEP_TIMEOUT" "$@"
-}
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 URDMAD_DIR=/run/urdma/verbs-test
 
@@ -68,7 +60,7 @@ setup_urdma0() {
 	done
 	t ip link set veth0 up || fail "cannot bring veth0 up"
 	t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0 type urdma netdev veth0"
-	DMESG_START=$(dmesg | wc -l)
+	dmesg_mark
 }
 
 # A limit urdma.ko declares, evaluated from its #define in kmod/urdma.h.
@@ -91,22 +83,10 @@ kmod_count_limit() {
 	echo "$p"
 }
 
-# "pd N cq N qp N ..." of device $1, or nothing if rdma cannot tell.
-res_counts() {
-	t rdma resource show "$1" 2>/dev/null | sed -E 's/^[0-9]+: *[^ ]+: *//'
-}
-
 # Builds tests/verbs/$1.c against the installed libibverbs only.
 build_c() {
 	local exe=$OUT/$1
 	TMPDIR=$OUT t cc -O2 -Wall -Werror -o "$exe" "tests/verbs/$1.c" -libverbs ||
 		fail "cannot build tests/verbs/$1.c"
 	echo "$exe"
-}
-
-dmesg_check() {
-	local bad
-	bad=$(dmesg | tail -n +"$((DMESG_START + 1))" |
-		grep -m1 -E "Oops|BUG:|WARNING:|general protection|Call Trace|KASAN|refcount_t:")
-	[ -z "$bad" ] || fail "kernel: $bad"
 }

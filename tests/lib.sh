@@ -1,0 +1,43 @@
+# SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+# The helpers every VM test shares, sourced by kmod/tests/vm-lib.sh, tests/verbs/vm-lib.sh,
+# tests/e2e/lib.sh and tests/vm/run-all.  A caller that wants another bound per step sets
+# STEP_TIMEOUT before sourcing this file.  A failure prints one line "FAIL: ..." and exits 1.
+
+STEP_TIMEOUT=${STEP_TIMEOUT:-120}
+
+# What in the kernel log means a test provoked a kernel bug, a warning or a task stuck in D state.
+KERNEL_TROUBLE='Oops|BUG:|WARNING:|general protection|Call Trace|KASAN|refcount_t:|hung_task|blocked for more than'
+
+fail() {
+	echo "FAIL: $*"
+	exit 1
+}
+
+# Runs a command bounded in time.
+t() {
+	timeout -k 5 "$STEP_TIMEOUT" "$@"
+}
+
+# Kernel trouble is looked for from here on.
+dmesg_mark() {
+	DMESG_START=$(dmesg | wc -l)
+}
+
+dmesg_check() {
+	local bad
+	bad=$(dmesg | tail -n +"$((${DMESG_START:-0} + 1))" | grep -m1 -E "$KERNEL_TROUBLE")
+	[ -z "$bad" ] || fail "kernel: $bad"
+}
+
+# "pd N cq N qp N ..." of device $1, or nothing if rdma cannot tell.
+res_counts() {
+	t rdma resource show "$1" 2>/dev/null | sed -E 's/^[0-9]+: *[^ ]+: *//'
+}
+
+# Removes every urdma device (rdma link) a test left behind.
+delete_urdma_links() {
+	local l
+	for l in $(rdma link show 2>/dev/null | awk '$2 ~ /^urdma/ {split($2, a, "/"); print a[1]}'); do
+		timeout 30 rdma link delete "$l" >/dev/null 2>&1
+	done
+}
