@@ -77,6 +77,20 @@ step "netem off restores it"
 t scripts/bed netem off || fail "scripts/bed netem off"
 t scripts/bed exec A ping -c 3 -i 0.5 -W 10 10.77.0.2 || fail "ping after netem off"
 
+step "netem delay: each urdmad drops its own frames seen again instead of giving them to its kernel"
+# netem releases a frame from its socket, so af_packet then hands the sender a copy too.
+t scripts/bed netem delay 1ms || fail "scripts/bed netem delay 1ms"
+ec_a0=$(counter A port echoes)
+tk_a0=$(counter A exception to_kernel)
+t scripts/bed exec A ping -c 3 -i 0.5 -W 10 10.77.0.2 || fail "ping with netem delay"
+ec_a1=$(counter A port echoes)
+tk_a1=$(counter A exception to_kernel)
+t scripts/bed netem off || fail "scripts/bed netem off"
+echo "node A: echoes $ec_a0 -> $ec_a1, to_kernel $tk_a0 -> $tk_a1"
+((ec_a1 - ec_a0 >= 3)) || fail "node A's urdmad saw $((ec_a1 - ec_a0)) of its own frames again, expected >= 3"
+# the 3 replies and at most a few ARP frames, not A's own requests back
+((tk_a1 - tk_a0 <= 5)) || fail "node A's urdmad gave its kernel $((tk_a1 - tk_a0)) frames for 3 replies"
+
 step "scripts/bed pair: the server side runs in B, the client side in A with B's address"
 # shellcheck disable=SC2016
 pair_script='case $0 in

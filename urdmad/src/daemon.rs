@@ -51,6 +51,8 @@ struct PortState {
     from_processes_drops: u64,
     /// Frames to the port's own MAC, received here instead of sent.
     loopback: u64,
+    /// Our own transmissions seen again on receive (see [`drop_echoes`]).
+    echoes: u64,
 }
 
 struct FlowRec {
@@ -210,6 +212,7 @@ impl Daemon {
                     from_processes: 0,
                     from_processes_drops: 0,
                     loopback: 0,
+                    echoes: 0,
                 }),
                 Err(e) => {
                     for p in &mut ports {
@@ -282,6 +285,9 @@ impl Daemon {
                     ));
                     if n > 0 {
                         work += n;
+                        let kept = drop_echoes(&mut rx[..n], &p.port.mac.0);
+                        p.echoes += (n - kept) as u64;
+                        let n = kept;
                         kernel.clear();
                         p.flows.dispatch(&rx[..n], &mut kernel);
                         take_cm_frames(tap, pi, &mut kernel);
@@ -976,11 +982,11 @@ impl Daemon {
                 p.port.steering_reason.replace(' ', "_")
             };
             out.push(format!(
-                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={} loopback={}",
+                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={} loopback={} echoes={}",
                 p.port.index, p.port.name, p.port.device, p.port.mac, p.port.steering.as_str(),
                 p.queues.len(), c.rx_packets, c.rx_bytes, c.rx_missed, c.rx_errors,
                 c.tx_packets, c.tx_bytes, c.tx_errors, p.from_processes, p.from_processes_drops,
-                p.loopback
+                p.loopback, p.echoes
             ));
             for q in &p.queues {
                 let flow = match q.state {
@@ -1063,6 +1069,29 @@ impl Daemon {
         // SAFETY: no port or ring references the pool any more.
         unsafe { sys::rte_mempool_free(self.pool) };
     }
+}
+
+/// Frees the frames whose source is the port's own MAC and packs the others at the front of
+/// `rx`; returns how many remain. Such frames are our own transmissions coming back: an
+/// af_packet port whose sends go through the kernel's queueing (needed for `tc` on the link)
+/// also receives a copy of every frame it sends. Classified, they would all be handed to the
+/// kernel, at the cost of a TAP write each, only for the kernel to drop them as addressed to
+/// another host.
+///
+/// # Safety
+/// Every pointer in `rx` is a received mbuf owned by the caller.
+unsafe fn drop_echoes(rx: &mut [*mut sys::rte_mbuf], own: &[u8; 6]) -> usize {
+    let mut kept = 0;
+    for i in 0..rx.len() {
+        let m = rx[i];
+        if src_mac_is(m, own) {
+            sys::rte_pktmbuf_free(m);
+        } else {
+            rx[kept] = m;
+            kept += 1;
+        }
+    }
+    kept
 }
 
 /// Receives one burst from a flow queue. A queue steered to a flow moves the burst onto the
@@ -1155,6 +1184,15 @@ unsafe fn take_cm_frames(tap: &mut cm_impl::Tap, pi: usize, kernel: &mut Vec<*mu
 unsafe fn dst_mac_is(m: *mut sys::rte_mbuf, mac: &[u8; 6]) -> bool {
     (*m).data_len >= 6
         && std::slice::from_raw_parts(sys::rte_pktmbuf_mtod::<u8>(m) as *const u8, 6) == mac
+}
+
+/// Whether a frame's source MAC is `mac`.
+///
+/// # Safety
+/// `m` is a valid mbuf.
+unsafe fn src_mac_is(m: *mut sys::rte_mbuf, mac: &[u8; 6]) -> bool {
+    (*m).data_len >= 12
+        && std::slice::from_raw_parts(sys::rte_pktmbuf_mtod::<u8>(m).add(6) as *const u8, 6) == mac
 }
 
 /// Classifies frames of this node as if the port had received them (loopback): to their
