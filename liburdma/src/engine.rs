@@ -224,7 +224,21 @@ impl Engine {
     /// Forgets the QP (and stops using its flow); completions it had not
     /// delivered yet are dropped, as the QP is gone.
     pub fn destroy_qp(&mut self, key: QpKey) -> bool {
-        self.qps.remove(&key).is_some()
+        let Some(qp) = self.qps.remove(&key) else {
+            return false;
+        };
+        if let Some(conn) = &qp.conn {
+            // What the connection went through, for whoever asks with URDMA_LOG=info.
+            crate::log::info(format_args!(
+                "QP {}/{}: destroyed; srtt {:?} {:?} {:?}",
+                key.0,
+                key.1,
+                conn.srtt(),
+                conn.stats(),
+                conn.sender_stats()
+            ));
+        }
+        true
     }
 
     pub fn has_qp(&self, key: QpKey) -> bool {
