@@ -1,0 +1,187 @@
+//! Completion: finishing send work as the peer acknowledges it, closing
+//! once both FINs are through, and failing: every outstanding request
+//! completes with an error and the peer is told why.
+
+use super::{Connection, Event, FailReason};
+use crate::reliability::psn_lt;
+use crate::state::{self, QpState};
+use crate::time::Instant;
+use crate::verbs::{Completion, Queue, SendOp, WcOpcode, WcStatus};
+use crate::wire::rdmap::Terminate;
+
+impl Completion {
+    /// A send work request's completion; `byte_len` is the request's
+    /// length on success and 0 otherwise.
+    pub(super) fn send(wr_id: u64, op: &SendOp, status: WcStatus, byte_len: u32) -> Completion {
+        Completion {
+            wr_id,
+            queue: Queue::Send,
+            status,
+            opcode: match op {
+                SendOp::Send { .. } => WcOpcode::Send,
+                SendOp::RdmaWrite { .. } | SendOp::RdmaWriteImm { .. } => WcOpcode::RdmaWrite,
+                SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            },
+            byte_len,
+            imm: None,
+            invalidated: None,
+            solicited: false,
+        }
+    }
+
+    /// A receive that ended without a message.
+    pub(super) fn recv_failed(wr_id: u64, status: WcStatus) -> Completion {
+        Completion {
+            wr_id,
+            queue: Queue::Recv,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm: None,
+            invalidated: None,
+            solicited: false,
+        }
+    }
+
+    /// A receive that got a message: a Send (`imm` None) or a Write with
+    /// Immediate, whose `len` is the Write's.
+    pub(super) fn received(
+        wr_id: u64,
+        len: u32,
+        imm: Option<u32>,
+        invalidated: Option<u32>,
+        solicited: bool,
+    ) -> Completion {
+        Completion {
+            wr_id,
+            queue: Queue::Recv,
+            status: WcStatus::Success,
+            opcode: if imm.is_some() {
+                WcOpcode::RecvRdmaWithImm
+            } else {
+                WcOpcode::Recv
+            },
+            byte_len: len,
+            imm,
+            invalidated,
+            solicited,
+        }
+    }
+}
+
+impl Connection {
+    /// Completes finished send work in order and finishes closes.
+    #[inline(always)]
+    pub(super) fn progress(&mut self) {
+        // The common case on a receiving end: nothing of ours to finish.
+        if self.state == QpState::Rts && self.sq.entries.is_empty() {
+            return;
+        }
+        let una = self.tx.una();
+        if matches!(self.state, QpState::Rts | QpState::Closing) {
+            while let Some(e) = self.sq.entries.front() {
+                let done = e.issued
+                    && match e.op {
+                        SendOp::RdmaRead { .. } => e.reads_done >= e.reads_total,
+                        _ => psn_lt(e.last_psn, una),
+                    };
+                if !done {
+                    break;
+                }
+                let e = self.sq.entries.pop_front().expect("front exists");
+                self.sq.head_seq += 1;
+                self.sq.cursor -= 1;
+                if e.signaled {
+                    self.cq
+                        .push_back(Completion::send(e.wr_id, &e.op, WcStatus::Success, e.len));
+                }
+            }
+        }
+        match self.state {
+            QpState::Closing if self.peer_fin && self.fin_psn.is_some_and(|p| psn_lt(p, una)) => {
+                self.goto::<state::Closing, state::Closed>();
+                self.flush_rq(None);
+                self.events.push_back(Event::Closed);
+            }
+            QpState::Error if self.term_psn.is_some_and(|p| psn_lt(p, una)) => {
+                self.tx.clear();
+                self.sq.entries.clear();
+                self.goto::<state::Error, state::Closed>();
+            }
+            _ => {}
+        }
+    }
+
+    fn flush_rq(&mut self, first: Option<WcStatus>) {
+        let mut first = first;
+        while let Some(e) = self.recv.rq.pop_front() {
+            let status = first.take().unwrap_or(WcStatus::Flush);
+            self.cq.push_back(Completion::recv_failed(e.wr_id, status));
+        }
+    }
+
+    /// We detected the error: the peer gets `t` and the failure names it.
+    pub(super) fn fail_terminate(&mut self, now: Instant, t: Terminate) {
+        self.fail(
+            now,
+            FailReason::TerminateSent(t),
+            None,
+            None,
+            false,
+            Some(t),
+        );
+    }
+
+    /// Moves to Error: completes all outstanding work (the first send with
+    /// `sq_first`, the first receive with `rq_first`, transmitted sends with
+    /// RetryExceeded when `retry`, everything else Flush) and, if given,
+    /// queues a Terminate for the peer.
+    pub(super) fn fail(
+        &mut self,
+        _now: Instant,
+        reason: FailReason,
+        sq_first: Option<WcStatus>,
+        rq_first: Option<WcStatus>,
+        retry: bool,
+        term: Option<Terminate>,
+    ) {
+        match self.state {
+            QpState::Rts => self.goto::<state::Rts, state::Error>(),
+            QpState::Closing => self.goto::<state::Closing, state::Error>(),
+            QpState::Error | QpState::Closed => return,
+        }
+        let mut first = sq_first;
+        for e in &self.sq.entries {
+            let status = first.take().unwrap_or(if retry && e.started {
+                WcStatus::RetryExceeded
+            } else {
+                WcStatus::Flush
+            });
+            self.cq
+                .push_back(Completion::send(e.wr_id, &e.op, status, 0));
+        }
+        // Entries stay (without further completions) while earlier segments
+        // that reference them may still be retransmitted before the
+        // Terminate; they are dropped when the connection is Closed.
+        self.sq.cursor = self.sq.entries.len();
+        self.flush_rq(rq_first);
+        self.sq.reads_out.clear();
+        self.responses.clear();
+        self.events.push_back(Event::Failed(reason));
+        if matches!(reason, FailReason::RetryExceeded | FailReason::Aborted) {
+            self.abort_on_contact = true;
+            self.abort_pending = true;
+        }
+        match term {
+            Some(t) => {
+                self.term_pending = Some(t);
+                self.term_body = Some(t);
+            }
+            None => {
+                self.tx.clear();
+                self.sq.entries.clear();
+                self.goto::<state::Error, state::Closed>();
+            }
+        }
+    }
+}
