@@ -5,9 +5,69 @@
 use super::{Connection, Event, FailReason};
 use crate::reliability::psn_lt;
 use crate::state::{self, QpState};
-use crate::time::Instant;
+use crate::terminate::ErrorType;
 use crate::verbs::{Completion, Queue, SendOp, WcOpcode, WcStatus};
 use crate::wire::rdmap::Terminate;
+
+/// A failure, whole: why, and what the oldest outstanding requests
+/// complete with when the error is theirs (the rest get Flush).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Failure {
+    reason: FailReason,
+    send_status: Option<WcStatus>,
+    recv_status: Option<WcStatus>,
+}
+
+impl Failure {
+    fn new(reason: FailReason) -> Failure {
+        Failure {
+            reason,
+            send_status: None,
+            recv_status: None,
+        }
+    }
+
+    /// The peer stopped acknowledging.
+    pub(super) fn retry_exceeded() -> Failure {
+        Failure::new(FailReason::RetryExceeded)
+    }
+
+    pub(super) fn aborted() -> Failure {
+        Failure::new(FailReason::Aborted)
+    }
+
+    pub(super) fn peer_aborted() -> Failure {
+        Failure::new(FailReason::PeerAborted)
+    }
+
+    /// We found an error: the peer gets `t`.
+    pub(super) fn detected(t: Terminate) -> Failure {
+        Failure::new(FailReason::TerminateSent(t))
+    }
+
+    /// The peer reported an error: it was about our oldest send, which
+    /// completes with what the error's type means.
+    pub(super) fn reported(t: Terminate) -> Failure {
+        let status = if t.error_type().is_some_and(ErrorType::is_protection) {
+            WcStatus::RemoteAccess
+        } else {
+            WcStatus::RemoteOperation
+        };
+        Failure {
+            send_status: Some(status),
+            ..Failure::new(FailReason::TerminateReceived(t))
+        }
+    }
+
+    /// The error was about the oldest receive, which completes with
+    /// `status`.
+    pub(super) fn with_recv_status(self, status: WcStatus) -> Failure {
+        Failure {
+            recv_status: Some(status),
+            ..self
+        }
+    }
+}
 
 impl Completion {
     /// A send work request's completion; `byte_len` is the request's
@@ -120,37 +180,18 @@ impl Connection {
         }
     }
 
-    /// We detected the error: the peer gets `t` and the failure names it.
-    pub(super) fn fail_terminate(&mut self, now: Instant, t: Terminate) {
-        self.fail(
-            now,
-            FailReason::TerminateSent(t),
-            None,
-            None,
-            false,
-            Some(t),
-        );
-    }
-
-    /// Moves to Error: completes all outstanding work (the first send with
-    /// `sq_first`, the first receive with `rq_first`, transmitted sends with
-    /// RetryExceeded when `retry`, everything else Flush) and, if given,
-    /// queues a Terminate for the peer.
-    pub(super) fn fail(
-        &mut self,
-        _now: Instant,
-        reason: FailReason,
-        sq_first: Option<WcStatus>,
-        rq_first: Option<WcStatus>,
-        retry: bool,
-        term: Option<Terminate>,
-    ) {
+    /// Moves to Error: completes all outstanding work (the requests `f`
+    /// names with its statuses, sends already transmitted with
+    /// RetryExceeded when the peer stopped answering, everything else
+    /// Flush) and, if we detected the error, queues its Terminate.
+    pub(super) fn fail(&mut self, f: Failure) {
         match self.state {
             QpState::Rts => self.goto::<state::Rts, state::Error>(),
             QpState::Closing => self.goto::<state::Closing, state::Error>(),
             QpState::Error | QpState::Closed => return,
         }
-        let mut first = sq_first;
+        let retry = f.reason == FailReason::RetryExceeded;
+        let mut first = f.send_status;
         for e in &self.sq.entries {
             let status = first.take().unwrap_or(if retry && e.started {
                 WcStatus::RetryExceeded
@@ -164,20 +205,20 @@ impl Connection {
         // that reference them may still be retransmitted before the
         // Terminate; they are dropped when the connection is Closed.
         self.sq.cursor = self.sq.entries.len();
-        self.flush_rq(rq_first);
+        self.flush_rq(f.recv_status);
         self.sq.reads_out.clear();
         self.responses.clear();
-        self.events.push_back(Event::Failed(reason));
-        if matches!(reason, FailReason::RetryExceeded | FailReason::Aborted) {
+        self.events.push_back(Event::Failed(f.reason));
+        if matches!(f.reason, FailReason::RetryExceeded | FailReason::Aborted) {
             self.abort_on_contact = true;
             self.abort_pending = true;
         }
-        match term {
-            Some(t) => {
+        match f.reason {
+            FailReason::TerminateSent(t) => {
                 self.term_pending = Some(t);
                 self.term_body = Some(t);
             }
-            None => {
+            _ => {
                 self.tx.clear();
                 self.sq.entries.clear();
                 self.goto::<state::Error, state::Closed>();

@@ -28,6 +28,7 @@ use crate::verbs::{Completion, PostError, RecvWr, SendOp, SendWr, Sge, WcStatus}
 use crate::wire::predict;
 use crate::wire::rdmap::Terminate;
 use crate::wire::WireError;
+use complete::Failure;
 use keepalive::KeepAlive;
 use rx::RecvSide;
 use std::collections::VecDeque;
@@ -272,7 +273,7 @@ impl Connection {
         self.rx.on_timeout(now);
         if self.keepalive.expired(now) {
             if self.keepalive.probes() > self.cfg.max_retries {
-                self.fail(now, FailReason::RetryExceeded, None, None, true, None);
+                self.fail(Failure::retry_exceeded());
                 return;
             }
             self.keepalive.send_probe();
@@ -281,9 +282,7 @@ impl Connection {
         }
         if self.tx.on_timeout(now) == Timeout::RetryExceeded {
             match self.state {
-                QpState::Rts | QpState::Closing => {
-                    self.fail(now, FailReason::RetryExceeded, None, None, true, None)
-                }
+                QpState::Rts | QpState::Closing => self.fail(Failure::retry_exceeded()),
                 QpState::Error => {
                     self.tx.clear();
                     self.sq.entries.clear();
@@ -378,10 +377,12 @@ impl Connection {
     }
 
     /// Abortive close: an Abort packet goes out, all work is flushed.
-    pub fn abort(&mut self, now: Instant) {
+    /// Failing needs no time: `_now` stays for the callers' sake, as with
+    /// every other input.
+    pub fn abort(&mut self, _now: Instant) {
         if matches!(self.state, QpState::Rts | QpState::Closing) {
             self.abort_pending = true;
-            self.fail(now, FailReason::Aborted, None, None, false, None);
+            self.fail(Failure::aborted());
         }
     }
 

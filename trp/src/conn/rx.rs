@@ -1,18 +1,20 @@
 //! Receive: handling a datagram, admitting its PSN, placing its payload
 //! after the protection checks, and applying each PSN's effect in order.
 
+use super::complete::Failure;
 use super::sgl::scatter;
 use super::tx::ReadJob;
-use super::{Connection, Event, FailReason, Msn};
+use super::{take_msn, Connection, Event, Msn};
 use crate::mr::{self, Access, Memory, Region};
 use crate::reliability::{psn_lt, Arrival};
 use crate::state::{self, QpState};
+use crate::terminate::{Cause, Malformed, OperationCode, ProtectionCode, UntaggedCode};
 use crate::time::Instant;
 use crate::verbs::{Completion, RecvWr, Sge, WcStatus};
 use crate::wire::ddp::{self, BufferRef};
 use crate::wire::handshake;
 use crate::wire::predict::Datagram;
-use crate::wire::rdmap::{self, qn, term, HeaderCopy, Layer, Opcode, ReadRequest, Terminate};
+use crate::wire::rdmap::{self, qn, HeaderCopy, Opcode, ReadRequest, Terminate};
 use crate::wire::segment::{self, Body};
 use crate::wire::trp::{self, SackRanges};
 use crate::wire::WireError;
@@ -44,10 +46,7 @@ pub(super) enum RxEvent {
     ReadResponseDone,
     Terminate(Terminate),
     /// Boxed: rare, and it would triple the size of every slot.
-    Fail {
-        term: Box<Terminate>,
-        rq_status: Option<WcStatus>,
-    },
+    Fail(Box<Failure>),
     Fin,
 }
 
@@ -82,57 +81,45 @@ impl RecvSide {
     }
 }
 
-// Error paths are cold: keeping them out of line keeps the per-segment
-// path short.
-#[cold]
-#[inline(never)]
-fn terminate(
-    layer: Layer,
-    etype: u8,
-    code: u8,
-    segment: &[u8],
-    rr: Option<ReadRequest>,
-) -> Terminate {
-    Terminate {
-        layer,
-        etype,
-        code,
-        ddp_header: HeaderCopy::from_segment(segment),
-        rdmap_header: rr,
+impl RxEvent {
+    #[inline(always)]
+    fn fail(f: Failure) -> RxEvent {
+        RxEvent::Fail(Box::new(f))
+    }
+
+    /// We found `cause` in `segment`: the peer gets a Terminate quoting it.
+    #[inline(always)]
+    fn detected(cause: Cause, segment: &[u8]) -> RxEvent {
+        RxEvent::fail(Failure::detected(Terminate::quoting(cause, segment)))
     }
 }
 
-/// The Terminate RFC 5040/5041 prescribe for a malformed segment.
+/// The Terminate for a refused Read Request. Its DDP header is rebuilt
+/// (only the MSN varies in a valid one) and the request quoted whole.
 #[cold]
 #[inline(never)]
-fn wire_error_term(e: WireError, segment: &[u8]) -> Terminate {
-    let tagged = segment.first().is_some_and(|b| b & 0x80 != 0);
-    let (layer, etype, code) = match e {
-        WireError::DdpVersion(_) if tagged => {
-            (Layer::Ddp, term::DDP_TAGGED, term::T_INVALID_DDP_VERSION)
-        }
-        WireError::DdpVersion(_) => (Layer::Ddp, term::DDP_UNTAGGED, term::U_INVALID_DDP_VERSION),
-        WireError::RdmapVersion(_) => (
-            Layer::Rdmap,
-            term::RDMAP_REMOTE_OPERATION,
-            term::INVALID_RDMAP_VERSION,
-        ),
-        WireError::QueueNumber { .. } => (Layer::Ddp, term::DDP_UNTAGGED, term::U_INVALID_QN),
-        WireError::RdmapOpcode(_)
-        | WireError::BufferModel { .. }
-        | WireError::NotLast { .. }
-        | WireError::BodyLen { .. } => (
-            Layer::Rdmap,
-            term::RDMAP_REMOTE_OPERATION,
-            term::UNEXPECTED_OPCODE,
-        ),
-        _ => (
-            Layer::Rdmap,
-            term::RDMAP_REMOTE_OPERATION,
-            term::UNSPECIFIED,
-        ),
-    };
-    terminate(layer, etype, code, segment, None)
+fn read_request_terminate(cause: Cause, msn: u32, rr: ReadRequest) -> Terminate {
+    let mut h = [0u8; ddp::UNTAGGED_HEADER_LEN];
+    segment::Repr {
+        opcode: Opcode::ReadRequest,
+        last: true,
+        buffer: BufferRef::Untagged {
+            ulp_word: 0,
+            qn: qn::READ_REQUEST,
+            msn,
+            mo: 0,
+        },
+    }
+    .emit(&mut h);
+    let mut hdr = HeaderCopy::from_segment(&h);
+    if let Some(c) = hdr.as_mut() {
+        c.segment_len = (ddp::UNTAGGED_HEADER_LEN + rdmap::READ_REQUEST_LEN) as u16;
+    }
+    Terminate {
+        ddp_header: hdr,
+        rdmap_header: Some(rr),
+        ..Terminate::from(cause)
+    }
 }
 
 impl Connection {
@@ -170,7 +157,7 @@ impl Connection {
         match h.opcode {
             trp::Opcode::Reject => return Ok(()),
             trp::Opcode::Abort => {
-                self.fail(now, FailReason::PeerAborted, None, None, false, None);
+                self.fail(Failure::peer_aborted());
                 return Ok(());
             }
             _ => {}
@@ -219,14 +206,14 @@ impl Connection {
                         if !matches!(ev, RxEvent::None)
                             && matches!(self.state, QpState::Rts | QpState::Closing)
                         {
-                            self.deliver_event(now, mem, ev);
+                            self.deliver_event(mem, ev);
                         }
                     } else {
                         self.rx.mark(h.psn);
                         let slot = self.rx.slot(h.psn);
                         self.recv.parked[slot] = ev;
                         self.rx.on_packet(now, arrival, ack_request);
-                        self.deliver(now, mem);
+                        self.deliver(mem);
                     }
                 }
                 Arrival::New { .. } => {}
@@ -306,7 +293,7 @@ impl Connection {
                         len: end as u32,
                         imm: None,
                     };
-                    self.deliver_event(now, mem, ev);
+                    self.deliver_event(mem, ev);
                 }
             }
         }
@@ -346,11 +333,12 @@ impl Connection {
     ) -> Option<RxEvent> {
         let (seg, body) = match segment::Repr::parse(payload) {
             Ok(x) => x,
-            Err(e) => {
-                return Some(RxEvent::Fail {
-                    term: Box::new(wire_error_term(e, payload)),
-                    rq_status: None,
-                })
+            Err(error) => {
+                let t = Terminate::from(Malformed {
+                    error,
+                    segment: payload,
+                });
+                return Some(RxEvent::fail(Failure::detected(t)));
             }
         };
         let pd = self.cfg.pd;
@@ -358,17 +346,8 @@ impl Connection {
             (BufferRef::Tagged { stag, to }, Body::Data(data)) => {
                 let response = seg.opcode == Opcode::ReadResponse;
                 if response && self.sq.reads_out.is_empty() {
-                    let term = terminate(
-                        Layer::Rdmap,
-                        term::RDMAP_REMOTE_OPERATION,
-                        term::UNEXPECTED_OPCODE,
-                        payload,
-                        None,
-                    );
-                    return Some(RxEvent::Fail {
-                        term: Box::new(term),
-                        rq_status: None,
-                    });
+                    let cause = Cause::RemoteOperation(OperationCode::UnexpectedOpcode);
+                    return Some(RxEvent::detected(cause, payload));
                 }
                 let need = if response {
                     Access::LOCAL_WRITE
@@ -376,13 +355,7 @@ impl Connection {
                     Access::REMOTE_WRITE
                 };
                 match mr::check(mem, stag, pd, to, data.len() as u64, need) {
-                    Err(e) => {
-                        let (l, t, c) = e.tagged_term();
-                        Some(RxEvent::Fail {
-                            term: Box::new(terminate(l, t, c, payload, None)),
-                            rq_status: None,
-                        })
-                    }
+                    Err(e) => Some(RxEvent::detected(Cause::from(e), payload)),
                     Ok(()) => {
                         mem.write(to, data);
                         Some(if response && seg.last {
@@ -405,15 +378,11 @@ impl Connection {
                         return None;
                     }
                     let code = if d < 1 << 16 {
-                        term::U_NO_BUFFER
+                        UntaggedCode::NoBuffer
                     } else {
-                        term::U_MSN_RANGE
+                        UntaggedCode::MsnRange
                     };
-                    let term = terminate(Layer::Ddp, term::DDP_UNTAGGED, code, payload, None);
-                    return Some(RxEvent::Fail {
-                        term: Box::new(term),
-                        rq_status: None,
-                    });
+                    return Some(RxEvent::detected(Cause::DdpUntagged(code), payload));
                 }
                 let e = &self.recv.rq[d as usize];
                 match body {
@@ -427,17 +396,12 @@ impl Connection {
                     Body::Data(data) => {
                         let end = u64::from(mo) + data.len() as u64;
                         if end > e.len {
-                            let term = terminate(
-                                Layer::Ddp,
-                                term::DDP_UNTAGGED,
-                                term::U_TOO_LONG,
+                            let t = Terminate::quoting(
+                                Cause::DdpUntagged(UntaggedCode::TooLong),
                                 payload,
-                                None,
                             );
-                            return Some(RxEvent::Fail {
-                                term: Box::new(term),
-                                rq_status: Some(WcStatus::LocalLength),
-                            });
+                            let f = Failure::detected(t).with_recv_status(WcStatus::LocalLength);
+                            return Some(RxEvent::fail(f));
                         }
                         scatter(mem, &e.sges, u64::from(mo), data);
                         Some(if seg.last {
@@ -460,24 +424,15 @@ impl Connection {
             }
             (_, Body::Terminate(t)) => Some(RxEvent::Terminate(t)),
             _ => {
-                let term = terminate(
-                    Layer::Rdmap,
-                    term::RDMAP_REMOTE_OPERATION,
-                    term::UNEXPECTED_OPCODE,
-                    payload,
-                    None,
-                );
-                Some(RxEvent::Fail {
-                    term: Box::new(term),
-                    rq_status: None,
-                })
+                let cause = Cause::RemoteOperation(OperationCode::UnexpectedOpcode);
+                Some(RxEvent::detected(cause, payload))
             }
         }
     }
 
     /// Applies in-order effects of every PSN that is now contiguous.
     #[inline]
-    fn deliver<M: Memory + ?Sized>(&mut self, now: Instant, mem: &mut M) {
+    fn deliver<M: Memory + ?Sized>(&mut self, mem: &mut M) {
         while let Some(psn) = self.rx.pop_in_order() {
             let slot = self.rx.slot(psn);
             let ev = std::mem::take(&mut self.recv.parked[slot]);
@@ -487,13 +442,13 @@ impl Connection {
             {
                 continue;
             }
-            self.deliver_event(now, mem, ev);
+            self.deliver_event(mem, ev);
         }
     }
 
     /// Applies one PSN's in-order effect.
     #[inline(never)]
-    fn deliver_event<M: Memory + ?Sized>(&mut self, now: Instant, mem: &mut M, ev: RxEvent) {
+    fn deliver_event<M: Memory + ?Sized>(&mut self, mem: &mut M, ev: RxEvent) {
         match ev {
             RxEvent::None => {}
             RxEvent::Recv {
@@ -505,26 +460,14 @@ impl Connection {
             } => {
                 // A hostile peer can end the same message twice.
                 if msn != self.recv.expected.send || self.recv.rq.is_empty() {
-                    let t = Terminate {
-                        layer: Layer::Ddp,
-                        etype: term::DDP_UNTAGGED,
-                        code: term::U_MSN_RANGE,
-                        ddp_header: None,
-                        rdmap_header: None,
-                    };
-                    self.fail_terminate(now, t);
+                    let cause = Cause::DdpUntagged(UntaggedCode::MsnRange);
+                    self.fail(Failure::detected(cause.into()));
                     return;
                 }
                 if let Some(stag) = invalidate {
                     if mem.invalidate(stag, self.cfg.pd).is_err() {
-                        let t = Terminate {
-                            layer: Layer::Rdmap,
-                            etype: term::RDMAP_REMOTE_OPERATION,
-                            code: term::STAG_CANNOT_INVALIDATE,
-                            ddp_header: None,
-                            rdmap_header: None,
-                        };
-                        self.fail_terminate(now, t);
+                        let cause = Cause::RemoteOperation(OperationCode::StagCannotInvalidate);
+                        self.fail(Failure::detected(cause.into()));
                         return;
                     }
                 }
@@ -533,41 +476,16 @@ impl Connection {
                     .rq
                     .pop_front()
                     .expect("placement checked the receive exists");
-                self.recv.expected.send = self.recv.expected.send.wrapping_add(1);
+                take_msn(&mut self.recv.expected.send);
                 self.cq.push_back(Completion::received(
                     e.wr_id, len, imm, invalidate, solicited,
                 ));
             }
             RxEvent::ReadRequest { msn, rr } => {
-                // Rebuild the offending header for a Terminate: only
-                // MSN varies in a valid Read Request's DDP header.
-                let mut h = [0u8; ddp::UNTAGGED_HEADER_LEN];
-                segment::Repr {
-                    opcode: Opcode::ReadRequest,
-                    last: true,
-                    buffer: BufferRef::Untagged {
-                        ulp_word: 0,
-                        qn: qn::READ_REQUEST,
-                        msn,
-                        mo: 0,
-                    },
-                }
-                .emit(&mut h);
-                let mut hdr = HeaderCopy::from_segment(&h);
-                if let Some(c) = hdr.as_mut() {
-                    c.segment_len = (ddp::UNTAGGED_HEADER_LEN + rdmap::READ_REQUEST_LEN) as u16;
-                }
-                let mut t = Terminate {
-                    layer: Layer::Ddp,
-                    etype: term::DDP_UNTAGGED,
-                    code: 0,
-                    ddp_header: hdr,
-                    rdmap_header: Some(rr),
-                };
-                if msn != self.recv.expected.read_request {
-                    t.code = term::U_MSN_RANGE;
+                let code = if msn != self.recv.expected.read_request {
+                    UntaggedCode::MsnRange
                 } else if self.responses.len() >= usize::from(self.cfg.ird) {
-                    t.code = term::U_NO_BUFFER;
+                    UntaggedCode::NoBuffer
                 } else if let Err(e) = mr::check(
                     mem,
                     rr.src_stag,
@@ -576,10 +494,11 @@ impl Connection {
                     u64::from(rr.size),
                     Access::REMOTE_READ,
                 ) {
-                    (t.layer, t.etype, t.code) = e.read_term();
+                    let cause = Cause::RemoteProtection(ProtectionCode::from(e));
+                    self.fail(Failure::detected(read_request_terminate(cause, msn, rr)));
+                    return;
                 } else {
-                    self.recv.expected.read_request =
-                        self.recv.expected.read_request.wrapping_add(1);
+                    take_msn(&mut self.recv.expected.read_request);
                     self.responses.push_back(ReadJob {
                         src_addr: rr.src_to,
                         sink_stag: rr.sink_stag,
@@ -588,8 +507,9 @@ impl Connection {
                         off: 0,
                     });
                     return;
-                }
-                self.fail_terminate(now, t);
+                };
+                let t = read_request_terminate(Cause::DdpUntagged(code), msn, rr);
+                self.fail(Failure::detected(t));
             }
             RxEvent::ReadResponseDone => {
                 if let Some(seq) = self.sq.reads_out.pop_front() {
@@ -598,35 +518,8 @@ impl Connection {
                     }
                 }
             }
-            RxEvent::Terminate(t) => {
-                let protection = (t.layer == Layer::Rdmap
-                    && t.etype == term::RDMAP_REMOTE_PROTECTION)
-                    || (t.layer == Layer::Ddp && t.etype == term::DDP_TAGGED);
-                let status = if protection {
-                    WcStatus::RemoteAccess
-                } else {
-                    WcStatus::RemoteOperation
-                };
-                self.fail(
-                    now,
-                    FailReason::TerminateReceived(t),
-                    Some(status),
-                    None,
-                    false,
-                    None,
-                );
-            }
-            RxEvent::Fail { term, rq_status } => {
-                let term = *term;
-                self.fail(
-                    now,
-                    FailReason::TerminateSent(term),
-                    None,
-                    rq_status,
-                    false,
-                    Some(term),
-                );
-            }
+            RxEvent::Terminate(t) => self.fail(Failure::reported(t)),
+            RxEvent::Fail(f) => self.fail(*f),
             RxEvent::Fin => {
                 self.peer_fin = true;
                 self.events.push_back(Event::PeerClosed);
