@@ -2,9 +2,10 @@
 //! once both FINs are through, and failing: every outstanding request
 //! completes with an error and the peer is told why.
 
+use super::states::{Closed, Errored, Phase};
 use super::{Connection, Event, FailReason};
 use crate::reliability::psn_lt;
-use crate::state::{self, QpState};
+use crate::state;
 use crate::terminate::ErrorType;
 use crate::verbs::{Completion, Queue, SendOp, WcOpcode, WcStatus};
 use crate::wire::rdmap::Terminate;
@@ -134,11 +135,11 @@ impl Connection {
     #[inline(always)]
     pub(super) fn progress(&mut self) {
         // The common case on a receiving end: nothing of ours to finish.
-        if self.state == QpState::Rts && self.sq.entries.is_empty() {
+        if matches!(self.state, Phase::Rts) && self.sq.entries.is_empty() {
             return;
         }
         let una = self.tx.una();
-        if matches!(self.state, QpState::Rts | QpState::Closing) {
+        if matches!(self.state, Phase::Rts | Phase::Closing(_)) {
             while let Some(e) = self.sq.entries.front() {
                 let done = e.issued
                     && match e.op {
@@ -157,16 +158,16 @@ impl Connection {
                 }
             }
         }
-        match self.state {
-            QpState::Closing if self.peer_fin && self.fin_psn.is_some_and(|p| psn_lt(p, una)) => {
-                self.goto::<state::Closing, state::Closed>();
+        match &self.state {
+            Phase::Closing(c) if c.peer_fin && c.fin_psn.is_some_and(|p| psn_lt(p, una)) => {
+                self.goto::<state::Closing, state::Closed>(Phase::Closed(Closed::default()));
                 self.flush_rq(None);
                 self.events.push_back(Event::Closed);
             }
-            QpState::Error if self.term_psn.is_some_and(|p| psn_lt(p, una)) => {
+            Phase::Error(e) if e.term_psn.is_some_and(|p| psn_lt(p, una)) => {
                 self.tx.clear();
                 self.sq.entries.clear();
-                self.goto::<state::Error, state::Closed>();
+                self.goto::<state::Error, state::Closed>(Phase::Closed(Closed::default()));
             }
             _ => {}
         }
@@ -185,11 +186,11 @@ impl Connection {
     /// RetryExceeded when the peer stopped answering, everything else
     /// Flush) and, if we detected the error, queues its Terminate.
     pub(super) fn fail(&mut self, f: Failure) {
-        match self.state {
-            QpState::Rts => self.goto::<state::Rts, state::Error>(),
-            QpState::Closing => self.goto::<state::Closing, state::Error>(),
-            QpState::Error | QpState::Closed => return,
-        }
+        let from_rts = match self.state {
+            Phase::Rts => true,
+            Phase::Closing(_) => false,
+            Phase::Error(_) | Phase::Closed(_) => return,
+        };
         let retry = f.reason == FailReason::RetryExceeded;
         let mut first = f.send_status;
         for e in &self.sq.entries {
@@ -209,20 +210,30 @@ impl Connection {
         self.sq.reads_out.clear();
         self.responses.clear();
         self.events.push_back(Event::Failed(f.reason));
-        if matches!(f.reason, FailReason::RetryExceeded | FailReason::Aborted) {
-            self.abort_on_contact = true;
-            self.abort_pending = true;
+        if let FailReason::TerminateSent(term) = f.reason {
+            let next = Phase::Error(Errored {
+                term,
+                term_psn: None,
+            });
+            if from_rts {
+                self.goto::<state::Rts, state::Error>(next);
+            } else {
+                self.goto::<state::Closing, state::Error>(next);
+            }
+            return;
         }
-        match f.reason {
-            FailReason::TerminateSent(t) => {
-                self.term_pending = Some(t);
-                self.term_body = Some(t);
-            }
-            _ => {
-                self.tx.clear();
-                self.sq.entries.clear();
-                self.goto::<state::Error, state::Closed>();
-            }
+        self.tx.clear();
+        self.sq.entries.clear();
+        // A peer that stopped answering, or our own abort, is told by Abort.
+        let abort = matches!(f.reason, FailReason::RetryExceeded | FailReason::Aborted);
+        let next = Phase::Closed(Closed {
+            abort_pending: abort,
+            abort_on_contact: abort,
+        });
+        if from_rts {
+            self.goto_through::<state::Rts, state::Error, state::Closed>(next);
+        } else {
+            self.goto_through::<state::Closing, state::Error, state::Closed>(next);
         }
     }
 }

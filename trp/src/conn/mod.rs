@@ -17,12 +17,13 @@ mod complete;
 mod keepalive;
 mod rx;
 mod sgl;
+mod states;
 mod tx;
 
 use crate::config::Config;
 use crate::mr::{self, Access, Memory};
 use crate::reliability::{Params, Receiver, Sender, SenderStats, Timeout};
-use crate::state::{self, QpState, State, Transition};
+use crate::state::{self, QpState};
 use crate::time::Instant;
 use crate::verbs::{Completion, PostError, RecvWr, SendOp, SendWr, Sge, WcStatus};
 use crate::wire::predict;
@@ -31,6 +32,7 @@ use crate::wire::WireError;
 use complete::Failure;
 use keepalive::KeepAlive;
 use rx::RecvSide;
+use states::{Closed, Phase};
 use std::collections::VecDeque;
 use tx::{ReadJob, SendQueue, TxKind};
 
@@ -129,7 +131,7 @@ struct PendingAccept {
 #[derive(Debug)]
 pub struct Connection {
     cfg: Config,
-    state: QpState,
+    state: Phase,
     local_conn: u32,
     peer_conn: u32,
     datagram: usize,
@@ -142,15 +144,6 @@ pub struct Connection {
     responses: VecDeque<ReadJob>,
     cq: VecDeque<Completion>,
     events: VecDeque<Event>,
-    fin_psn: Option<u32>,
-    peer_fin: bool,
-    term_pending: Option<Terminate>,
-    term_body: Option<Terminate>,
-    term_psn: Option<u32>,
-    abort_pending: bool,
-    /// We failed or aborted: answer the peer's packets with Abort (as TCP
-    /// answers a closed connection with RST) so a live peer learns of it.
-    abort_on_contact: bool,
     keepalive: KeepAlive,
     stats: Stats,
 }
@@ -172,7 +165,7 @@ impl Connection {
                 .max(crate::config::MIN_DATAGRAM),
         );
         Connection {
-            state: QpState::Rts,
+            state: Phase::Rts,
             local_conn: n.local_conn,
             peer_conn: n.peer_conn,
             datagram,
@@ -188,13 +181,6 @@ impl Connection {
             responses: VecDeque::new(),
             cq: VecDeque::new(),
             events: VecDeque::new(),
-            fin_psn: None,
-            peer_fin: false,
-            term_pending: None,
-            term_body: None,
-            term_psn: None,
-            abort_pending: false,
-            abort_on_contact: false,
             keepalive: KeepAlive::default(),
             stats: Stats::default(),
             cfg,
@@ -202,7 +188,7 @@ impl Connection {
     }
 
     pub fn state(&self) -> QpState {
-        self.state
+        self.state.qp()
     }
     pub fn stats(&self) -> Stats {
         self.stats
@@ -241,11 +227,6 @@ impl Connection {
         self.sq.ord
     }
 
-    fn goto<F: Transition<T>, T: State>(&mut self) {
-        debug_assert_eq!(self.state, F::STATE);
-        self.state = T::STATE;
-    }
-
     pub(crate) fn request_ack(&mut self) {
         self.rx.request_ack();
     }
@@ -282,13 +263,13 @@ impl Connection {
         }
         if self.tx.on_timeout(now) == Timeout::RetryExceeded {
             match self.state {
-                QpState::Rts | QpState::Closing => self.fail(Failure::retry_exceeded()),
-                QpState::Error => {
+                Phase::Rts | Phase::Closing(_) => self.fail(Failure::retry_exceeded()),
+                Phase::Error(_) => {
                     self.tx.clear();
                     self.sq.entries.clear();
-                    self.goto::<state::Error, state::Closed>();
+                    self.goto::<state::Error, state::Closed>(Phase::Closed(Closed::default()));
                 }
-                QpState::Closed => {}
+                Phase::Closed(_) => {}
             }
         }
     }
@@ -298,7 +279,7 @@ impl Connection {
     /// so the retransmission timer is idle).
     #[inline(always)]
     fn arm_probe(&mut self, now: Instant) {
-        let waiting = matches!(self.state, QpState::Rts | QpState::Closing)
+        let waiting = matches!(self.state, Phase::Rts | Phase::Closing(_))
             && !self.sq.reads_out.is_empty()
             && self.tx.outstanding() == 0;
         self.keepalive
@@ -331,9 +312,9 @@ impl Connection {
         wr: &SendWr<'_>,
     ) -> Result<(), PostError> {
         match self.state {
-            QpState::Rts => {}
-            QpState::Closing => return Err(PostError::State),
-            QpState::Error | QpState::Closed => {
+            Phase::Rts => {}
+            Phase::Closing(_) => return Err(PostError::State),
+            Phase::Error(_) | Phase::Closed(_) => {
                 self.cq
                     .push_back(Completion::send(wr.wr_id, &wr.op, WcStatus::Flush, 0));
                 return Ok(());
@@ -356,7 +337,7 @@ impl Connection {
         mem: &M,
         wr: &RecvWr<'_>,
     ) -> Result<(), PostError> {
-        if matches!(self.state, QpState::Error | QpState::Closed) {
+        if matches!(self.state, Phase::Error(_) | Phase::Closed(_)) {
             self.cq
                 .push_back(Completion::recv_failed(wr.wr_id, WcStatus::Flush));
             return Ok(());
@@ -371,8 +352,8 @@ impl Connection {
 
     /// Graceful close: outstanding work finishes, then FIN is exchanged.
     pub fn close(&mut self) {
-        if self.state == QpState::Rts {
-            self.goto::<state::Rts, state::Closing>();
+        if matches!(self.state, Phase::Rts) {
+            self.goto::<state::Rts, state::Closing>(Phase::Closing(Default::default()));
         }
     }
 
@@ -380,8 +361,7 @@ impl Connection {
     /// Failing needs no time: `_now` stays for the callers' sake, as with
     /// every other input.
     pub fn abort(&mut self, _now: Instant) {
-        if matches!(self.state, QpState::Rts | QpState::Closing) {
-            self.abort_pending = true;
+        if matches!(self.state, Phase::Rts | Phase::Closing(_)) {
             self.fail(Failure::aborted());
         }
     }

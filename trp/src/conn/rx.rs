@@ -3,11 +3,12 @@
 
 use super::complete::Failure;
 use super::sgl::scatter;
+use super::states::{Closing, Phase};
 use super::tx::ReadJob;
 use super::{take_msn, Connection, Event, Msn};
 use crate::mr::{self, Access, Memory, Region};
 use crate::reliability::{psn_lt, Arrival};
-use crate::state::{self, QpState};
+use crate::state;
 use crate::terminate::{Cause, Malformed, OperationCode, ProtectionCode, UntaggedCode};
 use crate::time::Instant;
 use crate::verbs::{Completion, RecvWr, Sge, WcStatus};
@@ -163,10 +164,10 @@ impl Connection {
             _ => {}
         }
         let ack_request = h.flags & trp::FLAG_ACK_REQUEST != 0;
-        if self.state == QpState::Closed {
+        if let Phase::Closed(c) = &mut self.state {
             if h.opcode.consumes_psn() || ack_request {
-                if self.abort_on_contact {
-                    self.abort_pending = true;
+                if c.abort_on_contact {
+                    c.abort_pending = true;
                 } else {
                     self.rx.request_ack();
                 }
@@ -190,7 +191,7 @@ impl Connection {
         if h.opcode.consumes_psn() {
             let arrival = self.rx.classify(h.psn);
             match arrival {
-                Arrival::New { in_order } if self.state != QpState::Error => {
+                Arrival::New { in_order } if !matches!(self.state, Phase::Error(_)) => {
                     let ev = match h.opcode {
                         trp::Opcode::Data => self.place(mem, in_order, payload),
                         trp::Opcode::Fin => Some(RxEvent::Fin),
@@ -204,7 +205,7 @@ impl Connection {
                         // Nothing waits behind it: its effect applies now.
                         self.rx.on_packet(now, arrival, ack_request);
                         if !matches!(ev, RxEvent::None)
-                            && matches!(self.state, QpState::Rts | QpState::Closing)
+                            && matches!(self.state, Phase::Rts | Phase::Closing(_))
                         {
                             self.deliver_event(mem, ev);
                         }
@@ -247,7 +248,7 @@ impl Connection {
     ) -> bool {
         let ours = d.dst_conn == self.local_conn
             && self.cfg.header_prediction
-            && self.state == QpState::Rts
+            && matches!(self.state, Phase::Rts)
             && self.accept.is_none();
         if !ours {
             return false;
@@ -438,7 +439,7 @@ impl Connection {
             let ev = std::mem::take(&mut self.recv.parked[slot]);
             // Most PSNs (all but the last segment of a message) have no
             // in-order effect: keep their path free of the rest.
-            if matches!(ev, RxEvent::None) || !matches!(self.state, QpState::Rts | QpState::Closing)
+            if matches!(ev, RxEvent::None) || !matches!(self.state, Phase::Rts | Phase::Closing(_))
             {
                 continue;
             }
@@ -521,10 +522,18 @@ impl Connection {
             RxEvent::Terminate(t) => self.fail(Failure::reported(t)),
             RxEvent::Fail(f) => self.fail(*f),
             RxEvent::Fin => {
-                self.peer_fin = true;
                 self.events.push_back(Event::PeerClosed);
-                if self.state == QpState::Rts {
-                    self.goto::<state::Rts, state::Closing>();
+                match &mut self.state {
+                    Phase::Rts => {
+                        let closing = Closing {
+                            fin_psn: None,
+                            peer_fin: true,
+                        };
+                        self.goto::<state::Rts, state::Closing>(Phase::Closing(closing));
+                    }
+                    Phase::Closing(c) => c.peer_fin = true,
+                    // Effects apply only in Rts and Closing.
+                    Phase::Error(_) | Phase::Closed(_) => {}
                 }
             }
         }

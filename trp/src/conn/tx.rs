@@ -2,9 +2,9 @@
 //! Reads we answer) into segments, and writing datagrams.
 
 use super::sgl::gather;
+use super::states::Phase;
 use super::{take_msn, Connection, Msn};
 use crate::mr::Memory;
-use crate::state::QpState;
 use crate::time::Instant;
 use crate::verbs::{SendOp, SendWr, Sge};
 use crate::wire::ddp::{self, BufferRef};
@@ -29,7 +29,7 @@ pub(super) enum Src {
     },
     ReadReq(ReadRequest),
     Imm(Immediate),
-    /// The connection's one Terminate (kept in `Connection::term_body`).
+    /// The connection's one Terminate (kept in its Error state).
     Term,
 }
 
@@ -221,10 +221,14 @@ impl Connection {
     /// Chooses what the next new PSN carries.
     #[inline]
     fn next_new(&mut self) -> Option<TxKind> {
-        match self.state {
-            QpState::Closed => return None,
-            QpState::Error => {
-                let t = self.term_pending.take()?;
+        match &mut self.state {
+            Phase::Closed(_) => return None,
+            Phase::Error(e) => {
+                if e.term_psn.is_some() {
+                    return None;
+                }
+                e.term_psn = Some(self.tx.nxt());
+                let len = e.term.buffer_len() as u32;
                 let msn = take_msn(&mut self.sq.next_msn.terminate);
                 let hdr = segment::Repr {
                     opcode: Opcode::Terminate,
@@ -239,10 +243,10 @@ impl Connection {
                 return Some(TxKind::Seg {
                     hdr,
                     src: Src::Term,
-                    len: t.buffer_len() as u32,
+                    len,
                 });
             }
-            QpState::Rts | QpState::Closing => {}
+            Phase::Rts | Phase::Closing(_) => {}
         }
         if let Some(a) = &mut self.accept {
             if !a.sent {
@@ -373,15 +377,17 @@ impl Connection {
             }
             return Some(kind);
         }
-        if self.state == QpState::Closing
-            && self.fin_psn.is_none()
-            && self.sq.entries.is_empty()
-            && self.responses.is_empty()
-        {
-            self.fin_psn = Some(next_psn);
-            return Some(TxKind::Fin);
+        match &mut self.state {
+            Phase::Closing(c)
+                if c.fin_psn.is_none()
+                    && self.sq.entries.is_empty()
+                    && self.responses.is_empty() =>
+            {
+                c.fin_psn = Some(next_psn);
+                Some(TxKind::Fin)
+            }
+            _ => None,
         }
-        None
     }
 
     /// Everything `transmit_predicted` leaves: kept out of line so the
@@ -393,11 +399,11 @@ impl Connection {
         mem: &M,
         buf: &mut [u8],
     ) -> Option<usize> {
-        if self.abort_pending {
-            self.abort_pending = false;
-            return Some(self.emit_control(buf, trp::Opcode::Abort));
-        }
-        if self.state != QpState::Closed {
+        if let Phase::Closed(c) = &mut self.state {
+            if std::mem::take(&mut c.abort_pending) {
+                return Some(self.emit_control(buf, trp::Opcode::Abort));
+            }
+        } else {
             if let Some(psn) = self.tx.next_retransmit(now) {
                 let kind = *self.tx.seg(psn).expect("retransmit PSN is outstanding");
                 return Some(self.emit(mem, buf, psn, kind, true));
@@ -405,9 +411,6 @@ impl Connection {
             if self.tx.can_send_new() {
                 if let Some(kind) = self.next_new() {
                     let psn = self.tx.push(kind, now);
-                    if matches!(kind, TxKind::Seg { src: Src::Term, .. }) {
-                        self.term_psn = Some(psn);
-                    }
                     return Some(self.emit(mem, buf, psn, kind, false));
                 }
             }
@@ -437,8 +440,7 @@ impl Connection {
     #[inline(always)]
     pub(super) fn transmit_predictable(&self) -> bool {
         self.cfg.header_prediction
-            && !self.abort_pending
-            && self.state == QpState::Rts
+            && matches!(self.state, Phase::Rts)
             && self.accept.is_none()
             && self.responses.is_empty()
             && !self.tx.retransmit_pending()
@@ -621,8 +623,8 @@ impl Connection {
                     Src::ReadReq(r) => r.emit(body),
                     Src::Imm(i) => i.emit(body),
                     Src::Term => {
-                        if let Some(t) = &self.term_body {
-                            t.emit(body)
+                        if let Phase::Error(e) = &self.state {
+                            e.term.emit(body)
                         }
                     }
                 }
