@@ -10,8 +10,9 @@
 //! The public calls are here; the work they start lives in rooms of its
 //! own: `tx` builds and sends segments, `rx` admits and places received
 //! ones, `complete` finishes work requests and fails the connection,
-//! `keepalive` watches a peer we only wait on, `sgl` copies between
-//! scatter/gather lists and memory.
+//! `states` holds what each QP state owns, `keepalive` watches a peer we
+//! only wait on, `sgl` copies between scatter/gather lists and memory.
+//! Errors sent to the peer are built in [`crate::terminate`].
 
 mod complete;
 mod keepalive;
