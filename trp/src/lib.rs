@@ -64,6 +64,7 @@ pub mod reliability;
 pub mod setup;
 pub mod sim;
 pub mod state;
+pub mod terminate;
 pub mod time;
 pub mod verbs;
 pub mod wire;

@@ -4,8 +4,6 @@
 //! application memory; tests: plain vectors). The core only asks questions
 //! through [`Memory`] and reads or writes ranges it has checked first.
 
-use crate::wire::rdmap::{term, Layer};
-
 /// Access rights of a region (a subset of `ibv_access_flags`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Access(u8);
@@ -162,41 +160,6 @@ pub fn check_region(
         return Err(ProtectionError::Access);
     }
     Ok(())
-}
-
-impl ProtectionError {
-    /// Terminate (layer, etype, code) for a failed tagged placement
-    /// (RDMA Write, Read Response): DDP tagged buffer errors, except
-    /// missing rights which RFC 5040 reports at the RDMAP layer.
-    pub fn tagged_term(self) -> (Layer, u8, u8) {
-        let code = match self {
-            ProtectionError::UnknownStag | ProtectionError::Invalidated => term::T_INVALID_STAG,
-            ProtectionError::WrongPd => term::T_STAG_NOT_ASSOCIATED,
-            ProtectionError::Wrap => term::T_TO_WRAP,
-            ProtectionError::Bounds => term::T_BASE_BOUNDS,
-            ProtectionError::Access => {
-                return (
-                    Layer::Rdmap,
-                    term::RDMAP_REMOTE_PROTECTION,
-                    term::ACCESS_RIGHTS,
-                )
-            }
-        };
-        (Layer::Ddp, term::DDP_TAGGED, code)
-    }
-
-    /// Terminate (layer, etype, code) for a failed Read Request source
-    /// check: RDMAP remote protection errors.
-    pub fn read_term(self) -> (Layer, u8, u8) {
-        let code = match self {
-            ProtectionError::UnknownStag | ProtectionError::Invalidated => term::INVALID_STAG,
-            ProtectionError::WrongPd => term::STAG_NOT_ASSOCIATED,
-            ProtectionError::Wrap => term::TO_WRAP,
-            ProtectionError::Bounds => term::BASE_BOUNDS,
-            ProtectionError::Access => term::ACCESS_RIGHTS,
-        };
-        (Layer::Rdmap, term::RDMAP_REMOTE_PROTECTION, code)
-    }
 }
 
 /// A plain in-memory implementation: one flat byte array addressed from 0

@@ -20,6 +20,8 @@ pub enum SetupError {
     NotARequest,
     /// The peer speaks another protocol version.
     Version(u16),
+    /// Private data longer than 512 bytes, or too long for the handshake
+    /// packet to fit one datagram.
     PrivateDataLen(usize),
     /// Connection id 0 is reserved for "unknown" in ConnectRequest.
     ZeroConnectionId,
@@ -35,7 +37,10 @@ impl fmt::Display for SetupError {
             SetupError::Wire(e) => write!(f, "malformed handshake: {e}"),
             SetupError::NotARequest => f.write_str("not a connection request"),
             SetupError::Version(v) => write!(f, "unsupported protocol version {v}"),
-            SetupError::PrivateDataLen(n) => write!(f, "private data of {n} bytes exceeds 512"),
+            SetupError::PrivateDataLen(n) => write!(
+                f,
+                "private data of {n} bytes too long (512 at most, and the handshake must fit one datagram)"
+            ),
             SetupError::ZeroConnectionId => f.write_str("connection id 0 is reserved"),
             SetupError::DatagramTooSmall(n) => write!(f, "peer datagram size {n} too small"),
             SetupError::BufferTooSmall => f.write_str("buffer too small"),

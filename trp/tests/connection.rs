@@ -1,7 +1,7 @@
 //! Connection life cycle and error paths through the simulator.
 
 use trp::sim::{Endpoint, LinkConfig, Pair};
-use trp::wire::rdmap::{term, Layer};
+use trp::terminate::{Cause, OperationCode, TaggedCode, UntaggedCode};
 use trp::{
     Access, Completion, Config, Event, FailReason, Incoming, Memory, QpState, Queue, RecvWr,
     Region, SendOp, SendWr, Sge, VecMemory, WcOpcode, WcStatus,
@@ -281,7 +281,7 @@ fn write_outside_region_terminates() {
     };
     assert_eq!(
         (t.layer, t.etype, t.code),
-        (Layer::Ddp, term::DDP_TAGGED, term::T_BASE_BOUNDS)
+        Cause::DdpTagged(TaggedCode::BaseBounds).wire()
     );
     let cq = drain(&mut p.a.conn);
     assert_eq!((cq[0].wr_id, cq[0].status), (1, WcStatus::RemoteAccess));
@@ -498,7 +498,7 @@ fn message_ended_twice_terminates_instead_of_panicking() {
     };
     assert_eq!(
         (t.layer, t.etype, t.code),
-        (Layer::Ddp, term::DDP_UNTAGGED, term::U_MSN_RANGE)
+        Cause::DdpUntagged(UntaggedCode::MsnRange).wire()
     );
 }
 
@@ -525,11 +525,7 @@ fn send_with_invalidate_of_protected_stag_terminates() {
     };
     assert_eq!(
         (t.layer, t.etype, t.code),
-        (
-            Layer::Rdmap,
-            term::RDMAP_REMOTE_OPERATION,
-            term::STAG_CANNOT_INVALIDATE
-        )
+        Cause::RemoteOperation(OperationCode::StagCannotInvalidate).wire()
     );
     assert_eq!(drain(&mut p.a.conn)[0].status, WcStatus::RemoteOperation);
     assert_eq!(drain(&mut p.b.conn)[0].status, WcStatus::Flush);
@@ -705,7 +701,7 @@ fn write_after_invalidate_in_one_burst_is_refused() {
     };
     assert_eq!(
         (t.layer, t.etype, t.code),
-        (Layer::Ddp, term::DDP_TAGGED, term::T_INVALID_STAG)
+        Cause::DdpTagged(TaggedCode::InvalidStag).wire()
     );
     let recv = drain(&mut p.b.conn);
     assert_eq!((recv[0].wr_id, recv[0].invalidated), (10, Some(3)));

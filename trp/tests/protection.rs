@@ -5,6 +5,7 @@
 use proptest::prelude::*;
 use trp::mr::{self, ProtectionError};
 use trp::sim::{LinkConfig, Pair};
+use trp::terminate::{Cause, ProtectionCode};
 use trp::{
     Access, Config, Event, FailReason, Memory, QpState, Region, SendOp, SendWr, Sge, VecMemory,
     WcStatus,
@@ -146,8 +147,12 @@ proptest! {
                     Some(Event::Failed(FailReason::TerminateReceived(t))) => t,
                     other => return Err(TestCaseError::fail(format!("event {other:?}"))),
                 };
-                let want = if read { e.read_term() } else { e.tagged_term() };
-                prop_assert_eq!((t.layer, t.etype, t.code), want);
+                let want = if read {
+                    Cause::RemoteProtection(ProtectionCode::from(e))
+                } else {
+                    Cause::from(e)
+                };
+                prop_assert_eq!((t.layer, t.etype, t.code), want.wire());
                 if read {
                     prop_assert!(t.rdmap_header.is_some(), "read request echoed");
                 } else {

@@ -49,8 +49,8 @@ impl<'a> Repr<'a> {
         FIXED_LEN + self.private_data.len()
     }
 
-    /// Private data must already be at most 512 bytes (checked by the
-    /// constructors in `conn`).
+    /// Private data must already be at most `MAX_PRIVATE_DATA` bytes and
+    /// fit the datagram (checked by the constructors in `setup`).
     pub fn emit(&self, b: &mut [u8]) {
         put16(b, 0, self.version);
         put16(b, 2, self.ird);

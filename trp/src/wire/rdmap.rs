@@ -148,52 +148,14 @@ impl Immediate {
     }
 }
 
-/// Terminate error layer (RFC 5040 section 4.8).
+/// Terminate error layer (RFC 5040 section 4.8); the types and codes of
+/// each are in [`crate::terminate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Layer {
     Rdmap = 0,
     Ddp = 1,
     Llp = 2,
-}
-
-/// Error types and codes of RFC 5040 section 4.8 / 7.
-pub mod term {
-    pub const RDMAP_LOCAL_CATASTROPHIC: u8 = 0;
-    pub const RDMAP_REMOTE_PROTECTION: u8 = 1;
-    pub const RDMAP_REMOTE_OPERATION: u8 = 2;
-
-    pub const DDP_LOCAL_CATASTROPHIC: u8 = 0;
-    pub const DDP_TAGGED: u8 = 1;
-    pub const DDP_UNTAGGED: u8 = 2;
-
-    // RDMAP remote protection / operation error codes.
-    pub const INVALID_STAG: u8 = 0x00;
-    pub const BASE_BOUNDS: u8 = 0x01;
-    pub const ACCESS_RIGHTS: u8 = 0x02;
-    pub const STAG_NOT_ASSOCIATED: u8 = 0x03;
-    pub const TO_WRAP: u8 = 0x04;
-    pub const INVALID_RDMAP_VERSION: u8 = 0x05;
-    pub const UNEXPECTED_OPCODE: u8 = 0x06;
-    pub const CATASTROPHIC_STREAM: u8 = 0x07;
-    pub const CATASTROPHIC_GLOBAL: u8 = 0x08;
-    pub const STAG_CANNOT_INVALIDATE: u8 = 0x09;
-    pub const UNSPECIFIED: u8 = 0xff;
-
-    // DDP tagged buffer error codes.
-    pub const T_INVALID_STAG: u8 = 0x00;
-    pub const T_BASE_BOUNDS: u8 = 0x01;
-    pub const T_STAG_NOT_ASSOCIATED: u8 = 0x02;
-    pub const T_TO_WRAP: u8 = 0x03;
-    pub const T_INVALID_DDP_VERSION: u8 = 0x04;
-
-    // DDP untagged buffer error codes.
-    pub const U_INVALID_QN: u8 = 0x01;
-    pub const U_NO_BUFFER: u8 = 0x02;
-    pub const U_MSN_RANGE: u8 = 0x03;
-    pub const U_INVALID_MO: u8 = 0x04;
-    pub const U_TOO_LONG: u8 = 0x05;
-    pub const U_INVALID_DDP_VERSION: u8 = 0x06;
 }
 
 const TERM_FLAG_M: u8 = 0x80;
@@ -232,7 +194,9 @@ impl HeaderCopy {
     }
 }
 
-/// Terminate message body (RFC 5040 section 4.8).
+/// Terminate message body (RFC 5040 section 4.8). Type and code stay
+/// numbers: a peer may send any; ours are built from a
+/// [`Cause`](crate::terminate::Cause).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Terminate {
     pub layer: Layer,
@@ -314,6 +278,7 @@ impl Terminate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::terminate::{Cause, TaggedCode};
 
     #[test]
     fn read_request_rfc_order() {
@@ -338,13 +303,7 @@ mod tests {
     #[test]
     fn terminate_roundtrip() {
         let seg = [0xC1u8, 0x40, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0x10, 0, 1, 2, 3];
-        let t = Terminate {
-            layer: Layer::Ddp,
-            etype: term::DDP_TAGGED,
-            code: term::T_BASE_BOUNDS,
-            ddp_header: HeaderCopy::from_segment(&seg),
-            rdmap_header: None,
-        };
+        let t = Terminate::quoting(Cause::DdpTagged(TaggedCode::BaseBounds), &seg);
         let mut b = [0u8; TERMINATE_MAX_LEN];
         t.emit(&mut b);
         assert_eq!(&b[..6], &[0x11, 0x01, 0xC0, 0, 0, 17]);

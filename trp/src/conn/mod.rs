@@ -1,0 +1,470 @@
+//! An established connection: the RDMAP/DDP engine on top of TRP.
+//!
+//! Inputs: datagrams (`handle_datagram`), time (`handle_timeout`), work
+//! requests (`post_send`, `post_recv`). Outputs: datagrams
+//! (`poll_transmit`), completions (`poll_completion`), connection events
+//! (`poll_event`) and the next deadline (`poll_timeout`). Payload is placed
+//! straight into the caller's memory through [`Memory`] after the
+//! protection checks; nothing is allocated per packet.
+//!
+//! The public calls are here; the work they start lives in rooms of its
+//! own: `tx` builds and sends segments, `rx` admits and places received
+//! ones, `complete` finishes work requests and fails the connection,
+//! `states` holds what each QP state owns, `keepalive` watches a peer we
+//! only wait on, `sgl` copies between scatter/gather lists and memory.
+//! Errors sent to the peer are built in [`crate::terminate`].
+
+mod complete;
+mod keepalive;
+mod rx;
+mod sgl;
+mod states;
+mod tx;
+
+use crate::config::Config;
+use crate::mr::{self, Access, Memory};
+use crate::reliability::{Params, Receiver, Sender, SenderStats, Timeout};
+use crate::state::{self, QpState};
+use crate::time::Instant;
+use crate::verbs::{Completion, PostError, RecvWr, SendOp, SendWr, Sge, WcStatus};
+use crate::wire::predict;
+use crate::wire::rdmap::Terminate;
+use crate::wire::WireError;
+use complete::Failure;
+use keepalive::KeepAlive;
+use rx::RecvSide;
+use states::{Closed, Phase};
+use std::collections::VecDeque;
+use tx::{ReadJob, SendQueue, TxKind};
+
+/// Why a connection failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailReason {
+    /// The peer stopped acknowledging within the retry limit.
+    RetryExceeded,
+    /// We detected an error and sent this Terminate.
+    TerminateSent(Terminate),
+    /// The peer sent this Terminate.
+    TerminateReceived(Terminate),
+    /// The local user aborted.
+    Aborted,
+    /// The peer aborted.
+    PeerAborted,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The peer closed its side gracefully.
+    PeerClosed,
+    /// Both sides closed gracefully; outstanding receives were flushed.
+    Closed,
+    /// The connection failed; outstanding work was completed with errors.
+    Failed(FailReason),
+}
+
+/// Counters for tests and statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub rx_packets: u64,
+    pub rx_malformed: u64,
+    pub rx_foreign: u64,
+    pub rx_duplicates: u64,
+    /// Out-of-order untagged segments dropped because their receive was
+    /// not posted yet (the sender retransmits them).
+    pub rx_deferred: u64,
+    pub tx_acks: u64,
+}
+
+/// What the acceptor must repeat until its Accept is acknowledged.
+#[derive(Debug)]
+pub(crate) struct AcceptBody {
+    pub private_data: Vec<u8>,
+}
+
+/// Parameters agreed in the handshake.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Negotiated {
+    pub local_conn: u32,
+    pub peer_conn: u32,
+    pub snd_first: u32,
+    pub rcv_first: u32,
+    pub peer_window: u16,
+    pub peer_ird: u16,
+    pub peer_max_datagram: u16,
+}
+
+/// The next MSN of each untagged queue (RFC 5040 section 5.1: each
+/// numbers its messages from 1), named by the queue (`qn::*`).
+#[derive(Clone, Copy, Debug)]
+struct Msn {
+    send: u32,
+    read_request: u32,
+    terminate: u32,
+}
+
+impl Msn {
+    const FIRST: Msn = Msn {
+        send: 1,
+        read_request: 1,
+        terminate: 1,
+    };
+}
+
+/// Returns the MSN `counter` holds and moves it to the next.
+#[inline(always)]
+fn take_msn(counter: &mut u32) -> u32 {
+    let msn = *counter;
+    *counter = msn.wrapping_add(1);
+    msn
+}
+
+/// The acceptor's Accept until the requester acknowledges it: it takes
+/// the connection's first PSN and is repeated like any packet, so it can
+/// outlive Rts (a close or a failure does not make the requester need it
+/// less).
+#[derive(Debug)]
+struct PendingAccept {
+    body: AcceptBody,
+    psn: u32,
+    sent: bool,
+}
+
+#[derive(Debug)]
+pub struct Connection {
+    cfg: Config,
+    state: Phase,
+    local_conn: u32,
+    peer_conn: u32,
+    datagram: usize,
+    accept: Option<PendingAccept>,
+    tx: Sender<TxKind>,
+    rx: Receiver,
+    sq: SendQueue,
+    recv: RecvSide,
+    /// The peer's RDMA Reads we answer (IRD of them at most), in order.
+    responses: VecDeque<ReadJob>,
+    cq: VecDeque<Completion>,
+    events: VecDeque<Event>,
+    keepalive: KeepAlive,
+    stats: Stats,
+}
+
+impl Connection {
+    pub(crate) fn new(cfg: Config, n: Negotiated, accept: Option<AcceptBody>) -> Connection {
+        let params = Params {
+            initial_rto: cfg.initial_rto,
+            min_rto: cfg.min_rto,
+            max_rto: cfg.max_rto,
+            max_retries: cfg.max_retries,
+            initial_cwnd: cfg.initial_cwnd,
+            max_cwnd: cfg.max_cwnd.max(1),
+        };
+        let rx = Receiver::new(n.rcv_first, cfg.recv_window, cfg.ack_delay);
+        let datagram = usize::from(
+            cfg.max_datagram
+                .min(n.peer_max_datagram)
+                .max(crate::config::MIN_DATAGRAM),
+        );
+        Connection {
+            state: Phase::Rts,
+            local_conn: n.local_conn,
+            peer_conn: n.peer_conn,
+            datagram,
+            accept: accept.map(|body| PendingAccept {
+                body,
+                psn: n.snd_first,
+                sent: false,
+            }),
+            tx: Sender::new(params, n.snd_first, u32::from(n.peer_window)),
+            recv: RecvSide::new(rx.slots()),
+            rx,
+            sq: SendQueue::new(usize::from(cfg.ord.min(n.peer_ird))),
+            responses: VecDeque::new(),
+            cq: VecDeque::new(),
+            events: VecDeque::new(),
+            keepalive: KeepAlive::default(),
+            stats: Stats::default(),
+            cfg,
+        }
+    }
+
+    pub fn state(&self) -> QpState {
+        self.state.qp()
+    }
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+    pub fn sender_stats(&self) -> SenderStats {
+        self.tx.stats
+    }
+    pub fn cwnd(&self) -> u32 {
+        self.tx.cwnd()
+    }
+    pub fn srtt(&self) -> Option<core::time::Duration> {
+        self.tx.srtt()
+    }
+    /// Size of the datagrams this connection sends; `poll_transmit` needs a
+    /// buffer at least this long.
+    pub fn max_datagram(&self) -> usize {
+        self.datagram
+    }
+    pub fn local_conn(&self) -> u32 {
+        self.local_conn
+    }
+    /// The next PSN we expect from the peer (our cumulative ACK).
+    pub fn expected_psn(&self) -> u32 {
+        self.rx.nxt()
+    }
+    /// The PSN our next new packet will carry.
+    pub fn next_psn(&self) -> u32 {
+        self.tx.nxt()
+    }
+    /// Our oldest unacknowledged PSN.
+    pub fn unacked_psn(&self) -> u32 {
+        self.tx.una()
+    }
+    /// Effective ORD (ours, limited by the peer's IRD).
+    pub fn ord(&self) -> usize {
+        self.sq.ord
+    }
+
+    pub(crate) fn request_ack(&mut self) {
+        self.rx.request_ack();
+    }
+
+    pub fn poll_completion(&mut self) -> Option<Completion> {
+        self.cq.pop_front()
+    }
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The earliest time `handle_timeout` has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.tx.rto_deadline(),
+            self.rx.ack_deadline(),
+            self.keepalive.deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.rx.on_timeout(now);
+        if self.keepalive.expired(now) {
+            if self.keepalive.probes() > self.cfg.max_retries {
+                self.fail(Failure::retry_exceeded());
+                return;
+            }
+            self.keepalive.send_probe();
+            self.rx.request_ack();
+            self.arm_probe(now);
+        }
+        if self.tx.on_timeout(now) == Timeout::RetryExceeded {
+            match self.state {
+                Phase::Rts | Phase::Closing(_) => self.fail(Failure::retry_exceeded()),
+                Phase::Error(_) => {
+                    self.tx.clear();
+                    self.sq.entries.clear();
+                    self.goto::<state::Error, state::Closed>(Phase::Closed(Closed::default()));
+                }
+                Phase::Closed(_) => {}
+            }
+        }
+    }
+
+    /// Arms or disarms the keep-alive that detects a peer gone silent while
+    /// we wait for Read Responses (nothing of ours is unacknowledged then,
+    /// so the retransmission timer is idle).
+    #[inline(always)]
+    fn arm_probe(&mut self, now: Instant) {
+        let waiting = matches!(self.state, Phase::Rts | Phase::Closing(_))
+            && !self.sq.reads_out.is_empty()
+            && self.tx.outstanding() == 0;
+        self.keepalive
+            .arm(now, waiting, self.tx.rto(), self.cfg.max_rto);
+    }
+
+    fn check_sges<M: Memory + ?Sized>(
+        &self,
+        mem: &M,
+        sges: &[Sge],
+        need: Access,
+    ) -> Result<u32, PostError> {
+        let mut total: u64 = 0;
+        for s in sges {
+            mr::check(mem, s.lkey, self.cfg.pd, s.addr, u64::from(s.len), need)
+                .map_err(PostError::LocalProtection)?;
+            total += u64::from(s.len);
+        }
+        if total > 1 << 31 {
+            return Err(PostError::TooLong);
+        }
+        Ok(total as u32)
+    }
+
+    /// Queues a send work request. In Error/Closed it completes at once
+    /// with `Flush`, as verbs specifies.
+    pub fn post_send<M: Memory + ?Sized>(
+        &mut self,
+        mem: &M,
+        wr: &SendWr<'_>,
+    ) -> Result<(), PostError> {
+        match self.state {
+            Phase::Rts => {}
+            Phase::Closing(_) => return Err(PostError::State),
+            Phase::Error(_) | Phase::Closed(_) => {
+                self.cq
+                    .push_back(Completion::send(wr.wr_id, &wr.op, WcStatus::Flush, 0));
+                return Ok(());
+            }
+        }
+        if self.sq.entries.len() >= self.cfg.max_send_wr {
+            return Err(PostError::QueueFull);
+        }
+        let need = match wr.op {
+            SendOp::RdmaRead { .. } => Access::LOCAL_WRITE,
+            _ => Access::NONE,
+        };
+        let len = self.check_sges(mem, wr.sges, need)?;
+        self.sq.push(wr, len);
+        Ok(())
+    }
+
+    pub fn post_recv<M: Memory + ?Sized>(
+        &mut self,
+        mem: &M,
+        wr: &RecvWr<'_>,
+    ) -> Result<(), PostError> {
+        if matches!(self.state, Phase::Error(_) | Phase::Closed(_)) {
+            self.cq
+                .push_back(Completion::recv_failed(wr.wr_id, WcStatus::Flush));
+            return Ok(());
+        }
+        if self.recv.rq.len() >= self.cfg.max_recv_wr {
+            return Err(PostError::QueueFull);
+        }
+        let len = self.check_sges(mem, wr.sges, Access::LOCAL_WRITE)?;
+        self.recv.post(wr, len);
+        Ok(())
+    }
+
+    /// Graceful close: outstanding work finishes, then FIN is exchanged.
+    pub fn close(&mut self) {
+        if matches!(self.state, Phase::Rts) {
+            self.goto::<state::Rts, state::Closing>(Phase::Closing(Default::default()));
+        }
+    }
+
+    /// Abortive close: an Abort packet goes out, all work is flushed.
+    /// Failing needs no time: `_now` stays for the callers' sake, as with
+    /// every other input.
+    pub fn abort(&mut self, _now: Instant) {
+        if matches!(self.state, Phase::Rts | Phase::Closing(_)) {
+            self.fail(Failure::aborted());
+        }
+    }
+
+    /// Produces the next datagram to send into `buf` (at least
+    /// `max_datagram()` bytes) and returns its length.
+    pub fn poll_transmit<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        mem: &M,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if buf.len() < self.datagram {
+            debug_assert!(false, "transmit buffer smaller than max_datagram");
+            return None;
+        }
+        if self.transmit_predictable() {
+            let mut len = [0];
+            if self.transmit_predicted(now, mem, &mut [&mut *buf], &mut len) == 1 {
+                return Some(len[0]);
+            }
+        }
+        self.transmit_general(now, mem, buf)
+    }
+
+    /// `poll_transmit` for up to `bufs.len()` datagrams at once, as a
+    /// driver sending bursts calls it: the same datagrams in the same
+    /// order, with the fast path's fixed conditions checked once per burst.
+    /// Returns how many were written; datagram `i` is `bufs[i][..lens[i]]`.
+    pub fn poll_transmit_burst<M: Memory + ?Sized, B: AsMut<[u8]>>(
+        &mut self,
+        now: Instant,
+        mem: &M,
+        bufs: &mut [B],
+        lens: &mut [usize],
+    ) -> usize {
+        let n = bufs.len().min(lens.len());
+        let mut i = 0;
+        let fit = bufs[..n]
+            .iter_mut()
+            .all(|b| b.as_mut().len() >= self.datagram);
+        if fit && self.transmit_predictable() {
+            // Each run stops at the end of a request; the next may follow.
+            while i < n {
+                let k = self.transmit_predicted(now, mem, &mut bufs[i..n], &mut lens[i..n]);
+                if k == 0 {
+                    break;
+                }
+                i += k;
+            }
+        }
+        while i < n {
+            let Some(len) = self.poll_transmit(now, mem, bufs[i].as_mut()) else {
+                break;
+            };
+            lens[i] = len;
+            i += 1;
+        }
+        i
+    }
+
+    /// Processes one received datagram (the UDP payload). Malformed or
+    /// foreign datagrams are counted and dropped; they never panic.
+    pub fn handle_datagram<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        mem: &mut M,
+        bytes: &[u8],
+    ) -> Result<(), WireError> {
+        if let Some(d) = predict::parse(bytes) {
+            if self.receive_predicted(now, mem, &d, &mut None) {
+                return Ok(());
+            }
+        }
+        self.receive_general(now, mem, bytes)
+    }
+
+    /// `handle_datagram` for each of a burst of received datagrams, in
+    /// order, as a driver receiving bursts calls it. Malformed datagrams
+    /// are dropped and counted (`stats().rx_malformed`) as by
+    /// `handle_datagram`; returns how many there were.
+    pub fn handle_datagram_burst<M: Memory + ?Sized, B: AsRef<[u8]>>(
+        &mut self,
+        now: Instant,
+        mem: &mut M,
+        datagrams: &[B],
+    ) -> usize {
+        let mut malformed = 0;
+        // The last region looked up: the table can change during the call
+        // only through the general path (Send with Invalidate), which
+        // forgets it.
+        let mut region = None;
+        for d in datagrams {
+            let bytes = d.as_ref();
+            if let Some(d) = predict::parse(bytes) {
+                if self.receive_predicted(now, mem, &d, &mut region) {
+                    continue;
+                }
+            }
+            region = None;
+            malformed += usize::from(self.receive_general(now, mem, bytes).is_err());
+        }
+        malformed
+    }
+}
