@@ -109,4 +109,18 @@ mod tests {
         assert!(e.contains("uid 1000") && e.contains("urdma"), "{e}");
         assert!(check(p(1000, 100), &[], None, "").is_err());
     }
+
+    #[test]
+    fn refusal_messages_are_pinned() {
+        let e = check(p(1000, 100), &[7], Some(50), "urdma").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "uid 1000 is not allowed: urdmad accepts only root and members of group urdma"
+        );
+        let e = check(p(65534, 100), &[], None, "").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "uid 65534 is not allowed: urdmad accepts only root"
+        );
+    }
 }

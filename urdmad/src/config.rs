@@ -256,4 +256,85 @@ mod tests {
         let e = Config::parse("[daemon]\n", "x").unwrap_err();
         assert!(e.contains("port"), "{e}");
     }
+
+    /// A configuration with one valid port, `daemon` appended to its `[daemon]` table and
+    /// `port` to its `[[port]]` table.
+    fn with(daemon: &str, port: &str) -> String {
+        format!(
+            "[daemon]\n{daemon}\n[[port]]\nname = 'p0'\ndevice = 'net_null0'\nexception = 'tap0'\n{port}\n"
+        )
+    }
+
+    fn message(text: &str) -> String {
+        Config::parse(text, "u.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn validation_messages_are_pinned() {
+        assert!(Config::parse(&with("", ""), "u.toml").is_ok());
+        let cases = [
+            (
+                with("socket_mode = '999'", ""),
+                r#"u.toml: socket_mode "999" is not an octal mode like "0660""#,
+            ),
+            ("port = []\n".to_string(), "u.toml: no [[port]] configured"),
+            (
+                with("ring_size = 100", ""),
+                "u.toml: ring_size 100 is not a power of two >= 16",
+            ),
+            (
+                with("ring_size = 8", ""),
+                "u.toml: ring_size 8 is not a power of two >= 16",
+            ),
+            (with("mbufs = 1000", ""), "u.toml: mbufs 1000 is below 1024"),
+            (
+                with("file_prefix = 'a b'", ""),
+                r#"u.toml: file_prefix "a b" must be letters, digits, - or _"#,
+            ),
+            (
+                with("", "").replace("name = 'p0'", "name = 'two words'"),
+                r#"u.toml: port 0: name "two words" must be one word"#,
+            ),
+            (
+                with("", "").replace("exception = 'tap0'", "exception = 'much-too-long-name'"),
+                r#"u.toml: port p0: exception interface name "much-too-long-name" is not a valid interface name"#,
+            ),
+            (
+                with("", "").replace("device = 'net_null0'", "device = 'net null0'"),
+                r#"u.toml: port p0: device "net null0" is empty or contains spaces"#,
+            ),
+            (
+                with("", "flow_queues = 1024"),
+                "u.toml: port p0: flow_queues 1024 is above 1023",
+            ),
+            (
+                format!(
+                    "{}[[port]]\nname = 'p1'\ndevice = 'net_null1'\nexception = 'tap0'\n",
+                    with("", "")
+                ),
+                "u.toml: port p1: name or exception interface used twice",
+            ),
+        ];
+        for (text, expect) in cases {
+            assert_eq!(message(&text), expect, "{text}");
+        }
+    }
+
+    #[test]
+    fn syntax_and_read_messages_are_pinned() {
+        assert_eq!(
+            message("[daemon]\nmbufs = 'many'\n"),
+            "u.toml: line 2: invalid type: string \"many\", expected u32"
+        );
+        let e = message("[[port]]\nname = 'p0'\n");
+        assert!(e.starts_with("u.toml: "), "{e}");
+        assert!(e.contains("missing field `device`"), "{e}");
+        let e = Config::load(Some(Path::new("/nonexistent/urdmad.toml")))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "cannot read /nonexistent/urdmad.toml: No such file or directory (os error 2)"
+        );
+    }
 }
