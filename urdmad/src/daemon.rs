@@ -589,7 +589,7 @@ impl Daemon {
                 &self.cfg.daemon.group,
             )
             .err()
-            .map(|why| (why, Instant::now() + REFUSAL_GRACE));
+            .map(|why| (why.to_string(), Instant::now() + REFUSAL_GRACE));
             if let Some((why, _)) = &refused {
                 tracing::warn!(pid = peer.pid, uid = peer.uid, "refused: {why}");
             }
