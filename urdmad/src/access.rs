@@ -67,13 +67,23 @@ pub fn group_id(name: &str) -> Option<u32> {
     })
 }
 
-/// `Ok` when the peer may attach, otherwise the refusal text sent back to it.
+/// Why a peer may not use urdmad; its text is the refusal sent back to the peer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    /// No group is configured (or it does not exist).
+    #[error("uid {uid} is not allowed: urdmad accepts only root")]
+    RootOnly { uid: u32 },
+    #[error("uid {uid} is not allowed: urdmad accepts only root and members of group {group}")]
+    NotInGroup { uid: u32, group: String },
+}
+
+/// `Ok` when the peer may attach, otherwise the refusal.
 pub fn check(
     peer: Peer,
     groups: &[u32],
     allowed_gid: Option<u32>,
     group_name: &str,
-) -> Result<(), String> {
+) -> Result<(), AccessError> {
     if peer.uid == 0 {
         return Ok(());
     }
@@ -83,12 +93,12 @@ pub fn check(
         }
     }
     Err(if group_name.is_empty() {
-        format!("uid {} is not allowed: urdmad accepts only root", peer.uid)
+        AccessError::RootOnly { uid: peer.uid }
     } else {
-        format!(
-            "uid {} is not allowed: urdmad accepts only root and members of group {group_name}",
-            peer.uid
-        )
+        AccessError::NotInGroup {
+            uid: peer.uid,
+            group: group_name.to_string(),
+        }
     })
 }
 
@@ -105,8 +115,24 @@ mod tests {
         assert!(check(p(0, 0), &[], None, "").is_ok());
         assert!(check(p(1000, 50), &[], Some(50), "urdma").is_ok());
         assert!(check(p(1000, 100), &[7, 50], Some(50), "urdma").is_ok());
-        let e = check(p(1000, 100), &[7], Some(50), "urdma").unwrap_err();
+        let e = check(p(1000, 100), &[7], Some(50), "urdma")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("uid 1000") && e.contains("urdma"), "{e}");
         assert!(check(p(1000, 100), &[], None, "").is_err());
+    }
+
+    #[test]
+    fn refusal_messages_are_pinned() {
+        let e = check(p(1000, 100), &[7], Some(50), "urdma").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "uid 1000 is not allowed: urdmad accepts only root and members of group urdma"
+        );
+        let e = check(p(65534, 100), &[], None, "").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "uid 65534 is not allowed: urdmad accepts only root"
+        );
     }
 }

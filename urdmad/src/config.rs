@@ -121,30 +121,87 @@ fn default_queue() -> u16 {
     512
 }
 
+/// Why a configuration was not accepted. Each prints as one line naming the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {}: {error}", .path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// Not valid TOML, or not the shape of a configuration (an unknown field, a wrong type).
+    /// `line` is where the parser points, when it does.
+    #[error("{origin}: {}{message}", line_prefix(*.line))]
+    Syntax {
+        origin: String,
+        line: Option<usize>,
+        message: String,
+    },
+    /// Well-formed, but a value is not acceptable.
+    #[error("{origin}: {error}")]
+    Invalid {
+        origin: String,
+        error: ValidationError,
+    },
+}
+
+fn line_prefix(line: Option<usize>) -> String {
+    line.map_or_else(String::new, |l| format!("line {l}: "))
+}
+
+/// A value of a well-formed configuration that urdmad does not accept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("socket_mode {socket_mode:?} is not an octal mode like \"0660\"")]
+    SocketMode { socket_mode: String },
+    #[error("no [[port]] configured")]
+    NoPorts,
+    #[error("ring_size {ring_size} is not a power of two >= 16")]
+    RingSize { ring_size: u32 },
+    #[error("mbufs {mbufs} is below 1024")]
+    Mbufs { mbufs: u32 },
+    #[error("file_prefix {file_prefix:?} must be letters, digits, - or _")]
+    FilePrefix { file_prefix: String },
+    /// `index` is the port's position in the file (its name is what is wrong).
+    #[error("port {index}: name {name:?} must be one word")]
+    PortName { index: usize, name: String },
+    #[error("port {port}: exception interface name {exception:?} is not a valid interface name")]
+    ExceptionName { port: String, exception: String },
+    #[error("port {port}: device {device:?} is empty or contains spaces")]
+    Device { port: String, device: String },
+    #[error("port {port}: flow_queues {flow_queues} is above {MAX_FLOW_QUEUES}")]
+    FlowQueues { port: String, flow_queues: u16 },
+    #[error("port {port}: name or exception interface used twice")]
+    Duplicate { port: String },
+}
+
 impl Config {
     /// Parses and validates; the error is one line naming the problem.
-    pub fn parse(text: &str, origin: &str) -> Result<Config, String> {
-        let cfg: Config = toml::from_str(text).map_err(|e| {
-            let msg = e.message().replace('\n', " ");
-            match e.span() {
-                Some(span) => {
-                    let before = text.get(..span.start).unwrap_or(text);
-                    let line = before.matches('\n').count() + 1;
-                    format!("{origin}: line {line}: {msg}")
-                }
-                None => format!("{origin}: {msg}"),
-            }
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            origin: origin.to_string(),
+            line: e.span().map(|span| {
+                let before = text.get(..span.start).unwrap_or(text);
+                before.matches('\n').count() + 1
+            }),
+            message: e.message().replace('\n', " "),
         })?;
-        cfg.validate().map_err(|e| format!("{origin}: {e}"))?;
+        cfg.validate().map_err(|error| ConfigError::Invalid {
+            origin: origin.to_string(),
+            error,
+        })?;
         Ok(cfg)
     }
 
-    pub fn load(path: Option<&Path>) -> Result<Config, String> {
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
         match path {
             None => Config::parse(DEFAULT, "built-in configuration"),
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                let text = std::fs::read_to_string(p).map_err(|error| ConfigError::Read {
+                    path: p.to_path_buf(),
+                    error,
+                })?;
                 Config::parse(&text, &p.display().to_string())
             }
         }
@@ -155,28 +212,26 @@ impl Config {
         u32::from_str_radix(&self.daemon.socket_mode, 8).unwrap_or(0o660)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), ValidationError> {
         let d = &self.daemon;
         match u32::from_str_radix(&d.socket_mode, 8) {
             Ok(m) if m <= 0o777 => {}
             _ => {
-                return Err(format!(
-                    "socket_mode {:?} is not an octal mode like \"0660\"",
-                    d.socket_mode
-                ))
+                return Err(ValidationError::SocketMode {
+                    socket_mode: d.socket_mode.clone(),
+                })
             }
         }
         if self.ports.is_empty() {
-            return Err("no [[port]] configured".into());
+            return Err(ValidationError::NoPorts);
         }
         if !d.ring_size.is_power_of_two() || d.ring_size < 16 {
-            return Err(format!(
-                "ring_size {} is not a power of two >= 16",
-                d.ring_size
-            ));
+            return Err(ValidationError::RingSize {
+                ring_size: d.ring_size,
+            });
         }
         if d.mbufs < 1024 {
-            return Err(format!("mbufs {} is below 1024", d.mbufs));
+            return Err(ValidationError::Mbufs { mbufs: d.mbufs });
         }
         if d.file_prefix.is_empty()
             || !d
@@ -184,14 +239,16 @@ impl Config {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         {
-            return Err(format!(
-                "file_prefix {:?} must be letters, digits, - or _",
-                d.file_prefix
-            ));
+            return Err(ValidationError::FilePrefix {
+                file_prefix: d.file_prefix.clone(),
+            });
         }
         for (i, p) in self.ports.iter().enumerate() {
             if p.name.is_empty() || !p.name.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(format!("port {i}: name {:?} must be one word", p.name));
+                return Err(ValidationError::PortName {
+                    index: i,
+                    name: p.name.clone(),
+                });
             }
             if p.exception.is_empty()
                 || p.exception.len() > 15
@@ -200,31 +257,30 @@ impl Config {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
             {
-                return Err(format!(
-                    "port {}: exception interface name {:?} is not a valid interface name",
-                    p.name, p.exception
-                ));
+                return Err(ValidationError::ExceptionName {
+                    port: p.name.clone(),
+                    exception: p.exception.clone(),
+                });
             }
             if p.device.is_empty() || p.device.contains(char::is_whitespace) {
-                return Err(format!(
-                    "port {}: device {:?} is empty or contains spaces",
-                    p.name, p.device
-                ));
+                return Err(ValidationError::Device {
+                    port: p.name.clone(),
+                    device: p.device.clone(),
+                });
             }
             if p.flow_queues > MAX_FLOW_QUEUES {
-                return Err(format!(
-                    "port {}: flow_queues {} is above {MAX_FLOW_QUEUES}",
-                    p.name, p.flow_queues
-                ));
+                return Err(ValidationError::FlowQueues {
+                    port: p.name.clone(),
+                    flow_queues: p.flow_queues,
+                });
             }
             if self.ports[..i]
                 .iter()
                 .any(|q| q.name == p.name || q.exception == p.exception)
             {
-                return Err(format!(
-                    "port {}: name or exception interface used twice",
-                    p.name
-                ));
+                return Err(ValidationError::Duplicate {
+                    port: p.name.clone(),
+                });
             }
         }
         Ok(())
@@ -244,16 +300,100 @@ mod tests {
 
     #[test]
     fn malformed_config_names_the_line() {
-        let e = Config::parse("[daemon]\nsocket = \n", "x.toml").unwrap_err();
+        let e = Config::parse("[daemon]\nsocket = \n", "x.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("x.toml: line 2"), "{e}");
         assert!(!e.contains('\n'));
         let e = Config::parse(
             "[[port]]\nname='a'\ndevice='net_null0'\nexception='t'\nbogus=1\n",
             "x",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("bogus"), "{e}");
-        let e = Config::parse("[daemon]\n", "x").unwrap_err();
+        let e = Config::parse("[daemon]\n", "x").unwrap_err().to_string();
         assert!(e.contains("port"), "{e}");
+    }
+
+    /// A configuration with one valid port, `daemon` appended to its `[daemon]` table and
+    /// `port` to its `[[port]]` table.
+    fn with(daemon: &str, port: &str) -> String {
+        format!(
+            "[daemon]\n{daemon}\n[[port]]\nname = 'p0'\ndevice = 'net_null0'\nexception = 'tap0'\n{port}\n"
+        )
+    }
+
+    fn message(text: &str) -> String {
+        Config::parse(text, "u.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn validation_messages_are_pinned() {
+        assert!(Config::parse(&with("", ""), "u.toml").is_ok());
+        let cases = [
+            (
+                with("socket_mode = '999'", ""),
+                r#"u.toml: socket_mode "999" is not an octal mode like "0660""#,
+            ),
+            ("port = []\n".to_string(), "u.toml: no [[port]] configured"),
+            (
+                with("ring_size = 100", ""),
+                "u.toml: ring_size 100 is not a power of two >= 16",
+            ),
+            (
+                with("ring_size = 8", ""),
+                "u.toml: ring_size 8 is not a power of two >= 16",
+            ),
+            (with("mbufs = 1000", ""), "u.toml: mbufs 1000 is below 1024"),
+            (
+                with("file_prefix = 'a b'", ""),
+                r#"u.toml: file_prefix "a b" must be letters, digits, - or _"#,
+            ),
+            (
+                with("", "").replace("name = 'p0'", "name = 'two words'"),
+                r#"u.toml: port 0: name "two words" must be one word"#,
+            ),
+            (
+                with("", "").replace("exception = 'tap0'", "exception = 'much-too-long-name'"),
+                r#"u.toml: port p0: exception interface name "much-too-long-name" is not a valid interface name"#,
+            ),
+            (
+                with("", "").replace("device = 'net_null0'", "device = 'net null0'"),
+                r#"u.toml: port p0: device "net null0" is empty or contains spaces"#,
+            ),
+            (
+                with("", "flow_queues = 1024"),
+                "u.toml: port p0: flow_queues 1024 is above 1023",
+            ),
+            (
+                format!(
+                    "{}[[port]]\nname = 'p1'\ndevice = 'net_null1'\nexception = 'tap0'\n",
+                    with("", "")
+                ),
+                "u.toml: port p1: name or exception interface used twice",
+            ),
+        ];
+        for (text, expect) in cases {
+            assert_eq!(message(&text), expect, "{text}");
+        }
+    }
+
+    #[test]
+    fn syntax_and_read_messages_are_pinned() {
+        assert_eq!(
+            message("[daemon]\nmbufs = 'many'\n"),
+            "u.toml: line 2: invalid type: string \"many\", expected u32"
+        );
+        let e = message("[[port]]\nname = 'p0'\n");
+        assert!(e.starts_with("u.toml: "), "{e}");
+        assert!(e.contains("missing field `device`"), "{e}");
+        let e = Config::load(Some(Path::new("/nonexistent/urdmad.toml")))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "cannot read /nonexistent/urdmad.toml: No such file or directory (os error 2)"
+        );
     }
 }

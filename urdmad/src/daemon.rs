@@ -5,8 +5,9 @@ use crate::access::{self, Peer};
 use crate::config::Config;
 use crate::demux::FlowTable;
 use crate::hwflow::{self, FlowQueue, Match, QueueUse};
-use crate::port::{self, Port};
+use crate::port::{self, Port, SteeringError};
 use crate::proto::{self, Attachment, ErrorCode, FlowSpec, PortInfo, Request, Response, Steering};
+use crate::service::{ServiceError, StartupError};
 use dpdk_sys as sys;
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -117,8 +118,18 @@ struct FlowSpecOpened {
     queue: Option<u16>,
 }
 
-fn ring_create(name: &str, size: u32) -> Result<*mut sys::rte_ring, String> {
-    let c = CString::new(name).map_err(|_| "ring name".to_string())?;
+/// Why a flow's or a process's ring was not created.
+#[derive(Debug, thiserror::Error)]
+enum RingError {
+    #[error("ring name")]
+    Name,
+    /// `reason` is `rte_strerror` of DPDK's error.
+    #[error("cannot create ring {name}: {reason}")]
+    Create { name: String, reason: String },
+}
+
+fn ring_create(name: &str, size: u32) -> Result<*mut sys::rte_ring, RingError> {
+    let c = CString::new(name).map_err(|_| RingError::Name)?;
     // SAFETY: valid name; flags make it single-producer single-consumer.
     let r = unsafe {
         sys::rte_ring_create(
@@ -129,10 +140,10 @@ fn ring_create(name: &str, size: u32) -> Result<*mut sys::rte_ring, String> {
         )
     };
     if r.is_null() {
-        Err(format!(
-            "cannot create ring {name}: {}",
-            sys::rte_strerror_string(sys::rte_errno())
-        ))
+        Err(RingError::Create {
+            name: name.to_string(),
+            reason: sys::rte_strerror_string(sys::rte_errno()),
+        })
     } else {
         Ok(r)
     }
@@ -178,7 +189,7 @@ unsafe fn tx_all(port: u16, pkts: &mut [*mut sys::rte_mbuf]) -> (u64, u64) {
 impl Daemon {
     /// Creates the pool and brings every port and exception interface up. On error,
     /// whatever was created is released again.
-    pub fn start(cfg: Config, listener: UnixListener) -> Result<Daemon, String> {
+    pub fn start(cfg: Config, listener: UnixListener) -> Result<Daemon, ServiceError> {
         let name = CString::new(POOL_NAME).unwrap();
         // SAFETY: EAL is up.
         let pool = unsafe {
@@ -192,11 +203,11 @@ impl Daemon {
             )
         };
         if pool.is_null() {
-            return Err(format!(
-                "cannot create a pool of {} mbufs: {} (raise memory_mb or lower mbufs)",
-                cfg.daemon.mbufs,
-                sys::rte_strerror_string(sys::rte_errno())
-            ));
+            return Err(StartupError::Pool {
+                mbufs: cfg.daemon.mbufs,
+                reason: sys::rte_strerror_string(sys::rte_errno()),
+            }
+            .into());
         }
         let mut ports: Vec<PortState> = Vec::new();
         for (i, pc) in cfg.ports.iter().enumerate() {
@@ -220,7 +231,7 @@ impl Daemon {
                     }
                     // SAFETY: no port uses the pool any more.
                     unsafe { sys::rte_mempool_free(pool) };
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
         }
@@ -234,7 +245,7 @@ impl Daemon {
         }
         listener
             .set_nonblocking(true)
-            .map_err(|e| format!("control socket: {e}"))?;
+            .map_err(|error| StartupError::ControlSocket { error })?;
         let mut d = Daemon {
             cfg,
             pool,
@@ -595,7 +606,7 @@ impl Daemon {
                 &self.cfg.daemon.group,
             )
             .err()
-            .map(|why| (why, Instant::now() + REFUSAL_GRACE));
+            .map(|why| (why.to_string(), Instant::now() + REFUSAL_GRACE));
             if let Some((why, _)) = &refused {
                 tracing::warn!(pid = peer.pid, uid = peer.uid, "refused: {why}");
             }
@@ -767,7 +778,7 @@ impl Daemon {
                         // SAFETY: just created, unused.
                         unsafe { sys::rte_ring_free(t.ring) };
                     }
-                    return error(ErrorCode::NoResources, &e).encode();
+                    return error(ErrorCode::NoResources, &e.to_string()).encode();
                 }
             }
         }
@@ -838,7 +849,7 @@ impl Daemon {
         let name = format!("urd_rx_{flow}");
         let ring = match ring_create(&name, self.cfg.daemon.ring_size) {
             Ok(r) => r,
-            Err(e) => return Err(error(ErrorCode::NoResources, &e)),
+            Err(e) => return Err(error(ErrorCode::NoResources, &e.to_string())),
         };
         let Some(slot) = p.flows.insert(spec.local, spec.remote, ring) else {
             // SAFETY: just created, unused.
@@ -855,7 +866,7 @@ impl Daemon {
                 Ok(q) => (Some(q), None),
                 Err(why) => {
                     tracing::warn!(flow, port = %p.port.name, "flow steered in software: {why}");
-                    (None, Some(why))
+                    (None, Some(why.to_string()))
                 }
             }
         } else {
@@ -1241,19 +1252,22 @@ fn steer_to_queue(
     slot: u32,
     ring: *mut sys::rte_ring,
     spec: &FlowSpec,
-) -> Result<u16, String> {
+) -> Result<u16, SteeringError> {
     let port = p.port.id;
     let q = p
         .queues
         .iter_mut()
         .find(|q| q.state == QueueUse::Free)
-        .ok_or_else(|| format!("all {} flow queues are in use", p.port.flow_queues))?;
+        .ok_or(SteeringError::QueuesInUse {
+            queues: p.port.flow_queues,
+        })?;
     drain_queue(port, q);
     let m = Match::Flow {
         local: spec.local,
         remote: spec.remote,
     };
-    let rule = hwflow::create(port, m, q.id).map_err(|e| format!("rule not created: {e}"))?;
+    let rule =
+        hwflow::create(port, m, q.id).map_err(|error| SteeringError::RuleNotCreated { error })?;
     q.rule = Some(rule);
     q.state = QueueUse::Flow {
         id: flow,

@@ -13,6 +13,22 @@ use std::time::{Duration, Instant};
 use trp::setup::{ConnectOutcome, Connecting, Incoming};
 use trp::wire::trp as tw;
 
+/// Why a connected QP's flow was not handed to its process.
+#[derive(Debug, thiserror::Error)]
+enum HandOverError {
+    #[error("no process owns the QP")]
+    NoOwner,
+    #[error("the QP's process is gone")]
+    OwnerGone,
+    #[error("the QP's process is not attached")]
+    NotAttached,
+    /// The daemon's error reply to opening the flow.
+    #[error("flow not opened: {}", .reply.encode().trim_end())]
+    FlowNotOpened { reply: proto::Response },
+    #[error("the QP's process does not read its socket")]
+    NotReading,
+}
+
 /// A pending request whose requester has not repeated its ConnectRequest for this long is
 /// taken as abandoned (`REQUEST_GONE`): longer than the widest gap between two
 /// ConnectRequests of [`handshake_timing`].
@@ -672,24 +688,24 @@ impl Daemon {
         qpn: u32,
         spec: &FlowSpec,
         ev: impl FnOnce(&FlowSpecOpened) -> Event,
-    ) -> Result<(u32, u32), String> {
+    ) -> Result<(u32, u32), HandOverError> {
         let Some(&client) = self.cm.qps.get(&(dev, qpn)) else {
-            return Err("no process owns the QP".into());
+            return Err(HandOverError::NoOwner);
         };
         let Some(i) = self.clients.iter().position(|c| c.id == client) else {
-            return Err("the QP's process is gone".into());
+            return Err(HandOverError::OwnerGone);
         };
         if self.clients[i].attached.is_none() {
-            return Err("the QP's process is not attached".into());
+            return Err(HandOverError::NotAttached);
         }
         let opened = self
             .open_flow(i, spec)
-            .map_err(|e| format!("flow not opened: {}", e.encode().trim_end()))?;
+            .map_err(|reply| HandOverError::FlowNotOpened { reply })?;
         let text = ev(&opened).encode();
         if !self.send(i, &text) {
             self.close_flow(opened.flow);
             self.clients[i].flows.retain(|&f| f != opened.flow);
-            return Err("the QP's process does not read its socket".into());
+            return Err(HandOverError::NotReading);
         }
         Ok((client, opened.flow))
     }

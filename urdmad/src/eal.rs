@@ -8,6 +8,26 @@ use std::ffi::CString;
 use std::os::raw::c_char;
 use std::path::{Path, PathBuf};
 
+/// Why EAL was not, or could not be, brought up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EalError {
+    #[error("no hugetlbfs is mounted (mount -t hugetlbfs nodev /dev/hugepages)")]
+    NoHugetlbfs,
+    #[error(
+        "not enough free hugepages: {needed_mb} MiB needed, {free_mb} MiB free \
+         (reserve more: echo N > /proc/sys/vm/nr_hugepages)"
+    )]
+    Hugepages { needed_mb: u32, free_mb: u64 },
+    /// Another process holds the lock of the prefix's runtime directory.
+    #[error("another DPDK primary process (pid {pid}) is running with file prefix {prefix:?}")]
+    OtherPrimary { pid: libc::pid_t, prefix: String },
+    #[error("EAL argument {arg:?} contains NUL")]
+    ArgumentNul { arg: String },
+    /// `rte_eal_init` failed; `reason` is `rte_strerror` of its error.
+    #[error("DPDK EAL initialisation failed: {reason}")]
+    Init { reason: String },
+}
+
 /// DPDK's runtime directory for a file prefix (config lock, multi-process socket).
 pub fn runtime_dir(prefix: &str) -> PathBuf {
     Path::new("/var/run/dpdk").join(prefix)
@@ -41,18 +61,16 @@ fn free_hugepage_mb() -> u64 {
 }
 
 /// Refuses early, with a message saying what to do, when EAL could not get its memory.
-pub fn check_hugepages(memory_mb: u32) -> Result<(), String> {
+pub fn check_hugepages(memory_mb: u32) -> Result<(), EalError> {
     if hugetlbfs_mounts().is_empty() {
-        return Err(
-            "no hugetlbfs is mounted (mount -t hugetlbfs nodev /dev/hugepages)".to_string(),
-        );
+        return Err(EalError::NoHugetlbfs);
     }
     let free = free_hugepage_mb();
     if free < u64::from(memory_mb) {
-        return Err(format!(
-            "not enough free hugepages: {memory_mb} MiB needed, {free} MiB free \
-             (reserve more: echo N > /proc/sys/vm/nr_hugepages)"
-        ));
+        return Err(EalError::Hugepages {
+            needed_mb: memory_mb,
+            free_mb: free,
+        });
     }
     Ok(())
 }
@@ -60,7 +78,7 @@ pub fn check_hugepages(memory_mb: u32) -> Result<(), String> {
 /// EAL holds a write lock on `<runtime dir>/config` for the primary's whole life; finding it
 /// held means another primary uses this prefix. Checked before EAL so that the refusal does
 /// not depend on EAL's own messages and touches nothing.
-pub fn check_no_other_primary(prefix: &str) -> Result<(), String> {
+pub fn check_no_other_primary(prefix: &str) -> Result<(), EalError> {
     let path = runtime_dir(prefix).join("config");
     let Ok(file) = std::fs::OpenOptions::new()
         .read(true)
@@ -76,10 +94,10 @@ pub fn check_no_other_primary(prefix: &str) -> Result<(), String> {
     lock.l_whence = libc::SEEK_SET as i16;
     let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut lock) };
     if rc == 0 && lock.l_type != libc::F_UNLCK as i16 {
-        return Err(format!(
-            "another DPDK primary process (pid {}) is running with file prefix {prefix:?}",
-            lock.l_pid
-        ));
+        return Err(EalError::OtherPrimary {
+            pid: lock.l_pid,
+            prefix: prefix.to_string(),
+        });
     }
     Ok(())
 }
@@ -114,10 +132,10 @@ pub fn eal_args(cfg: &Config) -> Vec<String> {
 }
 
 /// Runs `rte_eal_init`. EAL keeps pointers into argv, so the strings are leaked on purpose.
-pub fn init(args: &[String]) -> Result<(), String> {
+pub fn init(args: &[String]) -> Result<(), EalError> {
     let cargs: Vec<CString> = args
         .iter()
-        .map(|a| CString::new(a.as_str()).map_err(|_| format!("EAL argument {a:?} contains NUL")))
+        .map(|a| CString::new(a.as_str()).map_err(|_| EalError::ArgumentNul { arg: a.clone() }))
         .collect::<Result<_, _>>()?;
     let argv: &mut Vec<*mut c_char> = Box::leak(Box::new(
         cargs.into_iter().map(|c| c.into_raw()).collect::<Vec<_>>(),
@@ -125,10 +143,9 @@ pub fn init(args: &[String]) -> Result<(), String> {
     // SAFETY: argv holds valid NUL-terminated strings that live for the whole process.
     let rc = unsafe { sys::rte_eal_init(argv.len() as i32, argv.as_mut_ptr()) };
     if rc < 0 {
-        return Err(format!(
-            "DPDK EAL initialisation failed: {}",
-            sys::rte_strerror_string(sys::rte_errno())
-        ));
+        return Err(EalError::Init {
+            reason: sys::rte_strerror_string(sys::rte_errno()),
+        });
     }
     Ok(())
 }
@@ -156,4 +173,35 @@ pub fn remove_files(prefix: &str) {
         }
     }
     let _ = std::fs::remove_dir_all(runtime_dir(prefix));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_pinned() {
+        assert_eq!(
+            EalError::Hugepages {
+                needed_mb: 128,
+                free_mb: 2
+            }
+            .to_string(),
+            "not enough free hugepages: 128 MiB needed, 2 MiB free (reserve more: echo N > /proc/sys/vm/nr_hugepages)"
+        );
+        assert_eq!(
+            EalError::OtherPrimary {
+                pid: 42,
+                prefix: "urdma".into()
+            }
+            .to_string(),
+            r#"another DPDK primary process (pid 42) is running with file prefix "urdma""#
+        );
+        assert_eq!(
+            init(&["urdmad".into(), "a\0b".into()])
+                .unwrap_err()
+                .to_string(),
+            r#"EAL argument "a\0b" contains NUL"#
+        );
+    }
 }

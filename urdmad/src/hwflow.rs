@@ -61,15 +61,27 @@ pub enum Match {
     Everything,
 }
 
-fn error_text(rc: i32, e: &sys::rte_flow_error) -> String {
-    if e.message.is_null() {
+/// Why a rule was refused, not created or not destroyed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    /// The PMD's message, or `rte_strerror` of the error code when it gave none.
+    #[error("{reason}")]
+    Pmd { reason: String },
+    /// Armed by [`FAULT_ENV`].
+    #[error("injected failure ({FAULT_ENV})")]
+    Injected,
+}
+
+fn error_text(rc: i32, e: &sys::rte_flow_error) -> RuleError {
+    let reason = if e.message.is_null() {
         sys::rte_strerror_string(rc)
     } else {
         // SAFETY: PMDs set a NUL-terminated static or per-port message.
         unsafe { CStr::from_ptr(e.message) }
             .to_string_lossy()
             .into_owned()
-    }
+    };
+    RuleError::Pmd { reason }
 }
 
 /// Builds the rule for `m` → `queue` and hands its parts to `f`; the structures live on
@@ -143,7 +155,7 @@ fn with_rule<T>(
 }
 
 /// Whether the PMD would accept the rule; the reason when not.
-pub fn validate(port: u16, m: Match, queue: u16) -> Result<(), String> {
+pub fn validate(port: u16, m: Match, queue: u16) -> Result<(), RuleError> {
     with_rule(m, queue, |attr, items, actions| {
         let mut e: sys::rte_flow_error = Default::default();
         // SAFETY: the rule's structures outlive the call.
@@ -160,9 +172,9 @@ pub fn validate(port: u16, m: Match, queue: u16) -> Result<(), String> {
 /// A created rule.
 pub struct Rule(*mut sys::rte_flow);
 
-pub fn create(port: u16, m: Match, queue: u16) -> Result<Rule, String> {
+pub fn create(port: u16, m: Match, queue: u16) -> Result<Rule, RuleError> {
     if matches!(m, Match::Flow { .. }) && injected(&CREATED, &FAIL_CREATE_AT) {
-        return Err(format!("injected failure ({FAULT_ENV})"));
+        return Err(RuleError::Injected);
     }
     with_rule(m, queue, |attr, items, actions| {
         let mut e: sys::rte_flow_error = Default::default();
@@ -178,9 +190,9 @@ pub fn create(port: u16, m: Match, queue: u16) -> Result<Rule, String> {
 }
 
 /// Destroys a rule; on failure the rule is handed back (it may still be in force).
-pub fn destroy(port: u16, rule: Rule) -> Result<(), (Rule, String)> {
+pub fn destroy(port: u16, rule: Rule) -> Result<(), (Rule, RuleError)> {
     if injected(&DESTROYED, &FAIL_DESTROY_AT) {
-        return Err((rule, format!("injected failure ({FAULT_ENV})")));
+        return Err((rule, RuleError::Injected));
     }
     let mut e: sys::rte_flow_error = Default::default();
     // SAFETY: the rule was created on this port and not destroyed yet.
@@ -240,5 +252,22 @@ impl FlowQueue {
             QueueUse::Flow { .. } => "flow",
             QueueUse::Quarantined => "quarantined",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_pinned() {
+        assert_eq!(
+            RuleError::Injected.to_string(),
+            "injected failure (URDMAD_TEST_FAIL_RULE)"
+        );
+        let e = RuleError::Pmd {
+            reason: "Operation not supported".into(),
+        };
+        assert_eq!(e.to_string(), "Operation not supported");
     }
 }

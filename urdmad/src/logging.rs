@@ -16,17 +16,33 @@ struct CookieIo {
 extern "C" {
     fn fopencookie(cookie: *mut c_void, mode: *const c_char, funcs: CookieIo) -> *mut libc::FILE;
 }
+use tracing_subscriber::filter::ParseError;
 use tracing_subscriber::EnvFilter;
 
+/// Why logging could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LoggingError {
+    #[error("bad log level {level:?}: {error}")]
+    Level { level: String, error: ParseError },
+    /// Another subscriber is installed already.
+    #[error("cannot install logger: {error}")]
+    Install {
+        error: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
 /// Installs the subscriber. `level` is `error`..`trace` or any `tracing` filter directive.
-pub fn init(level: &str) -> Result<(), String> {
-    let filter = EnvFilter::try_new(level).map_err(|e| format!("bad log level {level:?}: {e}"))?;
+pub fn init(level: &str) -> Result<(), LoggingError> {
+    let filter = EnvFilter::try_new(level).map_err(|error| LoggingError::Level {
+        level: level.to_string(),
+        error,
+    })?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init()
-        .map_err(|e| format!("cannot install logger: {e}"))
+        .map_err(|error| LoggingError::Install { error })
 }
 
 unsafe extern "C" fn write_dpdk_log(

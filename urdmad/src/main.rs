@@ -1,6 +1,7 @@
 //! `urdmad`: the daemon, `urdmad --check-config`, and `urdmad status`.
 
 use clap::{Parser, Subcommand};
+use std::fmt::Display;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -36,7 +37,7 @@ enum Command {
     },
 }
 
-fn fail(msg: &str) -> ExitCode {
+fn fail(msg: impl Display) -> ExitCode {
     eprintln!("urdmad: error: {msg}");
     ExitCode::FAILURE
 }

@@ -2,7 +2,7 @@
 //! through which the kernel handles everything that is not a QP's data.
 
 use crate::config;
-use crate::hwflow::{self, Match, Rule};
+use crate::hwflow::{self, Match, Rule, RuleError};
 use crate::proto::{Mac, Steering};
 use dpdk_sys as sys;
 use std::ffi::CString;
@@ -34,21 +34,94 @@ fn err(rc: i32) -> String {
     sys::rte_strerror_string(rc)
 }
 
+/// A step of bringing one DPDK device up that failed. `reason` is `rte_strerror` of the
+/// error code DPDK returned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    #[error("PCI device {device} has no DPDK port (is it bound to vfio-pci or uio?)")]
+    PciNotBound { device: String },
+    #[error("device contains NUL")]
+    Nul,
+    #[error("cannot probe device {device:?}: {reason}")]
+    Probe { device: String, reason: String },
+    #[error("device {device:?} was probed but is not an Ethernet port")]
+    NotEthernet { device: String },
+    #[error("configure: {reason}")]
+    Configure { reason: String },
+    #[error("RX queue {queue} setup: {reason}")]
+    RxQueue { queue: u16, reason: String },
+    #[error("TX queue {queue} setup: {reason}")]
+    TxQueue { queue: u16, reason: String },
+    #[error("start: {reason}")]
+    Start { reason: String },
+}
+
+/// Why a configured port could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    /// The device was not found or not probed.
+    #[error("port {port}: {error}")]
+    Probe { port: String, error: DeviceError },
+    /// The device was probed but could not be configured or started.
+    #[error("port {port} ({device}): {error}")]
+    Start {
+        port: String,
+        device: String,
+        error: DeviceError,
+    },
+    /// The TAP of the exception path could not be created or started.
+    #[error("port {port}: exception interface {exception}: {error}")]
+    Exception {
+        port: String,
+        exception: String,
+        error: DeviceError,
+    },
+}
+
+/// Why hardware steering is not used on a port, or for one flow (which then stays with
+/// software steering).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SteeringError {
+    /// The port could not be configured with its flow queues.
+    #[error("{error}")]
+    Configure { error: DeviceError },
+    #[error("per-flow rule refused: {error}")]
+    FlowRuleRefused { error: RuleError },
+    #[error("catch-all rule refused: {error}")]
+    CatchAllRuleRefused { error: RuleError },
+    #[error("catch-all rule not created: {error}")]
+    CatchAllRuleNotCreated { error: RuleError },
+    #[error("flow rule not created: {error}")]
+    FlowRuleNotCreated { error: RuleError },
+    #[error("flow rule not destroyed: {error}")]
+    FlowRuleNotDestroyed { error: RuleError },
+    /// A flow found every flow queue of its port taken.
+    #[error("all {queues} flow queues are in use")]
+    QueuesInUse { queues: u16 },
+    /// A flow's rule could not be created.
+    #[error("rule not created: {error}")]
+    RuleNotCreated { error: RuleError },
+}
+
 /// Hot-plugs a vdev (PCI devices were probed by EAL from `--allow`) and returns its port.
-fn probe(devargs: &str) -> Result<u16, String> {
+fn probe(devargs: &str) -> Result<u16, DeviceError> {
     if is_pci(devargs) {
-        return port_id_by_name(devargs).ok_or_else(|| {
-            format!("PCI device {devargs} has no DPDK port (is it bound to vfio-pci or uio?)")
+        return port_id_by_name(devargs).ok_or_else(|| DeviceError::PciNotBound {
+            device: devargs.to_string(),
         });
     }
-    let c = CString::new(devargs).map_err(|_| "device contains NUL".to_string())?;
+    let c = CString::new(devargs).map_err(|_| DeviceError::Nul)?;
     // SAFETY: valid C string.
     let rc = unsafe { sys::rte_dev_probe(c.as_ptr()) };
     if rc < 0 {
-        return Err(format!("cannot probe device {devargs:?}: {}", err(rc)));
+        return Err(DeviceError::Probe {
+            device: devargs.to_string(),
+            reason: err(rc),
+        });
     }
-    port_id_by_name(dev_name(devargs))
-        .ok_or_else(|| format!("device {devargs:?} was probed but is not an Ethernet port"))
+    port_id_by_name(dev_name(devargs)).ok_or_else(|| DeviceError::NotEthernet {
+        device: devargs.to_string(),
+    })
 }
 
 /// Stops, closes and unplugs a port. Closing a TAP removes its kernel interface.
@@ -71,12 +144,12 @@ fn remove(port: u16) {
 
 /// Configures `queues` RX and as many TX queues: some PMDs (TAP) insist on equal numbers;
 /// urdmad transmits on TX queue 0 only.
-fn configure(port: u16, queues: u16) -> Result<(), String> {
+fn configure(port: u16, queues: u16) -> Result<(), DeviceError> {
     let conf: sys::rte_eth_conf = Default::default();
     // SAFETY: the port exists and is stopped.
     let rc = unsafe { sys::rte_eth_dev_configure(port, queues, queues, &conf) };
     if rc < 0 {
-        return Err(format!("configure: {}", err(rc)));
+        return Err(DeviceError::Configure { reason: err(rc) });
     }
     Ok(())
 }
@@ -90,7 +163,7 @@ fn start(
     flow_queues: u16,
     flow_desc: u16,
     pool: *mut sys::rte_mempool,
-) -> Result<(), String> {
+) -> Result<(), DeviceError> {
     configure(port, 1 + flow_queues)?;
     // SAFETY: the port exists, is configured and stopped; pool is a valid mempool.
     unsafe {
@@ -110,19 +183,25 @@ fn start(
             let n = if q == 0 { rxd } else { fd };
             let rc = sys::rte_eth_rx_queue_setup(port, q, n, socket, ptr::null(), pool);
             if rc < 0 {
-                return Err(format!("RX queue {q} setup: {}", err(rc)));
+                return Err(DeviceError::RxQueue {
+                    queue: q,
+                    reason: err(rc),
+                });
             }
         }
         for q in 0..=flow_queues {
             let n = if q == 0 { txd } else { unused };
             let rc = sys::rte_eth_tx_queue_setup(port, q, n, socket, ptr::null());
             if rc < 0 {
-                return Err(format!("TX queue {q} setup: {}", err(rc)));
+                return Err(DeviceError::TxQueue {
+                    queue: q,
+                    reason: err(rc),
+                });
             }
         }
         let rc = sys::rte_eth_dev_start(port);
         if rc < 0 {
-            return Err(format!("start: {}", err(rc)));
+            return Err(DeviceError::Start { reason: err(rc) });
         }
         // Multicast (IPv6 neighbour discovery) must reach the kernel too; not every PMD can.
         let _ = sys::rte_eth_allmulticast_enable(port);
@@ -140,9 +219,10 @@ fn mac_of(port: u16) -> Mac {
 /// Whether the PMD accepts what hardware steering needs, asked on the port configured with
 /// its flow queues: a rule per flow (Ethernet / IPv4 to an address / UDP to a port → a flow
 /// queue) and a catch-all rule keeping everything else on queue 0. The reason when not.
-fn probe_rte_flow(port: u16) -> Result<(), String> {
-    hwflow::validate(port, SAMPLE, 1).map_err(|e| format!("per-flow rule refused: {e}"))?;
-    hwflow::validate(port, Match::Everything, 0).map_err(|e| format!("catch-all rule refused: {e}"))
+fn probe_rte_flow(port: u16) -> Result<(), SteeringError> {
+    hwflow::validate(port, SAMPLE, 1).map_err(|error| SteeringError::FlowRuleRefused { error })?;
+    hwflow::validate(port, Match::Everything, 0)
+        .map_err(|error| SteeringError::CatchAllRuleRefused { error })
 }
 
 /// A flow no real QP uses (TEST-NET-1): the rule created and destroyed at start-up.
@@ -155,14 +235,14 @@ const SAMPLE: Match = Match::Flow {
 /// kernel without tc flower does). So the started port gets its catch-all rule, and a
 /// sample flow rule is created and destroyed. Returns the catch-all rule; on failure every
 /// rule of the port is flushed and the reason returned.
-fn install_rte_flow(port: u16) -> Result<Rule, String> {
+fn install_rte_flow(port: u16) -> Result<Rule, SteeringError> {
     let result = hwflow::create(port, Match::Everything, 0)
-        .map_err(|e| format!("catch-all rule not created: {e}"))
+        .map_err(|error| SteeringError::CatchAllRuleNotCreated { error })
         .and_then(|all| {
             let sample = hwflow::create(port, SAMPLE, 1)
-                .map_err(|e| format!("flow rule not created: {e}"))?;
+                .map_err(|error| SteeringError::FlowRuleNotCreated { error })?;
             hwflow::destroy(port, sample)
-                .map_err(|(_, e)| format!("flow rule not destroyed: {e}"))?;
+                .map_err(|(_, error)| SteeringError::FlowRuleNotDestroyed { error })?;
             Ok(all)
         });
     if result.is_err() {
@@ -293,8 +373,11 @@ impl Port {
         index: u16,
         cfg: &config::Port,
         pool: *mut sys::rte_mempool,
-    ) -> Result<Port, String> {
-        let id = probe(&cfg.device).map_err(|e| format!("port {}: {e}", cfg.name))?;
+    ) -> Result<Port, PortError> {
+        let id = probe(&cfg.device).map_err(|error| PortError::Probe {
+            port: cfg.name.clone(),
+            error,
+        })?;
         let mac = mac_of(id);
         // Hardware steering is chosen once, here, from what the PMD says about the rules on
         // the port configured with its flow queues and then from whether they can really be
@@ -311,7 +394,10 @@ impl Port {
                 (Steering::Software, "flow_queues = 0".to_string(), 0)
             }
             config::SteeringChoice::Auto => {
-                match configure(id, 1 + wanted).and_then(|()| probe_rte_flow(id)) {
+                match configure(id, 1 + wanted)
+                    .map_err(|error| SteeringError::Configure { error })
+                    .and_then(|()| probe_rte_flow(id))
+                {
                     Ok(()) => (Steering::Hardware, String::new(), wanted),
                     Err(why) => (
                         Steering::Software,
@@ -331,9 +417,14 @@ impl Port {
                 pool,
             )
         };
+        let start_error = |error| PortError::Start {
+            port: cfg.name.clone(),
+            device: cfg.device.clone(),
+            error,
+        };
         if let Err(e) = started(flow_queues) {
             remove(id);
-            return Err(format!("port {} ({}): {e}", cfg.name, cfg.device));
+            return Err(start_error(e));
         }
         let mut default_rule = None;
         if steering == Steering::Hardware {
@@ -347,29 +438,28 @@ impl Port {
                     unsafe { sys::rte_eth_dev_stop(id) };
                     if let Err(e) = started(0) {
                         remove(id);
-                        return Err(format!("port {} ({}): {e}", cfg.name, cfg.device));
+                        return Err(start_error(e));
                     }
                 }
             }
         }
         let tap = format!("net_tap_urdma{index},iface={},mac={mac}", cfg.exception);
+        let exception_error = |error| PortError::Exception {
+            port: cfg.name.clone(),
+            exception: cfg.exception.clone(),
+            error,
+        };
         let exception_id = match probe(&tap) {
             Ok(t) => t,
             Err(e) => {
                 remove(id);
-                return Err(format!(
-                    "port {}: exception interface {}: {e}",
-                    cfg.name, cfg.exception
-                ));
+                return Err(exception_error(e));
             }
         };
         if let Err(e) = start(exception_id, 512, 512, 0, 0, pool) {
             remove(exception_id);
             remove(id);
-            return Err(format!(
-                "port {}: exception interface {}: {e}",
-                cfg.name, cfg.exception
-            ));
+            return Err(exception_error(e));
         }
         let saved_sysctls = kernel_iface(&cfg.device).map(take_over).unwrap_or_default();
         tracing::info!(
@@ -416,5 +506,71 @@ mod tests {
         assert!(is_pci("03:00.1"));
         assert!(!is_pci("net_af_packet0,iface=veth0"));
         assert!(!is_pci("net_tap0"));
+    }
+
+    #[test]
+    fn messages_are_pinned() {
+        let probe = DeviceError::Probe {
+            device: "net_bogus0".into(),
+            reason: "No such device".into(),
+        };
+        assert_eq!(
+            PortError::Probe {
+                port: "p0".into(),
+                error: probe
+            }
+            .to_string(),
+            r#"port p0: cannot probe device "net_bogus0": No such device"#
+        );
+        assert_eq!(
+            PortError::Probe {
+                port: "p0".into(),
+                error: DeviceError::PciNotBound {
+                    device: "0000:03:00.0".into()
+                }
+            }
+            .to_string(),
+            "port p0: PCI device 0000:03:00.0 has no DPDK port (is it bound to vfio-pci or uio?)"
+        );
+        assert_eq!(
+            PortError::Start {
+                port: "p0".into(),
+                device: "net_null0".into(),
+                error: DeviceError::RxQueue {
+                    queue: 3,
+                    reason: "Invalid argument".into()
+                }
+            }
+            .to_string(),
+            "port p0 (net_null0): RX queue 3 setup: Invalid argument"
+        );
+        assert_eq!(
+            PortError::Exception {
+                port: "p0".into(),
+                exception: "tap0".into(),
+                error: DeviceError::Start {
+                    reason: "Operation not permitted".into()
+                }
+            }
+            .to_string(),
+            "port p0: exception interface tap0: start: Operation not permitted"
+        );
+        let configure = SteeringError::Configure {
+            error: DeviceError::Configure {
+                reason: "Invalid argument".into(),
+            },
+        };
+        assert_eq!(configure.to_string(), "configure: Invalid argument");
+        assert_eq!(
+            SteeringError::FlowRuleNotDestroyed {
+                error: RuleError::Injected
+            }
+            .to_string(),
+            "flow rule not destroyed: injected failure (URDMAD_TEST_FAIL_RULE)"
+        );
+        assert_eq!(
+            SteeringError::QueuesInUse { queues: 3 }.to_string(),
+            "all 3 flow queues are in use"
+        );
     }
 }

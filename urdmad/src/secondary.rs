@@ -2,7 +2,7 @@
 //! RX ring and the process's TX ring. This is what the provider's data path does; the test
 //! client uses it as is.
 
-use crate::client::Connection;
+use crate::client::{self, Connection};
 use crate::proto::{Attachment, FlowSpec, Request, Response, Steering};
 use dpdk_sys as sys;
 use std::ffi::CString;
@@ -10,11 +10,48 @@ use std::net::SocketAddrV4;
 use std::os::raw::c_char;
 use std::sync::OnceLock;
 
+/// Why attaching to urdmad or using what it handed out failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecondaryError {
+    /// Talking to urdmad failed, or it refused the request.
+    #[error("{0}")]
+    Control(client::Error),
+    /// `reason` is `rte_strerror` of EAL's error.
+    #[error("EAL secondary initialisation failed: {reason}")]
+    EalInit { reason: String },
+    /// EAL is up already, for another urdmad (one EAL per process).
+    #[error("this process is already attached to prefix {prefix}")]
+    OtherPrefix { prefix: String },
+    #[error("pool name")]
+    PoolName,
+    #[error("mempool {pool} not found")]
+    PoolNotFound { pool: String },
+    #[error("ring name")]
+    RingName,
+    #[error("ring {name} not found in urdmad's memory")]
+    RingNotFound { name: String },
+    #[error("no port {port}")]
+    NoPort { port: usize },
+    #[error("frame larger than an mbuf")]
+    FrameTooLarge,
+    #[error("mbuf pool exhausted")]
+    PoolExhausted,
+    #[error("TX ring full")]
+    TxRingFull,
+}
+
+/// `?` on what the control connection returns.
+impl From<client::Error> for SecondaryError {
+    fn from(e: client::Error) -> Self {
+        SecondaryError::Control(e)
+    }
+}
+
 /// The EAL of this process, initialised by the first attachment (EAL cannot be initialised
 /// twice in one process).
-static EAL: OnceLock<Result<String, String>> = OnceLock::new();
+static EAL: OnceLock<Result<String, SecondaryError>> = OnceLock::new();
 
-fn eal_init(a: &Attachment) -> Result<(), String> {
+fn eal_init(a: &Attachment) -> Result<(), SecondaryError> {
     let r = EAL.get_or_init(|| {
         let mut args = vec!["urdma-secondary".to_string()];
         args.extend(a.eal_args());
@@ -28,29 +65,30 @@ fn eal_init(a: &Attachment) -> Result<(), String> {
         // SAFETY: argv holds NUL-terminated strings that live for the whole process.
         let rc = unsafe { sys::rte_eal_init(argv.len() as i32, argv.as_mut_ptr()) };
         if rc < 0 {
-            Err(format!(
-                "EAL secondary initialisation failed: {}",
-                sys::rte_strerror_string(sys::rte_errno())
-            ))
+            Err(SecondaryError::EalInit {
+                reason: sys::rte_strerror_string(sys::rte_errno()),
+            })
         } else {
             Ok(a.file_prefix.clone())
         }
     });
     match r {
         Ok(prefix) if *prefix == a.file_prefix => Ok(()),
-        Ok(prefix) => Err(format!(
-            "this process is already attached to prefix {prefix}"
-        )),
+        Ok(prefix) => Err(SecondaryError::OtherPrefix {
+            prefix: prefix.clone(),
+        }),
         Err(e) => Err(e.clone()),
     }
 }
 
-fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, String> {
-    let c = CString::new(name).map_err(|_| "ring name".to_string())?;
+fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, SecondaryError> {
+    let c = CString::new(name).map_err(|_| SecondaryError::RingName)?;
     // SAFETY: valid C string.
     let r = unsafe { sys::rte_ring_lookup(c.as_ptr()) };
     if r.is_null() {
-        Err(format!("ring {name} not found in urdmad's memory"))
+        Err(SecondaryError::RingNotFound {
+            name: name.to_string(),
+        })
     } else {
         Ok(r)
     }
@@ -78,17 +116,19 @@ pub struct Session {
 impl Session {
     /// Sends `ATTACH`, initialises EAL as a secondary (once per process) and finds the pool
     /// and TX rings.
-    pub fn attach(mut conn: Connection) -> Result<Session, String> {
+    pub fn attach(mut conn: Connection) -> Result<Session, SecondaryError> {
         let attachment = match conn.request(&Request::Attach)? {
             Response::Attached(a) => a,
-            other => return Err(crate::client::refusal(other)),
+            other => return Err(client::refusal(other).into()),
         };
         eal_init(&attachment)?;
-        let pname = CString::new(attachment.pool.as_str()).map_err(|_| "pool name".to_string())?;
+        let pname = CString::new(attachment.pool.as_str()).map_err(|_| SecondaryError::PoolName)?;
         // SAFETY: valid C string.
         let pool = unsafe { sys::rte_mempool_lookup(pname.as_ptr()) };
         if pool.is_null() {
-            return Err(format!("mempool {} not found", attachment.pool));
+            return Err(SecondaryError::PoolNotFound {
+                pool: attachment.pool,
+            });
         }
         let tx = attachment
             .ports
@@ -104,7 +144,7 @@ impl Session {
         })
     }
 
-    pub fn open(&mut self, spec: FlowSpec) -> Result<&Flow, String> {
+    pub fn open(&mut self, spec: FlowSpec) -> Result<&Flow, SecondaryError> {
         match self.conn.request(&Request::Open(spec.clone()))? {
             Response::Opened {
                 flow,
@@ -122,15 +162,15 @@ impl Session {
                 });
                 Ok(self.flows.last().unwrap())
             }
-            other => Err(crate::client::refusal(other)),
+            other => Err(client::refusal(other).into()),
         }
     }
 
-    pub fn close(&mut self, flow: u32) -> Result<(), String> {
+    pub fn close(&mut self, flow: u32) -> Result<(), SecondaryError> {
         self.flows.retain(|f| f.id != flow);
         match self.conn.request(&Request::Close { flow })? {
             Response::Closed { .. } => Ok(()),
-            other => Err(crate::client::refusal(other)),
+            other => Err(client::refusal(other).into()),
         }
     }
 
@@ -153,28 +193,28 @@ impl Session {
     }
 
     /// Queues a copy of one frame for transmission on port `port`.
-    pub fn send(&self, port: usize, frame: &[u8]) -> Result<(), String> {
+    pub fn send(&self, port: usize, frame: &[u8]) -> Result<(), SecondaryError> {
         if port >= self.tx.len() {
-            return Err(format!("no port {port}"));
+            return Err(SecondaryError::NoPort { port });
         }
         let Ok(len) = u16::try_from(frame.len()) else {
-            return Err("frame larger than an mbuf".into());
+            return Err(SecondaryError::FrameTooLarge);
         };
         // SAFETY: the mbuf comes from urdmad's pool; it is handed over or freed.
         unsafe {
             let m = sys::rte_pktmbuf_alloc(self.pool);
             if m.is_null() {
-                return Err("mbuf pool exhausted".into());
+                return Err(SecondaryError::PoolExhausted);
             }
             let dst = sys::rte_pktmbuf_append(m, len) as *mut u8;
             if dst.is_null() {
                 sys::rte_pktmbuf_free(m);
-                return Err("frame larger than an mbuf".into());
+                return Err(SecondaryError::FrameTooLarge);
             }
             std::ptr::copy_nonoverlapping(frame.as_ptr(), dst, frame.len());
             if self.send_burst(port, &[m]) == 0 {
                 sys::rte_pktmbuf_free(m);
-                return Err("TX ring full".into());
+                return Err(SecondaryError::TxRingFull);
             }
         }
         Ok(())
@@ -218,11 +258,11 @@ impl Session {
     }
 
     /// Stops using the rings, then tells urdmad.
-    pub fn detach(mut self) -> Result<(), String> {
+    pub fn detach(mut self) -> Result<(), SecondaryError> {
         self.flows.clear();
         match self.conn.request(&Request::Detach)? {
             Response::Detached => Ok(()),
-            other => Err(crate::client::refusal(other)),
+            other => Err(client::refusal(other).into()),
         }
     }
 }

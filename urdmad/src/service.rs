@@ -3,11 +3,50 @@
 
 use crate::config::Config;
 use crate::daemon::{Daemon, STOP};
+use crate::eal::EalError;
+use crate::port::PortError;
 use crate::{eal, logging};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+
+/// Why the daemon could not start, besides EAL and the ports.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// A port's exception interface would take the name of an existing interface.
+    #[error("port {port}: interface {interface} already exists")]
+    InterfaceExists { port: String, interface: String },
+    #[error(
+        "cannot open /dev/net/tun for the exception interfaces: {error} (load the tun module: modprobe tun)"
+    )]
+    Tun { error: std::io::Error },
+    #[error("cannot create control socket {}: {error}", .path.display())]
+    Socket {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// The control socket answers: urdmad is running already.
+    #[error("another urdmad is listening on {}", .path.display())]
+    SocketInUse { path: PathBuf },
+    /// `reason` is `rte_strerror` of DPDK's error.
+    #[error("cannot create a pool of {mbufs} mbufs: {reason} (raise memory_mb or lower mbufs)")]
+    Pool { mbufs: u32, reason: String },
+    /// The bound control socket could not be set up for polling.
+    #[error("control socket: {error}")]
+    ControlSocket { error: std::io::Error },
+}
+
+/// Why [`run`] failed: one line naming what went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Eal(#[from] EalError),
+    #[error(transparent)]
+    Port(#[from] PortError),
+    #[error(transparent)]
+    Startup(#[from] StartupError),
+}
 
 extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
@@ -36,8 +75,15 @@ impl Drop for Socket {
     }
 }
 
-fn bind_socket(path: &Path, mode: u32, gid: Option<u32>) -> Result<(UnixListener, Socket), String> {
-    let what = |e: std::io::Error| format!("cannot create control socket {}: {e}", path.display());
+fn bind_socket(
+    path: &Path,
+    mode: u32,
+    gid: Option<u32>,
+) -> Result<(UnixListener, Socket), StartupError> {
+    let what = |error| StartupError::Socket {
+        path: path.to_path_buf(),
+        error,
+    };
     let mut created_dir = None;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if !dir.exists() {
@@ -53,7 +99,9 @@ fn bind_socket(path: &Path, mode: u32, gid: Option<u32>) -> Result<(UnixListener
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             cleanup(&created_dir);
-            return Err(format!("another urdmad is listening on {}", path.display()));
+            return Err(StartupError::SocketInUse {
+                path: path.to_path_buf(),
+            });
         }
         // A socket file nobody listens on is what a killed urdmad leaves behind.
         let _ = std::fs::remove_file(path);
@@ -81,28 +129,27 @@ fn notify(state: &[sd_notify::NotifyState]) {
 
 /// Runs the daemon until SIGTERM/SIGINT. `Err` is one line naming what went wrong; by then
 /// everything that was created has been removed again.
-pub fn run(cfg: Config) -> Result<(), String> {
+pub fn run(cfg: Config) -> Result<(), ServiceError> {
     install_signal_handlers();
     eal::check_hugepages(cfg.daemon.memory_mb)?;
     let prefix = cfg.daemon.file_prefix.clone();
     eal::check_no_other_primary(&prefix)?;
     for p in &cfg.ports {
         if Path::new("/sys/class/net").join(&p.exception).exists() {
-            return Err(format!(
-                "port {}: interface {} already exists",
-                p.name, p.exception
-            ));
+            return Err(StartupError::InterfaceExists {
+                port: p.name.clone(),
+                interface: p.exception.clone(),
+            }
+            .into());
         }
     }
     // Every exception interface is a TAP; say so plainly rather than through DPDK's errors.
-    if let Err(e) = std::fs::OpenOptions::new()
+    if let Err(error) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/net/tun")
     {
-        return Err(format!(
-            "cannot open /dev/net/tun for the exception interfaces: {e} (load the tun module: modprobe tun)"
-        ));
+        return Err(StartupError::Tun { error }.into());
     }
     let gid = crate::access::group_id(&cfg.daemon.group);
     let (listener, socket) = bind_socket(&cfg.daemon.socket, cfg.socket_mode(), gid)?;
@@ -113,7 +160,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
     tracing::debug!(?args, "starting EAL");
     if let Err(e) = eal::init(&args) {
         eal::remove_files(&prefix);
-        return Err(e);
+        return Err(e.into());
     }
     let daemon = match Daemon::start(cfg.clone(), listener) {
         Ok(d) => d,
@@ -141,4 +188,48 @@ pub fn run(cfg: Config) -> Result<(), String> {
     eal::cleanup(&prefix);
     tracing::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_pinned() {
+        let e: ServiceError = StartupError::InterfaceExists {
+            port: "p0".into(),
+            interface: "tap0".into(),
+        }
+        .into();
+        assert_eq!(e.to_string(), "port p0: interface tap0 already exists");
+        let e: ServiceError = StartupError::Socket {
+            path: "/run/urdma/urdmad.sock".into(),
+            error: std::io::Error::from_raw_os_error(libc::EACCES),
+        }
+        .into();
+        assert_eq!(
+            e.to_string(),
+            "cannot create control socket /run/urdma/urdmad.sock: Permission denied (os error 13)"
+        );
+        let e = StartupError::Tun {
+            error: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot open /dev/net/tun for the exception interfaces: No such file or directory (os error 2) (load the tun module: modprobe tun)"
+        );
+        let e: ServiceError = EalError::NoHugetlbfs.into();
+        assert_eq!(
+            e.to_string(),
+            "no hugetlbfs is mounted (mount -t hugetlbfs nodev /dev/hugepages)"
+        );
+        let e = StartupError::Pool {
+            mbufs: 8191,
+            reason: "Cannot allocate memory".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot create a pool of 8191 mbufs: Cannot allocate memory (raise memory_mb or lower mbufs)"
+        );
+    }
 }

@@ -38,12 +38,16 @@ struct Args {
     cycles: u32,
 }
 
-fn connect(args: &Args) -> Result<Session, String> {
+/// The errors of this tool are what it prints: the library's errors, and its own
+/// complaints about its arguments.
+type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn connect(args: &Args) -> CliResult<Session> {
     let conn = Connection::connect(&args.socket, Duration::from_secs(5))?;
-    Session::attach(conn)
+    Ok(Session::attach(conn)?)
 }
 
-fn open_all(s: &mut Session, args: &Args) -> Result<(), String> {
+fn open_all(s: &mut Session, args: &Args) -> CliResult<()> {
     for local in &args.opens {
         let f = s.open(FlowSpec {
             port: args.port,
@@ -62,7 +66,7 @@ fn open_all(s: &mut Session, args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-fn send_all(s: &Session, args: &Args) -> Result<(), String> {
+fn send_all(s: &Session, args: &Args) -> CliResult<()> {
     let src_mac = s
         .attachment
         .ports
@@ -72,7 +76,7 @@ fn send_all(s: &Session, args: &Args) -> Result<(), String> {
     for spec in &args.sends {
         let parts: Vec<&str> = spec.splitn(4, ',').collect();
         let [mac, src, dst, payload] = parts[..] else {
-            return Err(format!("bad --send {spec:?}"));
+            return Err(format!("bad --send {spec:?}").into());
         };
         let mac: Mac = mac.parse().map_err(|e| format!("{e}"))?;
         let src: SocketAddrV4 = src.parse().map_err(|e| format!("{e}"))?;
@@ -87,7 +91,7 @@ fn send_all(s: &Session, args: &Args) -> Result<(), String> {
 }
 
 /// Waits for urdmad to close a connection on which nothing is sent.
-fn silent(args: &Args) -> Result<(), String> {
+fn silent(args: &Args) -> CliResult<()> {
     use std::io::Read;
     let mut s = std::os::unix::net::UnixStream::connect(&args.socket).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(5)))
@@ -101,12 +105,12 @@ fn silent(args: &Args) -> Result<(), String> {
                 return Ok(());
             }
             Ok(_) => continue,
-            Err(e) => return Err(format!("no hangup: {e}")),
+            Err(e) => return Err(format!("no hangup: {e}").into()),
         }
     }
 }
 
-fn run(args: &Args) -> Result<(), String> {
+fn run(args: &Args) -> CliResult<()> {
     if args.silent {
         return silent(args);
     }
