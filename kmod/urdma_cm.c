@@ -361,7 +361,7 @@ static struct urdma_ep *urdma_ep_new(struct urdma_dev *udev,
 /*
  * The endpoint's last event has been posted: drop what it holds.  The
  * cm_id reference goes after the event, as iw_cm frees the id at its last
- * reference (IWCM.md 1.4).
+ * reference (iw_destroy_cm_id does not wait for the driver's).
  */
 static void urdma_ep_finish(struct urdma_ep *ep)
 {
@@ -772,7 +772,12 @@ int urdma_accept(struct iw_cm_id *id, struct iw_cm_conn_param *param)
 	ep->state = URDMA_EP_ACCEPTING;
 	ep->qp = qp;
 	qp = NULL;
-	/* The child's first reference: none may be taken before (IWCM.md 1.2). */
+	/*
+	 * The child's first reference.  None may be taken before: iw_cm's
+	 * cm_conn_req_handler, running on iw_cm's work queue, destroys a
+	 * child it cannot set up, and with a reference held that destroy
+	 * flushes the same queue: a deadlock.
+	 */
 	id->add_ref(id);
 	ep->cm_id = id;
 	ep->ird = min_t(u32, param->ird, U8_MAX);
@@ -814,7 +819,8 @@ int urdma_accept(struct iw_cm_id *id, struct iw_cm_conn_param *param)
 
 fail_locked:
 	/*
-	 * iw_reject does not follow a failed accept (IWCM.md 1.3): the
+	 * iw_reject does not follow a failed accept (rdma_accept's reject
+	 * fails in iw_cm, whose id is back to IDLE): the
 	 * request ends here, and the daemon's side with it.
 	 */
 	if (ep->chan && ep->state == URDMA_EP_REQUEST)
@@ -1004,7 +1010,7 @@ static void urdma_cm_request(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 	ep->ird = min_t(u16, msg->ird, U8_MAX);
 	ep->ord = min_t(u16, msg->ord, U8_MAX);
 
-	/* Status must be 0: iw_cm BUG()s otherwise (IWCM.md 1.5). */
+	/* Status must be 0: iw_cm's cm_conn_req_handler BUG()s otherwise. */
 	urdma_event_init(&ev, ep, IW_CM_EVENT_CONNECT_REQUEST, 0);
 	ev.provider_data = ep;
 	if (msg->pdata_len) {
@@ -1026,7 +1032,7 @@ static void urdma_cm_connected(struct urdma_chan *chan,
 
 	if (!ep)
 		return;
-	/* Nobody but the driver moves the QP to RTS (IWCM.md 1.6). */
+	/* Nobody but the driver moves the QP to RTS (iw_cm sets SQD, ERR). */
 	urdma_qp_to_rts(ep->qp);
 	ep->state = URDMA_EP_ESTABLISHED;
 	ep->ird = min_t(u16, msg->ird, U8_MAX);

@@ -250,7 +250,7 @@ wait_gone "$c6" 30 || fail "c6 still running"
 expect_line "$log/c6" '^event REJECTED status -104 ' "pending connect when urdmad died"
 
 # -- A process killed while connecting: gone once the daemon answers (a
-# pending connect holds rdma_destroy_id until its reply, IWCM.md 1.3).
+# pending connect holds rdma_destroy_id until its reply: iw_cm waits for it).
 start_daemon d3 veth0
 # Not under timeout(1): the signal must reach cm_probe itself.
 "$CMP" "$uv" client 10.77.0.1 7003 hello wait 60 >"$log/c7" 2>&1 &

@@ -1,6 +1,8 @@
 //! Attaching to urdmad as a DPDK secondary process and using what it hands out: a flow's
-//! RX ring and the process's TX ring. This is what the provider's data path does; the test
-//! client uses it as is.
+//! RX ring and the process's TX ring, for `urdmad-testclient` and the daemon's tests. The
+//! provider does the same with its own code (liburdma's `dpdk` and `frame` modules), as it
+//! depends on this crate without the `daemon` feature. [`udp_frame`] also builds the
+//! datagrams urdmad sends itself (handshakes, Rejects, Aborts).
 
 use crate::client::{self, Connection};
 use crate::proto::{Attachment, FlowSpec, Request, Response, Steering};
