@@ -57,6 +57,28 @@ pub fn eal_init(a: &Attachment) -> Result<(), String> {
     }
 }
 
+/// Lets go of urdmad's DPDK state once urdmad is gone (EAL initialised and
+/// nothing of the process using a ring or mbuf any more): unmaps its
+/// memory and closes the files EAL holds in its runtime directory.
+///
+/// A secondary keeps shared locks on the primary's memory-segment files and
+/// its socket in that directory for as long as EAL is up; a restarted
+/// urdmad reuses the directory (same `--file-prefix`), and its EAL cannot
+/// initialise while any process holds those locks, nor would its hugepages
+/// be freed. EAL cannot be initialised again in this process, so it stays
+/// without urdmad for good.
+pub fn detach() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    if !matches!(EAL.get(), Some(Ok(_))) {
+        return;
+    }
+    // SAFETY: EAL is up; the caller guarantees nothing uses a DPDK object
+    // any more (every flow is dropped and no new one can be made).
+    DONE.call_once(|| unsafe {
+        sys::rte_eal_cleanup();
+    });
+}
+
 fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, String> {
     let c = CString::new(name).map_err(|_| "ring name".to_string())?;
     // SAFETY: valid C string; EAL is up.

@@ -257,6 +257,9 @@ impl Shared {
                     a.ctl = None;
                 }
                 self.engine.fail_all(now);
+                // No flow is left and no EVENT CONNECTED can come: nothing
+                // touches urdmad's memory any more.
+                dpdk::detach();
                 true
             }
         }
