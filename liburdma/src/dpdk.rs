@@ -103,6 +103,16 @@ pub struct Rings {
 unsafe impl Send for Rings {}
 
 impl Rings {
+    /// An attachment without rings, for tests that never reach DPDK.
+    #[cfg(test)]
+    pub fn none() -> Rings {
+        Rings {
+            pool: std::ptr::null_mut(),
+            tx: Vec::new(),
+            macs: Vec::new(),
+        }
+    }
+
     /// Looks up the pool and TX rings (after [`eal_init`]).
     pub fn lookup(a: &Attachment) -> Result<Rings, String> {
         let pname = CString::new(a.pool.as_str()).map_err(|_| "pool name".to_string())?;
