@@ -58,7 +58,10 @@ grep -q "async event: local catastrophic error" "$OUT/holder.log" ||
 kill -0 "$hpid" 2>/dev/null || fail "the holder ended: $(tail -n1 "$OUT/holder.log")"
 
 # urdmad back, the holder still alive: new processes attach and connect
-t "$BED" restart B >"$OUT/bed-restart.log" 2>&1 || fail "scripts/bed restart B: $(tail -n1 "$OUT/bed-restart.log")"
+if ! t "$BED" restart B >"$OUT/bed-restart.log" 2>&1; then
+	ls -l "/proc/$hpid/fd" 2>/dev/null | grep -E "dpdk|huge" | sed 's/^/  holder: /'
+	fail "scripts/bed restart B: $(tail -n1 "$OUT/bed-restart.log")"
+fi
 port=$((port + 1))
 start_server B after-restart "listening" "$prog" server "$ADDR_B" "$port" -t 300
 out=$(t ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n 200 -t 300 2>&1) ||
