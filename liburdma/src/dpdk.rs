@@ -93,6 +93,9 @@ pub fn detach() {
 /// "Cannot allocate memzone list" while anyone holds that lock. Unlocking
 /// leaves the descriptor, which DPDK owns, in place.
 fn unlock_files_under(dir: &Path) {
+    // The descriptors name the files by their real paths (EAL's
+    // /var/run/dpdk is /run/dpdk on most systems).
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
         return;
     };
@@ -100,7 +103,7 @@ fn unlock_files_under(dir: &Path) {
         let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
             continue;
         };
-        if std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(dir)) {
+        if std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(&dir)) {
             // SAFETY: flock on a descriptor of this process; unlocking
             // changes nothing else about it.
             unsafe { libc::flock(fd, libc::LOCK_UN) };
@@ -377,7 +380,10 @@ mod tests {
             std::fs::File::open(&outside).unwrap(),
         );
         assert!(!try_exclusive(&a), "a new primary is locked out");
-        unlock_files_under(&dir);
+        // Named through a symbolic link, as EAL names /run/dpdk.
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        unlock_files_under(&link);
         assert!(try_exclusive(&a), "the lock under the directory is gone");
         assert!(!try_exclusive(&b), "a lock elsewhere stays");
         drop(held);
