@@ -186,6 +186,7 @@ int urdma_query_gid(struct ib_device *ibdev, u32 port, int idx,
 void urdma_get_dev_fw_str(struct ib_device *ibdev, char *str);
 int urdma_alloc_ucontext(struct ib_ucontext *ibuctx, struct ib_udata *udata);
 void urdma_dealloc_ucontext(struct ib_ucontext *ibuctx);
+void urdma_disassociate_ucontext(struct ib_ucontext *ibuctx);
 int urdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata);
 int urdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata);
 struct ib_mr *urdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,

@@ -98,6 +98,7 @@ static const struct ib_device_ops urdma_dev_ops = {
 	.dereg_mr = urdma_dereg_mr,
 	.destroy_cq = urdma_destroy_cq,
 	.destroy_qp = urdma_destroy_qp,
+	.disassociate_ucontext = urdma_disassociate_ucontext,
 	.get_dev_fw_str = urdma_get_dev_fw_str,
 	.get_dma_mr = urdma_get_dma_mr,
 	.get_port_immutable = urdma_get_port_immutable,

@@ -138,6 +138,18 @@ void urdma_dealloc_ucontext(struct ib_ucontext *ibuctx)
 	atomic_dec(&to_udev(ibuctx->device)->num_ctx);
 }
 
+/*
+ * Device removal (urdmad's TAP going with urdmad, rdma link delete,
+ * rmmod) revokes a process's objects instead of waiting for the process
+ * to close the device: ib_uverbs then queues IB_EVENT_DEVICE_FATAL,
+ * destroys the objects through the usual paths and closes the completion
+ * channels.  The provider maps nothing of ours, so there is nothing to
+ * take back here; its data path stops with urdmad's (docs/kernel-abi.md).
+ */
+void urdma_disassociate_ucontext(struct ib_ucontext *ibuctx)
+{
+}
+
 int urdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 {
 	struct urdma_dev *udev = to_udev(ibpd->device);

@@ -8,6 +8,7 @@
 //! application's threads and the helper thread.
 
 use std::ffi::{c_char, c_void, CString};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use dpdk_sys as sys;
@@ -57,6 +58,59 @@ pub fn eal_init(a: &Attachment) -> Result<(), String> {
     }
 }
 
+/// Lets go of urdmad's DPDK state once urdmad is gone (EAL initialised and
+/// nothing of the process using a ring or mbuf any more): unmaps its
+/// memory and closes the files EAL holds in its runtime directory.
+///
+/// A secondary keeps shared locks on the primary's memory-segment files and
+/// its socket in that directory for as long as EAL is up; a restarted
+/// urdmad reuses the directory (same `--file-prefix`), and its EAL cannot
+/// initialise while any process holds those locks, nor would its hugepages
+/// be freed. EAL cannot be initialised again in this process, so it stays
+/// without urdmad for good.
+pub fn detach() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    if !matches!(EAL.get(), Some(Ok(_))) {
+        return;
+    }
+    DONE.call_once(|| {
+        // SAFETY: EAL is up: a static string of its own.
+        let dir = unsafe { std::ffi::CStr::from_ptr(sys::rte_eal_get_runtime_dir()) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: EAL is up; the caller guarantees nothing uses a DPDK
+        // object any more (every flow is dropped and no new one can be made).
+        unsafe { sys::rte_eal_cleanup() };
+        unlock_files_under(Path::new(&dir));
+    });
+}
+
+/// Drops the `flock` locks the process still holds on files under `dir`.
+///
+/// DPDK 22.11's cleanup detaches the memory-segment arrays but not the
+/// memzone array, whose file (`fbarray_memzone`) stays locked (shared) for
+/// as long as the descriptor is open, and a new primary's EAL stops at
+/// "Cannot allocate memzone list" while anyone holds that lock. Unlocking
+/// leaves the descriptor, which DPDK owns, in place.
+fn unlock_files_under(dir: &Path) {
+    // The descriptors name the files by their real paths (EAL's
+    // /var/run/dpdk is /run/dpdk on most systems).
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    for e in fds.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(&dir)) {
+            // SAFETY: flock on a descriptor of this process; unlocking
+            // changes nothing else about it.
+            unsafe { libc::flock(fd, libc::LOCK_UN) };
+        }
+    }
+}
+
 fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, String> {
     let c = CString::new(name).map_err(|_| "ring name".to_string())?;
     // SAFETY: valid C string; EAL is up.
@@ -81,6 +135,16 @@ pub struct Rings {
 unsafe impl Send for Rings {}
 
 impl Rings {
+    /// An attachment without rings, for tests that never reach DPDK.
+    #[cfg(test)]
+    pub fn none() -> Rings {
+        Rings {
+            pool: std::ptr::null_mut(),
+            tx: Vec::new(),
+            macs: Vec::new(),
+        }
+    }
+
     /// Looks up the pool and TX rings (after [`eal_init`]).
     pub fn lookup(a: &Attachment) -> Result<Rings, String> {
         let pname = CString::new(a.pool.as_str()).map_err(|_| "pool name".to_string())?;
@@ -279,5 +343,50 @@ impl Flow for DpdkFlow {
         }
         self.enqueue(&pkts[..k]);
         sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    fn try_exclusive(f: &std::fs::File) -> bool {
+        // SAFETY: flock on a file we own.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    }
+
+    #[test]
+    fn locks_under_the_runtime_directory_are_dropped_and_others_kept() {
+        let base = std::env::temp_dir().join(format!("urdma-locks-{}", std::process::id()));
+        let dir = base.join("prefix");
+        std::fs::create_dir_all(&dir).unwrap();
+        let inside = dir.join("fbarray_memzone");
+        let outside = base.join("other");
+        std::fs::write(&inside, b"x").unwrap();
+        std::fs::write(&outside, b"x").unwrap();
+        // What a secondary's EAL holds: shared locks, descriptors kept open.
+        let held: Vec<std::fs::File> = [&inside, &outside]
+            .iter()
+            .map(|p| {
+                let f = std::fs::File::open(p).unwrap();
+                // SAFETY: flock on a file we own.
+                assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) }, 0);
+                f
+            })
+            .collect();
+        let (a, b) = (
+            std::fs::File::open(&inside).unwrap(),
+            std::fs::File::open(&outside).unwrap(),
+        );
+        assert!(!try_exclusive(&a), "a new primary is locked out");
+        // Named through a symbolic link, as EAL names /run/dpdk.
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        unlock_files_under(&link);
+        assert!(try_exclusive(&a), "the lock under the directory is gone");
+        assert!(!try_exclusive(&b), "a lock elsewhere stays");
+        drop(held);
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -777,3 +777,115 @@ fn a_round_reports_sends_before_receives_keeping_each_queue_in_order() {
     sends_first(&mut out, 0);
     assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![5, 6]);
 }
+
+/// A flow that counts what it is handed and says when it is dropped.
+struct Watched {
+    inner: MemFlow,
+    dropped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Flow for Watched {
+    fn receive(&mut self, handle: &mut dyn FnMut(&[&[u8]])) -> usize {
+        self.inner.receive(handle)
+    }
+    fn transmit(
+        &mut self,
+        datagram: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> usize {
+        self.inner.transmit(datagram, fill)
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.dropped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn losing_urdmad_flushes_every_qp_wakes_armed_cqs_and_drops_the_flows() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let mut t = Bed::new();
+    let fired = Arc::new(AtomicUsize::new(0));
+    let f = fired.clone();
+    t.e.destroy_cq(ACQ);
+    t.e.create_cq(
+        ACQ,
+        16,
+        Some(Box::new(move || {
+            f.fetch_add(1, Ordering::SeqCst);
+        })),
+    );
+    t.connect();
+    // A's flow, replaced by one that reports its drop (the same wires).
+    let dropped = Arc::new(AtomicBool::new(false));
+    t.e.drop_flow(A);
+    t.e.qps.get_mut(&A).unwrap().flow = Some(Box::new(Watched {
+        inner: MemFlow {
+            rx: t.ba.clone(),
+            tx: t.ab.clone(),
+        },
+        dropped: dropped.clone(),
+    }));
+    // A third QP that never connected, with a receive waiting.
+    const C: QpKey = (1, 11);
+    t.e.create_qp(C, init(1, ACQ));
+    let mut rbuf = vec![0u8; 64];
+    let raddr = t.reg(1, 0x200, 1, &mut rbuf, Access::LOCAL_WRITE);
+    let r = [Sge {
+        addr: raddr,
+        len: 64,
+        lkey: 0x200,
+    }];
+    t.e.post_recv(A, 1, &r).unwrap();
+    t.e.post_recv(C, 2, &r).unwrap();
+    // A send the peer never acknowledges: the wire to B is cut.
+    t.e.post_send(A, &send(3, &[])).unwrap();
+    t.e.progress(t.now);
+    t.ab.lock().unwrap().clear();
+    assert!(
+        t.e.arm_cq(ACQ, true),
+        "a solicited-only arm: errors fire it"
+    );
+    assert!(t.e.deadline().is_some(), "the send's retransmission timer");
+
+    t.e.fail_all(t.now);
+    assert!(dropped.load(Ordering::SeqCst), "the flow is let go at once");
+    assert_eq!(t.e.deadline(), None, "no timer without a flow");
+    assert!(t.e.take_notices().is_empty(), "nobody to tell");
+    assert_eq!(fired.load(Ordering::SeqCst), 1, "the armed CQ was woken");
+    let mut got: Vec<_> = t
+        .poll(ACQ)
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.qp_num))
+        .collect();
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        vec![
+            (1, IBV_WC_WR_FLUSH_ERR, 10),
+            (2, IBV_WC_WR_FLUSH_ERR, 11),
+            (3, IBV_WC_WR_FLUSH_ERR, 10)
+        ]
+    );
+
+    // Later posts complete with a flush error too (or are refused), and
+    // nothing more goes out.
+    for key in [A, C] {
+        match t.e.post_send(key, &send(4, &[])) {
+            Ok(()) | Err(PostFail::Errno(_)) => {}
+            Err(e) => panic!("post_send after the loss: {e:?}"),
+        }
+        t.e.post_recv(key, 5, &r).unwrap();
+    }
+    t.run(100);
+    assert!(
+        t.ab.lock().unwrap().is_empty(),
+        "nothing sent after the loss"
+    );
+    let later = t.poll(ACQ);
+    assert!(!later.is_empty());
+    assert!(later.iter().all(|w| w.status == IBV_WC_WR_FLUSH_ERR));
+}

@@ -257,6 +257,9 @@ impl Shared {
                     a.ctl = None;
                 }
                 self.engine.fail_all(now);
+                // No flow is left and no EVENT CONNECTED can come: nothing
+                // touches urdmad's memory any more.
+                dpdk::detach();
                 true
             }
         }
@@ -587,6 +590,86 @@ mod tests {
             libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut p);
             assert_eq!(libc::sigismember(&p, libc::SIGPIPE), 0);
         }
+    }
+
+    /// A fake urdmad on a socket that answers HELLO; the connection and the
+    /// daemon's end of it.
+    fn fake_urdmad(dir: &Path) -> (Control, std::os::unix::net::UnixStream) {
+        use std::io::{BufRead, Write};
+        let path = dir.join("urdmad.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let daemon = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(&s).read_line(&mut line).unwrap();
+            assert!(line.starts_with("HELLO "), "{line}");
+            let hello = Response::Hello {
+                version: urdmad::proto::VERSION,
+                daemon: "fake".into(),
+            };
+            (&s).write_all(hello.encode().as_bytes()).unwrap();
+            s
+        });
+        let ctl = Control::connect(&path, Duration::from_secs(5)).unwrap();
+        (ctl, daemon.join().unwrap())
+    }
+
+    #[test]
+    fn losing_urdmad_fails_every_qp_and_ends_the_attachment() {
+        use crate::engine::QpInit;
+        let dir = std::env::temp_dir().join(format!("urdma-lost-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ctl, daemon) = fake_urdmad(&dir);
+        let path = dir.join("urdmad.sock");
+        let mut sh = Shared {
+            engine: Engine::new(),
+            attached: Some(Attached {
+                path: path.clone(),
+                pid: std::process::id(),
+                ctl: Some(ctl),
+                rings: Rings::none(),
+            }),
+            attach_failed: None,
+            helper_sleep: None,
+        };
+        let key = (1, 7);
+        sh.engine.create_cq((1, 1), 8, None);
+        sh.engine.create_qp(
+            key,
+            QpInit {
+                pd: 1,
+                send_cq: (1, 1),
+                recv_cq: (1, 1),
+                sig_all: false,
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline: 0,
+            },
+        );
+        sh.engine.post_recv(key, 42, &[]).unwrap();
+        let t = now();
+        assert!(!sh.pump(t), "nothing from a live urdmad yet");
+        assert_eq!(sh.ensure_attached(&path), Ok(()));
+
+        drop(daemon); // kill -9
+        assert!(sh.pump(t));
+        assert!(sh.attached.as_ref().unwrap().ctl.is_none());
+        // SAFETY: all-zero is a valid ibv_wc.
+        let mut wc = [unsafe { std::mem::zeroed::<rdma_core_sys::ibv_wc>() }; 4];
+        assert_eq!(sh.engine.poll_cq((1, 1), &mut wc), Some(1));
+        assert_eq!(wc[0].wr_id, 42);
+        assert_eq!(wc[0].status, rdma_core_sys::IBV_WC_WR_FLUSH_ERR);
+        // Posts after the loss flush too; nothing asks urdmad anything.
+        sh.engine.post_recv(key, 43, &[]).unwrap();
+        sh.engine.progress(t);
+        assert_eq!(sh.engine.poll_cq((1, 1), &mut wc), Some(1));
+        assert_eq!(wc[0].status, rdma_core_sys::IBV_WC_WR_FLUSH_ERR);
+        assert_eq!(sh.ensure_attached(&path), Err(libc::ENOTCONN));
+        assert!(sh.register_qp((1, 8), t).is_err());
+        assert!(!sh.pump(t));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,86 +1,84 @@
 #!/usr/bin/env bash
-# Removing a urdma device that a process holds open: rmmod is refused,
-# rdma link delete waits for the process, and both succeed once it exits.
+# Removing a urdma device that a process holds open revokes the process's objects
+# (disassociate_ucontext) instead of waiting for it: rmmod, rdma link delete and deleting
+# the interface complete while the process runs on, and nothing is left behind.
 set -u
 . kmod/tests/vm-lib.sh
 
 dmesg_mark
 ensure_module
-setup_veth
 build_probe
 
 holder=
-deleter=
 stop() {
 	[ -n "$holder" ] && kill "$holder" 2>/dev/null && wait "$holder" 2>/dev/null
 	holder=
 }
 finish() {
 	stop
-	[ -n "$deleter" ] && wait "$deleter" 2>/dev/null
 	cleanup
 }
-trap finish EXIT
+# setup_veth sets its own trap; ours stops the holder first.
+veth() {
+	setup_veth
+	trap finish EXIT
+}
 
-t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0"
-uv=$(uverbs_dev urdma0) || fail "no uverbs device for urdma0"
 fifo=$(dirname "$PROBE")/holder.out
 
-# 1. A bare open file (no context) is enough to pin the device.
+# hold N: a process with a context, PD, MR, CQ and QP on urdma0 (round N).
+hold() {
+	local uv
+	uv=$(uverbs_dev urdma0) || fail "no uverbs device for urdma0 ($1)"
+	: >"$fifo"
+	"$PROBE" "$uv" hold 300 >"$fifo" &
+	holder=$!
+	for ((i = 0; i < 100; i++)); do grep -q holding "$fifo" && break; sleep 0.2; done
+	grep -q holding "$fifo" || fail "holder ($1) did not get its objects: $(cat "$fifo")"
+	[[ "$(res_counts urdma0)" == *"qp 1 "* ]] || fail "holder ($1): no QP counted: $(res_counts urdma0)"
+}
+
+# gone N: urdma0 disappears while the holder still runs.
+gone() {
+	for ((i = 0; i < 150; i++)); do [ -e /sys/class/infiniband/urdma0 ] || break; sleep 0.2; done
+	[ -e /sys/class/infiniband/urdma0 ] && fail "urdma0 still present ($1)"
+	kill -0 "$holder" 2>/dev/null || fail "holder died with the device ($1)"
+	stop
+}
+
+# 1. A bare open file (no context) does not pin the module.
+veth
+t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0"
+uv=$(uverbs_dev urdma0) || fail "no uverbs device for urdma0"
 sleep 300 3<>"$uv" &
 holder=$!
 sleep 1
-t rmmod urdma 2>/dev/null && fail "rmmod succeeded while $uv is open"
-module_loaded || fail "module gone while $uv is open"
+t rmmod urdma || fail "rmmod while $uv is open"
+kill -0 "$holder" 2>/dev/null || fail "the opener died with the module"
 stop
-t rmmod urdma || fail "rmmod after the holder exited"
 ensure_module
-setup_veth
+veth
 
-# 2. A process with a context, PD, MR, CQ and QP.
+# 2. rdma link delete with a process holding objects: it returns, the device goes.
 t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0 (2)"
-uv=$(uverbs_dev urdma0) || fail "no uverbs device for urdma0 (2)"
-"$PROBE" "$uv" hold 300 >"$fifo" &
-holder=$!
-for ((i = 0; i < 100; i++)); do grep -q holding "$fifo" && break; sleep 0.2; done
-grep -q holding "$fifo" || fail "holder did not get its objects: $(cat "$fifo")"
-t rmmod urdma 2>/dev/null && fail "rmmod succeeded while a context is open"
+hold 2
+t rdma link delete urdma0 || fail "rdma link delete while a context is open"
+gone 2
 
-# rdma link delete blocks until the process lets go; the device stays usable
-# to it meanwhile, and no new process can open it.
-rdma link delete urdma0 &
-deleter=$!
-sleep 3
-kill -0 "$deleter" 2>/dev/null || fail "rdma link delete returned while a context is open"
-[ -e "$uv" ] && exec 4<>"$uv" 2>/dev/null && fail "$uv could be opened during deletion"
-kill -0 "$holder" 2>/dev/null || fail "holder died during deletion"
-stop
-t timeout 30 tail --pid="$deleter" -f /dev/null || fail "rdma link delete still blocked after the holder exited"
-wait "$deleter" || fail "rdma link delete failed after the holder exited"
-deleter=
-[ -e /sys/class/infiniband/urdma0 ] && fail "urdma0 still present after deferred delete"
-
-
-# 3. Deleting the interface waits for the holder in the same way.
+# 3. Deleting the interface, the same.
 t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0 (3)"
-uv=$(uverbs_dev urdma0) || fail "no uverbs device for urdma0 (3)"
-: >"$fifo"
-"$PROBE" "$uv" hold 300 >"$fifo" &
-holder=$!
-for ((i = 0; i < 100; i++)); do grep -q holding "$fifo" && break; sleep 0.2; done
-grep -q holding "$fifo" || fail "holder (3) did not get its objects: $(cat "$fifo")"
-ip link del veth0 &
-deleter=$!
-sleep 3
-kill -0 "$deleter" 2>/dev/null || fail "ip link del veth0 returned while a context is open"
-stop
-t timeout 30 tail --pid="$deleter" -f /dev/null || fail "ip link del still blocked after the holder exited"
-wait "$deleter" || fail "ip link del veth0 failed after the holder exited"
-deleter=
-for ((i = 0; i < 50; i++)); do [ -e /sys/class/infiniband/urdma0 ] || break; sleep 0.2; done
-[ -e /sys/class/infiniband/urdma0 ] && fail "urdma0 still present after its interface was deleted"
+hold 3
+t ip link del veth0 || fail "ip link del veth0 while a context is open"
+gone 3
 
-t rmmod urdma || fail "rmmod after deferred delete"
+# 4. rmmod with a process holding objects.
+veth
+t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0 (4)"
+hold 4
+t rmmod urdma || fail "rmmod while a context is open"
+module_loaded && fail "module still loaded"
+kill -0 "$holder" 2>/dev/null || fail "holder died with the module"
+stop
 ensure_module
 
 dmesg_check

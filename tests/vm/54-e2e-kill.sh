@@ -2,7 +2,7 @@
 # kill -9 of either application in the middle of a transfer: the survivor sees error
 # completions or DISCONNECTED within a bound, urdmad reclaims the dead process's flows and
 # rdma resource counts return to their baseline on both nodes.  (Killing a node's urdmad is
-# tests/e2e/pending/54-e2e-kill-urdmad.sh, not passing yet.)
+# 56-e2e-kill-urdmad.sh.)
 set -u
 . tests/e2e/lib.sh
 

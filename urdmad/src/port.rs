@@ -346,6 +346,68 @@ fn restore(saved: &[(String, String)]) {
     }
 }
 
+/// The tap PMD's IPC request by which a secondary process asks the primary for duplicates
+/// of a TAP's queue descriptors (DPDK 22.11 `TAP_MP_KEY`).
+const TAP_MP_KEY: &str = "tap_mp_sync_queues";
+/// Its parameter (the PMD's `struct ipc_queues`): the port name, then the RX and TX queue
+/// counts, which must add up to the number of descriptors passed.
+const TAP_MP_NAME_LEN: usize = sys::RTE_DEV_NAME_MAX_LEN as usize;
+const TAP_MP_PARAM_LEN: usize = TAP_MP_NAME_LEN + 8;
+
+/// Makes the tap PMD's queue-sharing request fail, so that no process attached to urdmad
+/// holds a descriptor of an exception TAP.
+///
+/// Every secondary probes the primary's vdevs, and the tap PMD then asks for duplicates of
+/// the TAP's queue descriptors, which it keeps until the process exits (closing the port in
+/// a secondary does not close them). The applications never use the exception port, and
+/// those descriptors do harm: when urdmad dies the TAP survives it, so the urdma device on it
+/// stays and a restarted urdmad cannot create its interface; and the application that closes
+/// the last of them unregisters the interface from its own exit, which waits for the urdma
+/// device to go, which waits for that process to close the device: an exit that never ends.
+/// The refusal makes the secondary's probe of the TAP fail (logged by DPDK at error level
+/// and ignored by EAL) before it touches the port's shared data.
+fn keep_tap_queues_private() {
+    let Ok(key) = CString::new(TAP_MP_KEY) else {
+        return;
+    };
+    // SAFETY: a valid C string; the PMD registered its action at its first probe, and the
+    // replacement is a plain function.
+    let rc = unsafe {
+        sys::rte_mp_action_unregister(key.as_ptr());
+        sys::rte_mp_action_register(key.as_ptr(), Some(refuse_tap_queues))
+    };
+    if rc < 0 {
+        tracing::warn!(
+            "cannot keep the TAP's queues from secondary processes: {}",
+            err(sys::rte_errno())
+        );
+    }
+}
+
+/// The reply to [`TAP_MP_KEY`]: one RX queue announced and no descriptor, which the
+/// requesting PMD rejects ("Unexpected number of fds received").
+fn tap_refusal(request: &sys::rte_mp_msg) -> sys::rte_mp_msg {
+    let mut reply = sys::rte_mp_msg {
+        name: request.name,
+        len_param: TAP_MP_PARAM_LEN as i32,
+        num_fds: 0,
+        ..Default::default()
+    };
+    reply.param[..TAP_MP_NAME_LEN].copy_from_slice(&request.param[..TAP_MP_NAME_LEN]);
+    reply.param[TAP_MP_NAME_LEN..TAP_MP_NAME_LEN + 4].copy_from_slice(&1i32.to_ne_bytes());
+    reply.param[TAP_MP_NAME_LEN + 4..TAP_MP_PARAM_LEN].copy_from_slice(&0i32.to_ne_bytes());
+    reply
+}
+
+unsafe extern "C" fn refuse_tap_queues(
+    msg: *const sys::rte_mp_msg,
+    peer: *const std::ffi::c_void,
+) -> i32 {
+    // SAFETY: EAL passes the request it received and its sender.
+    let mut reply = tap_refusal(unsafe { &*msg });
+    unsafe { sys::rte_mp_reply(&mut reply, peer.cast()) }
+}
+
 /// A started port with its exception interface.
 pub struct Port {
     pub index: u16,
@@ -456,6 +518,7 @@ impl Port {
                 return Err(exception_error(e));
             }
         };
+        keep_tap_queues_private();
         if let Err(e) = start(exception_id, 512, 512, 0, 0, pool) {
             remove(exception_id);
             remove(id);
@@ -572,5 +635,24 @@ mod tests {
             SteeringError::QueuesInUse { queues: 3 }.to_string(),
             "all 3 flow queues are in use"
         );
+    }
+
+    #[test]
+    fn tap_queue_requests_get_a_reply_the_pmd_rejects() {
+        let mut req = sys::rte_mp_msg::default();
+        for (d, s) in req.name.iter_mut().zip(TAP_MP_KEY.bytes()) {
+            *d = s as std::ffi::c_char;
+        }
+        req.param[..14].copy_from_slice(b"net_tap_urdma0");
+        req.len_param = TAP_MP_PARAM_LEN as i32;
+        let r = tap_refusal(&req);
+        assert_eq!(r.name, req.name);
+        assert_eq!(&r.param[..15], b"net_tap_urdma0\0");
+        let count = |at: usize| i32::from_ne_bytes(r.param[at..at + 4].try_into().unwrap());
+        let (rx, tx) = (count(TAP_MP_NAME_LEN), count(TAP_MP_NAME_LEN + 4));
+        // The PMD's own check: the queue counts must match the descriptors passed.
+        assert_ne!(rx + tx, r.num_fds);
+        assert_eq!(r.num_fds, 0);
+        assert!(r.len_param as usize <= sys::RTE_MP_MAX_PARAM_LEN as usize);
     }
 }
