@@ -1,6 +1,7 @@
 //! Entry points shared by the cargo-fuzz targets (`trp/fuzz`) and the
 //! stable-toolchain fuzz test (`tests/fuzz_stable.rs`): each takes arbitrary
-//! bytes and must never panic; invariants are checked with asserts.
+//! bytes and must never panic; invariants are checked with asserts. Built
+//! with the `fuzzing` feature only.
 
 use crate::mr::{Access, Memory, Region, VecMemory};
 use crate::sim::{LinkConfig, Pair};

@@ -1,6 +1,7 @@
 //! A deterministic network simulator: two endpoints, a virtual clock and a
 //! seeded lossy link in each direction. Used by the tests and benchmarks,
-//! and usable by drivers that want to test against the core.
+//! and usable by drivers that want to test against the core. Built with the
+//! `sim` feature only.
 
 use crate::conn::Connection;
 use crate::mr::VecMemory;
