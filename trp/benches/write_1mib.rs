@@ -1,24 +1,22 @@
 //! A 1 MiB RDMA Write between two simulated endpoints over a loss-free link.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use trp::sim::{LinkConfig, Pair};
-use trp::{Access, Config, Region, SendOp, SendWr, Sge, VecMemory, WcStatus};
+use trp::sim::{Pair, LKEY, RKEY};
+use trp::{SendOp, SendWr, Sge, WcStatus};
 
 const MIB: u64 = 1 << 20;
 
-fn memory() -> VecMemory {
-    let mut m = VecMemory::new(2 * MIB as usize);
-    m.register(1, Region::new(0, 0, 2 * MIB, Access::ALL), false);
-    m
-}
-
 fn write_1mib(c: &mut Criterion) {
-    let cfg = Config::default();
-    let mut p = Pair::connect(cfg, cfg, LinkConfig::default(), 1, memory(), memory()).unwrap();
+    // 1 MiB of local memory (LKEY) and 1 MiB of remote (RKEY) per end.
+    let mut p = Pair::builder()
+        .seed(1)
+        .memory_size(2 * MIB)
+        .connect()
+        .unwrap();
     let sge = [Sge {
         addr: 0,
         len: MIB as u32,
-        lkey: 1,
+        lkey: LKEY,
     }];
     let mut g = c.benchmark_group("sim");
     g.throughput(Throughput::Bytes(MIB));
@@ -29,7 +27,7 @@ fn write_1mib(c: &mut Criterion) {
                 wr_id: 1,
                 op: SendOp::RdmaWrite {
                     remote_addr: MIB,
-                    rkey: 1,
+                    rkey: RKEY,
                 },
                 sges: &sge,
                 signaled: true,

@@ -2,16 +2,10 @@
 //! the simulator: `cargo run -p trp --example gen_corpus -- trp/fuzz/corpus`.
 
 use std::path::Path;
+use trp::fuzzing::memory;
 use trp::sim::{LinkConfig, Pair};
 use trp::wire::{trp as trph, WireError};
-use trp::{Access, Config, RecvWr, Region, SendOp, SendWr, Sge, VecMemory};
-
-fn memory() -> VecMemory {
-    let mut m = VecMemory::new(1 << 16);
-    m.register(1, Region::new(0, 0, 1 << 14, Access::LOCAL_WRITE), false);
-    m.register(2, Region::new(0, 1 << 14, 1 << 14, Access::ALL), true);
-    m
-}
+use trp::{Config, RecvWr, SendOp, SendWr, Sge};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = std::env::args()
@@ -22,7 +16,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         delay: 1000,
         ..LinkConfig::default()
     };
-    let mut p = Pair::connect(cfg, cfg, link, 11, memory(), memory())?;
+    // The fuzz targets' memory, so the records land where they look.
+    let mut p = Pair::builder()
+        .config(cfg)
+        .link(link)
+        .seed(11)
+        .memories(memory(), memory())
+        .connect()?;
     p.ab.capture = Some(Vec::new());
     p.ba.capture = Some(Vec::new());
     let sge = |a, l| {

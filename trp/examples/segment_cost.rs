@@ -28,17 +28,11 @@
 
 use std::hint::black_box;
 use std::time::{Duration, Instant as Clock};
-use trp::sim::{Endpoint, LinkConfig, Pair};
-use trp::{Access, Config, Memory, RecvWr, Region, SendOp, SendWr, Sge, VecMemory};
+use trp::sim::{Endpoint, Pair, LKEY, RKEY};
+use trp::{Config, Memory, RecvWr, SendOp, SendWr, Sge};
 
 const MIB: u64 = 1 << 20;
 const BURST: usize = 32;
-
-fn memory() -> VecMemory {
-    let mut m = VecMemory::new(2 * MIB as usize);
-    m.register(1, Region::new(0, 0, 2 * MIB, Access::ALL), false);
-    m
-}
 
 /// Two established ends and the buffers datagrams pass through.
 struct Bench {
@@ -51,6 +45,9 @@ struct Bench {
     payload: u64,
     /// Sends (into receives b posts) instead of RDMA Writes.
     send: bool,
+    /// Where in b's memory the payload goes: a receive's buffer in the
+    /// local half, or the remote half an RDMA Write targets.
+    sink: u64,
 }
 
 impl Bench {
@@ -59,7 +56,13 @@ impl Bench {
             header_prediction,
             ..Config::default()
         };
-        let p = Pair::connect(cfg, cfg, LinkConfig::default(), 1, memory(), memory()).unwrap();
+        // 1 MiB of local memory (LKEY) and 1 MiB of remote (RKEY) per end.
+        let p = Pair::builder()
+            .config(cfg)
+            .seed(1)
+            .memory_size(2 * MIB)
+            .connect()
+            .unwrap();
         Bench {
             a: p.a,
             b: p.b,
@@ -68,6 +71,7 @@ impl Bench {
             lens: [0; BURST],
             payload: u64::from(cfg.max_datagram) - 20 - if send { 18 } else { 14 },
             send,
+            sink: if send { 0 } else { MIB },
         }
     }
 
@@ -80,13 +84,13 @@ impl Bench {
         let sge = [Sge {
             addr: 0,
             len: MIB as u32,
-            lkey: 1,
+            lkey: LKEY,
         }];
         let (a, b, bufs, lens) = (&mut self.a, &mut self.b, &mut self.bufs, &mut self.lens);
         for i in 0..n {
             let op = if self.send {
                 let dst = [Sge {
-                    addr: MIB,
+                    addr: self.sink,
                     ..sge[0]
                 }];
                 let wr = RecvWr {
@@ -100,8 +104,8 @@ impl Bench {
                 }
             } else {
                 SendOp::RdmaWrite {
-                    remote_addr: MIB,
-                    rkey: 1,
+                    remote_addr: self.sink,
+                    rkey: RKEY,
                 }
             };
             let wr = SendWr {
@@ -151,7 +155,7 @@ impl Bench {
                 let len = self.payload.min(MIB - off) as usize;
                 let buf = &mut self.bufs[i % buffers][34..34 + len];
                 self.a.mem.read(off, buf);
-                self.b.mem.write(MIB + off, black_box(buf));
+                self.b.mem.write(self.sink + off, black_box(buf));
                 off += len as u64;
                 i += 1;
             }

@@ -1,9 +1,10 @@
 //! Entry points shared by the cargo-fuzz targets (`trp/fuzz`) and the
 //! stable-toolchain fuzz test (`tests/fuzz_stable.rs`): each takes arbitrary
-//! bytes and must never panic; invariants are checked with asserts.
+//! bytes and must never panic; invariants are checked with asserts. Built
+//! with the `fuzzing` feature only.
 
 use crate::mr::{Access, Memory, Region, VecMemory};
-use crate::sim::{LinkConfig, Pair};
+use crate::sim::Pair;
 use crate::verbs::{RecvWr, Sge};
 use crate::wire::{ddp, handshake, predict, rdmap, segment, trp};
 use crate::{Config, Incoming};
@@ -74,7 +75,11 @@ const MEM: u64 = 1 << 16;
 /// Bytes above this are registered for nobody: must never change.
 const GUARD: u64 = 3 * MEM / 4;
 
-fn memory() -> VecMemory {
+/// The memory of both ends of the fuzzed pair, and of the one the seed
+/// corpus is captured from (`examples/gen_corpus.rs`): 64 KiB, STag 1 for
+/// local writes, 2 for remote writes and reads, 3 for remote reads only, 4
+/// in another protection domain; the last quarter is registered for nobody.
+pub fn memory() -> VecMemory {
     let mut m = VecMemory::new(MEM as usize);
     m.register(1, Region::new(0, 0, MEM / 4, Access::LOCAL_WRITE), false);
     m.register(
@@ -120,8 +125,12 @@ fn receive(data: &[u8], bursts: bool) {
         max_retries: 2,
         ..Config::default()
     };
-    let mut p =
-        Pair::connect(cfg, cfg, LinkConfig::default(), 3, memory(), memory()).expect("handshake");
+    let mut p = Pair::builder()
+        .config(cfg)
+        .seed(3)
+        .memories(memory(), memory())
+        .connect()
+        .expect("handshake");
     for i in 0..4u64 {
         let sges = [Sge {
             addr: i * 1024,

@@ -55,13 +55,20 @@
 //! fn step<F: trp::state::Transition<T>, T: trp::state::State>() {}
 //! step::<trp::state::Rts, trp::state::Closing>();
 //! ```
+//!
+//! Test scaffolding sits behind cargo features, off in a normal build:
+//! `sim` adds `trp::sim`, a deterministic network simulator with its
+//! fixtures; `fuzzing` adds `trp::fuzzing`, the entry points of the fuzz
+//! targets. trp's own tests, benches and examples turn both on.
 
 pub mod config;
 pub mod conn;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod mr;
 pub mod reliability;
 pub mod setup;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod state;
 pub mod terminate;

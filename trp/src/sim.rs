@@ -1,9 +1,10 @@
 //! A deterministic network simulator: two endpoints, a virtual clock and a
 //! seeded lossy link in each direction. Used by the tests and benchmarks,
-//! and usable by drivers that want to test against the core.
+//! and usable by drivers that want to test against the core. Built with the
+//! `sim` feature only.
 
 use crate::conn::Connection;
-use crate::mr::VecMemory;
+use crate::mr::{Access, Region, VecMemory};
 use crate::setup::{ConnectOutcome, Connecting, Incoming};
 use crate::time::Instant;
 use crate::Config;
@@ -268,29 +269,125 @@ fn earliest(ts: &[Option<Instant>]) -> Option<Instant> {
     ts.iter().flatten().copied().min()
 }
 
-impl Pair {
-    /// Runs the handshake over the (possibly lossy) links.
-    pub fn connect(
-        cfg_a: Config,
-        cfg_b: Config,
-        link: LinkConfig,
-        seed: u64,
-        mem_a: VecMemory,
-        mem_b: VecMemory,
-    ) -> Result<Pair, String> {
-        Self::connect_with_isns(cfg_a, cfg_b, link, seed, mem_a, mem_b, None)
-    }
+/// The memory the simulated tests start from: `size` bytes in protection
+/// domain `pd`, the lower half registered as [`LKEY`] for local access (the
+/// sources and sinks of SGEs), the upper half as [`RKEY`] for the peer's
+/// RDMA Writes and Reads. Neither may be invalidated by a remote Send.
+pub fn memory(pd: u32, size: u64) -> VecMemory {
+    let mut m = VecMemory::new(size as usize);
+    m.register(
+        LKEY,
+        Region::new(pd, 0, size / 2, Access::LOCAL_WRITE),
+        false,
+    );
+    m.register(
+        RKEY,
+        Region::new(
+            pd,
+            size / 2,
+            size / 2,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        ),
+        false,
+    );
+    m
+}
 
-    /// As `connect`, with chosen initial PSNs (a, b) instead of random ones.
-    pub fn connect_with_isns(
-        cfg_a: Config,
-        cfg_b: Config,
-        link: LinkConfig,
-        seed: u64,
-        mem_a: VecMemory,
-        mem_b: VecMemory,
-        isns: Option<(u32, u32)>,
-    ) -> Result<Pair, String> {
+/// The STag of the local half of [`memory`].
+pub const LKEY: u32 = 1;
+/// The STag of the remote half of [`memory`].
+pub const RKEY: u32 = 2;
+/// The size of the memory [`PairBuilder`] gives each end unless told otherwise.
+pub const MEMORY_SIZE: u64 = 1 << 20;
+
+/// How to set up a [`Pair`]: every field has a default, so a test names
+/// only what it cares about.
+///
+/// ```
+/// use trp::sim::{LinkConfig, Pair};
+///
+/// let p = Pair::builder()
+///     .link(LinkConfig::lossy(0.01))
+///     .seed(7)
+///     .connect()
+///     .unwrap();
+/// assert_eq!(p.a.conn.state(), trp::QpState::Rts);
+/// ```
+#[derive(Debug)]
+pub struct PairBuilder {
+    cfg_a: Config,
+    cfg_b: Config,
+    link: LinkConfig,
+    seed: u64,
+    memory_size: u64,
+    memories: Option<(VecMemory, VecMemory)>,
+    isns: Option<(u32, u32)>,
+}
+
+impl Default for PairBuilder {
+    fn default() -> Self {
+        PairBuilder {
+            cfg_a: Config::default(),
+            cfg_b: Config::default(),
+            link: LinkConfig::default(),
+            seed: 0,
+            memory_size: MEMORY_SIZE,
+            memories: None,
+            isns: None,
+        }
+    }
+}
+
+impl PairBuilder {
+    /// The same configuration for both ends (default: `Config::default()`).
+    pub fn config(self, cfg: Config) -> Self {
+        self.configs(cfg, cfg)
+    }
+    /// A different configuration for each end.
+    pub fn configs(mut self, a: Config, b: Config) -> Self {
+        self.cfg_a = a;
+        self.cfg_b = b;
+        self
+    }
+    /// Both directions of the link (default: `LinkConfig::default()`).
+    pub fn link(mut self, link: LinkConfig) -> Self {
+        self.link = link;
+        self
+    }
+    /// Seeds the links' faults and the initial PSNs (default: 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+    /// Gives each end [`memory`] of `size` bytes, in its configuration's
+    /// protection domain (default: [`MEMORY_SIZE`]).
+    pub fn memory_size(mut self, size: u64) -> Self {
+        self.memory_size = size;
+        self
+    }
+    /// Gives the ends these memories instead of [`memory`].
+    pub fn memories(mut self, a: VecMemory, b: VecMemory) -> Self {
+        self.memories = Some((a, b));
+        self
+    }
+    /// Chosen initial PSNs (a, b) instead of ones drawn from the seed.
+    pub fn isns(mut self, a: u32, b: u32) -> Self {
+        self.isns = Some((a, b));
+        self
+    }
+    /// Runs the handshake over the (possibly lossy) links.
+    pub fn connect(self) -> Result<Pair, String> {
+        let PairBuilder {
+            cfg_a,
+            cfg_b,
+            link,
+            seed,
+            memory_size,
+            memories,
+            isns,
+        } = self;
+        let (mem_a, mem_b) = memories
+            .unwrap_or_else(|| (memory(cfg_a.pd, memory_size), memory(cfg_b.pd, memory_size)));
         let mut rng = Rng::new(seed);
         let mut ab = Link::new(link, rng.next_u64());
         let mut ba = Link::new(link, rng.next_u64());
@@ -394,6 +491,13 @@ impl Pair {
             }
         }
         Err("handshake did not finish".into())
+    }
+}
+
+impl Pair {
+    /// Starts setting up a pair; see [`PairBuilder`].
+    pub fn builder() -> PairBuilder {
+        PairBuilder::default()
     }
 
     /// Sends everything both sides want to send, then advances the clock to

@@ -4,7 +4,7 @@ use trp::sim::{Endpoint, LinkConfig, Pair};
 use trp::terminate::{Cause, OperationCode, TaggedCode, UntaggedCode};
 use trp::{
     Access, Completion, Config, Event, FailReason, Incoming, Memory, QpState, Queue, RecvWr,
-    Region, SendOp, SendWr, Sge, VecMemory, WcOpcode, WcStatus,
+    Region, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 
 /// A Send that neither invalidates nor asks for a solicited event.
@@ -13,24 +13,14 @@ const PLAIN_SEND: SendOp = SendOp::Send {
     solicited: false,
 };
 
-fn memory() -> VecMemory {
-    let mut m = VecMemory::new(1 << 20);
-    m.register(1, Region::new(0, 0, 1 << 19, Access::LOCAL_WRITE), false);
-    m.register(
-        2,
-        Region::new(
-            0,
-            1 << 19,
-            1 << 19,
-            Access::REMOTE_WRITE | Access::REMOTE_READ,
-        ),
-        false,
-    );
-    m
-}
-
+/// Both ends get `trp::sim::memory`: STag 1 for the lower half, local;
+/// STag 2 for the upper half (from `1 << 19`), remote.
 fn pair(cfg_a: Config, cfg_b: Config) -> Pair {
-    Pair::connect(cfg_a, cfg_b, LinkConfig::default(), 7, memory(), memory()).unwrap()
+    Pair::builder()
+        .configs(cfg_a, cfg_b)
+        .seed(7)
+        .connect()
+        .unwrap()
 }
 
 fn drain(c: &mut trp::Connection) -> Vec<Completion> {
@@ -378,15 +368,7 @@ fn lost_handshake_packets_are_repeated() {
             loss: 0.5,
             ..LinkConfig::default()
         };
-        let mut p = Pair::connect(
-            Config::default(),
-            Config::default(),
-            link,
-            seed,
-            memory(),
-            memory(),
-        )
-        .unwrap();
+        let mut p = Pair::builder().link(link).seed(seed).connect().unwrap();
         p.ab.cfg.loss = 0.0;
         p.ba.cfg.loss = 0.0;
         send(
@@ -603,16 +585,12 @@ fn posts_are_checked_locally() {
 #[test]
 fn psn_space_wraps() {
     let link = LinkConfig::lossy(0.05);
-    let mut p = Pair::connect_with_isns(
-        Config::default(),
-        Config::default(),
-        link,
-        3,
-        memory(),
-        memory(),
-        Some((u32::MAX - 40, u32::MAX - 2)),
-    )
-    .unwrap();
+    let mut p = Pair::builder()
+        .link(link)
+        .seed(3)
+        .isns(u32::MAX - 40, u32::MAX - 2)
+        .connect()
+        .unwrap();
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 13) as u8).collect();
     p.a.mem.write(0, &data);
     p.b.mem.write(0, &data);

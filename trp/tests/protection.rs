@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use trp::mr::{self, ProtectionError};
-use trp::sim::{LinkConfig, Pair};
+use trp::sim::Pair;
 use trp::terminate::{Cause, ProtectionCode};
 use trp::{
     Access, Config, Event, FailReason, Memory, QpState, Region, SendOp, SendWr, Sge, VecMemory,
@@ -100,7 +100,7 @@ proptest! {
             r
         };
         let cfg = Config { pd: PD, ..Config::default() };
-        let mut p = Pair::connect(cfg, cfg, LinkConfig::default(), 1, a, b).unwrap();
+        let mut p = Pair::builder().config(cfg).seed(1).memories(a, b).connect().unwrap();
         let before_b = p.b.mem.bytes.clone();
         let sink = SIZE - u64::from(len);
         let sge = [Sge { addr: sink, len, lkey: LKEY }];

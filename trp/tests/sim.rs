@@ -5,14 +5,13 @@
 //! `TRP_SIM_SEED=<seed> TRP_SIM_LOSS=<percent> cargo test -p trp --test sim`.
 //! `TRP_SIM_SOAK=<n>` runs n seeds per loss rate instead of the CI default.
 
-use trp::sim::{LinkConfig, Pair, Rng};
+use trp::sim::{LinkConfig, Pair, Rng, LKEY, RKEY};
 use trp::{
     Access, Completion, Config, Memory, Queue, RecvWr, Region, SendOp, SendWr, Sge, VecMemory,
     WcOpcode, WcStatus,
 };
 
-const LKEY: u32 = 0x100;
-const RKEY: u32 = 0x200;
+/// Not 0, so a PD that fails to reach a check shows.
 const PD: u32 = 3;
 
 /// Bump allocator over one endpoint's flat memory.
@@ -29,26 +28,6 @@ impl Arena {
         assert!(self.next <= self.end, "arena exhausted");
         at
     }
-}
-
-fn memory(size: u64) -> VecMemory {
-    let mut m = VecMemory::new(size as usize);
-    m.register(
-        LKEY,
-        Region::new(PD, 0, size / 2, Access::LOCAL_WRITE),
-        false,
-    );
-    m.register(
-        RKEY,
-        Region::new(
-            PD,
-            size / 2,
-            size / 2,
-            Access::REMOTE_WRITE | Access::REMOTE_READ,
-        ),
-        false,
-    );
-    m
 }
 
 #[derive(Debug, Clone)]
@@ -379,14 +358,13 @@ fn run_driven(
         header_prediction: drive.header_prediction,
         ..config()
     };
-    let mut p = Pair::connect(
-        cfg,
-        cfg,
-        link,
-        rng.next_u64(),
-        memory(mem_size),
-        memory(mem_size),
-    )?;
+    // Each end's memory: the lower half local (LKEY), the upper half remote (RKEY).
+    let mut p = Pair::builder()
+        .config(cfg)
+        .link(link)
+        .seed(rng.next_u64())
+        .memory_size(mem_size)
+        .connect()?;
     p.bursts = drive.bursts;
     if drive.capture {
         p.ab.capture = Some(Vec::new());
@@ -561,15 +539,13 @@ fn undetected_corruption_never_panics_or_hangs() {
             corrupt_detected: false,
             ..LinkConfig::lossy(0.01)
         };
-        let mut p = Pair::connect(
-            config(),
-            config(),
-            link,
-            rng.next_u64(),
-            memory(mem_size),
-            memory(mem_size),
-        )
-        .unwrap();
+        let mut p = Pair::builder()
+            .config(config())
+            .link(link)
+            .seed(rng.next_u64())
+            .memory_size(mem_size)
+            .connect()
+            .unwrap();
         let exp = post_workload(&mut p, &mut rng, 40, 1 << 20, mem_size);
         let want = [exp.cq[0].len(), exp.cq[1].len()];
         let mut got = [0usize; 2];

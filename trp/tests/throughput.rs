@@ -1,25 +1,24 @@
 //! Goodput of a long RDMA Write stream through the simulator.
 
-use trp::sim::{LinkConfig, Pair};
-use trp::{Access, Config, Region, SendOp, SendWr, Sge, VecMemory};
+use trp::sim::{LinkConfig, Pair, LKEY, RKEY};
+use trp::{Config, SendOp, SendWr, Sge};
 
 const MSG: u64 = 1 << 20;
-
-fn memory(size: u64) -> VecMemory {
-    let mut m = VecMemory::new(size as usize);
-    m.register(1, Region::new(0, 0, size, Access::ALL), false);
-    m
-}
 
 /// Streams `total` bytes of 1 MiB RDMA Writes from a to b; returns goodput in
 /// bits per (virtual) second and the pair for inspection.
 pub fn stream(link: LinkConfig, seed: u64, total: u64) -> (f64, Pair) {
-    let cfg = Config::default();
-    let mut p = Pair::connect(cfg, cfg, link, seed, memory(2 * MSG), memory(2 * MSG)).unwrap();
+    // One message of local memory (LKEY) and one of remote (RKEY) per end.
+    let mut p = Pair::builder()
+        .link(link)
+        .seed(seed)
+        .memory_size(2 * MSG)
+        .connect()
+        .unwrap();
     let sge = [Sge {
         addr: 0,
         len: MSG as u32,
-        lkey: 1,
+        lkey: LKEY,
     }];
     let n = total / MSG;
     for i in 0..n {
@@ -27,7 +26,7 @@ pub fn stream(link: LinkConfig, seed: u64, total: u64) -> (f64, Pair) {
             wr_id: i,
             op: SendOp::RdmaWrite {
                 remote_addr: MSG,
-                rkey: 1,
+                rkey: RKEY,
             },
             sges: &sge,
             signaled: true,
