@@ -9,9 +9,9 @@
 # guest's clocksource is the TSC (scripts/vm), which makes the calibration good; -F keeps an
 # unlucky one from failing a run that worked (the row then shows zeros or "inf").
 #
-# PERFTEST_TOOLS: tools run in both directions; PERFTEST_EVENTS: "SERVER_NODE TOOL" runs of
-# TOOL -e, separated by ';'; PERFTEST_ITER: perftest's -n (its minimum is 5).
-# vm-timeout: 1500
+# PERFTEST_TOOLS: tools run in both directions; PERFTEST_EVENTS: "SERVER_NODE TOOL [ARGS]"
+# runs of TOOL -e, separated by ';'; PERFTEST_ITER: perftest's -n (its minimum is 5).
+# vm-timeout: 1800
 set -u
 . tests/e2e/lib.sh
 
@@ -43,7 +43,7 @@ perf() {
 			missing="$missing $size"
 	done
 	[ -z "$missing" ] || fail "$tool $* ($cn -> $sn): no result row for size(s)$missing"
-	echo "$tool $* $cn -> $sn: 23 sizes in $((SECONDS - start)) s"
+	echo "$tool${*:+ $*} $cn -> $sn: 23 sizes in $((SECONDS - start)) s"
 	awk '$1 == 2 || $1 == 65536 || $1 == 8388608' <<<"$out" | sed 's/^/    /'
 }
 
@@ -56,9 +56,10 @@ for dir in "B A" "A B"; do
 done
 IFS=';' read -ra runs <<<"$EVENTS"
 for r in "${runs[@]}"; do
-	read -r sn tool <<<"$r"
+	read -r sn tool args <<<"$r"
 	[ -n "${tool:-}" ] || continue
-	if [ "$sn" = B ]; then perf B A "$tool" -e; else perf A B "$tool" -e; fi
+	# shellcheck disable=SC2086 # the run's extra arguments, split
+	if [ "$sn" = B ]; then perf B A "$tool" -e $args; else perf A B "$tool" -e $args; fi
 done
 dmesg_check
 echo "PASS"
