@@ -9,8 +9,10 @@
 # guest's clocksource is the TSC (scripts/vm), which makes the calibration good; -F keeps an
 # unlucky one from failing a run that worked (the row then shows zeros or "inf").
 #
-# PERFTEST_TOOLS: tools run in both directions; PERFTEST_EVENTS: "SERVER_NODE TOOL [ARGS]"
-# runs of TOOL -e, separated by ';'; PERFTEST_ITER: perftest's -n (its minimum is 5).
+# PERFTEST_TOOLS: the tools run; PERFTEST_DIRS: the "SERVER_NODE CLIENT_NODE" pairs each tool
+# runs between, separated by ';' (both directions unless told); PERFTEST_EVENTS:
+# "SERVER_NODE TOOL [ARGS]" runs of TOOL -e, separated by ';'; PERFTEST_ITER: perftest's -n
+# (its minimum is 5).
 # vm-timeout: 1800
 set -u
 . tests/e2e/lib.sh
@@ -18,6 +20,7 @@ set -u
 ITER=${PERFTEST_ITER:-5}
 TOOLS=${PERFTEST_TOOLS-ib_send_lat ib_write_lat ib_read_lat}
 EVENTS=${PERFTEST_EVENTS-B ib_send_lat}
+DIRS=${PERFTEST_DIRS-B A;A B}
 port=18600
 
 # perf SERVER_NODE CLIENT_NODE TOOL [ARGS...]
@@ -49,8 +52,10 @@ perf() {
 
 bed_up
 echo "guest clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
-for dir in "B A" "A B"; do
+IFS=';' read -ra dirs <<<"$DIRS"
+for dir in "${dirs[@]}"; do
 	for tool in $TOOLS; do
+		# shellcheck disable=SC2086 # "SERVER_NODE CLIENT_NODE"
 		perf $dir "$tool"
 	done
 done
