@@ -12,6 +12,7 @@ use rdma_core_sys::{
 
 use crate::abi::{context_is_ours, AllocContextResp};
 use crate::guard::{catch, set_errno};
+use crate::zero::{zeroed, Zeroable};
 use crate::{data, log, unsupported, verbs};
 
 /// The provider's per-open-device state. libibverbs allocates it (zeroed)
@@ -23,6 +24,12 @@ pub struct UrdmaContext {
     /// urdma.ko's index of the device, from alloc_ucontext.
     pub dev_id: u32,
 }
+
+// SAFETY: rdma-core's verbs_context, a bindgen C struct (integers, raw
+// pointers, `Option<extern fn>`, C enums as integers, opaque pthread byte
+// arrays), and an integer: all-zero is valid, as libibverbs' own zeroed
+// allocation of it shows.
+unsafe impl Zeroable for UrdmaContext {}
 
 /// The `UrdmaContext` that holds `ctx`.
 ///
@@ -61,8 +68,8 @@ static CONTEXT_OPS: ContextOps = ContextOps(verbs_context_ops {
     post_send: Some(data::post_send),
     post_recv: Some(data::post_recv),
     post_srq_recv: Some(unsupported::post_srq_recv),
-    // SAFETY: every other field is an Option<fn> or plain data: None/0.
-    ..unsafe { std::mem::MaybeUninit::zeroed().assume_init() }
+    // Every other verb None: libibverbs' stub.
+    ..zeroed()
 });
 
 /// The table handed to `verbs_set_ops` (tests inspect it).
@@ -91,6 +98,8 @@ pub(crate) unsafe extern "C" fn alloc_context(
 /// # Safety
 /// As for `verbs_device_ops::alloc_context`.
 unsafe fn open(device: *mut ibv_device, cmd_fd: c_int) -> Result<*mut verbs_context, i32> {
+    // SAFETY: device and cmd_fd per the contract; the size and offset
+    // describe UrdmaContext, which embeds the verbs_context.
     let ctx = unsafe {
         verbs_init_and_alloc_context(
             device,
@@ -105,10 +114,13 @@ unsafe fn open(device: *mut ibv_device, cmd_fd: c_int) -> Result<*mut verbs_cont
         // libibverbs has closed cmd_fd and set errno.
         return Err(crate::guard::errno());
     }
+    // SAFETY: ctx is the non-null UrdmaContext just allocated.
     let vctx = unsafe { &raw mut (*ctx).vctx };
 
     let mut cmd = ibv_get_context::default();
     let mut resp = AllocContextResp::default();
+    // SAFETY: vctx was initialised above; cmd and resp are ours and sized
+    // as passed.
     let ret = unsafe {
         ibv_cmd_get_context(
             vctx,
@@ -129,12 +141,15 @@ unsafe fn open(device: *mut ibv_device, cmd_fd: c_int) -> Result<*mut verbs_cont
     };
     if let Err(e) = checked {
         // Closes cmd_fd, which also releases the kernel's ucontext.
+        // SAFETY: vctx was initialised by verbs_init_and_alloc_context,
+        // which allocated ctx with malloc; neither is used after.
         unsafe {
             verbs_uninit_context(vctx);
             libc::free(ctx.cast());
         }
         return Err(e);
     }
+    // SAFETY: ctx is ours and initialised; the ops table is 'static.
     unsafe {
         (*ctx).dev_id = resp.drv.dev_id;
         verbs_set_ops(vctx, &CONTEXT_OPS.0);
@@ -178,10 +193,11 @@ mod tests {
 
     #[test]
     fn from_ibv_inverts_the_embedding() {
-        let mut c: Box<UrdmaContext> =
-            Box::new(unsafe { std::mem::MaybeUninit::zeroed().assume_init() });
+        let mut c: Box<UrdmaContext> = Box::new(zeroed());
         let p: *mut UrdmaContext = &mut *c;
+        // SAFETY: p points into the live box c.
         let ibv = unsafe { &raw mut (*p).vctx.context };
+        // SAFETY: ibv is embedded in a UrdmaContext, as from_ibv requires.
         assert_eq!(unsafe { from_ibv(ibv) }, p);
     }
 }

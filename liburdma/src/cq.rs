@@ -194,6 +194,7 @@ mod tests {
         assert_eq!(wc.qp_num, 7);
         assert_eq!(wc.wc_flags, IBV_WC_WITH_IMM);
         // In memory, the immediate data is in wire (big-endian) order.
+        // SAFETY: the union's members are all u32.
         let imm = unsafe { wc.__bindgen_anon_1.imm_data };
         assert_eq!(imm.to_ne_bytes(), [1, 2, 3, 4]);
 
@@ -201,6 +202,7 @@ mod tests {
         c.invalidated = Some(0xabcd_ef01);
         let wc = to_wc(&c, 7);
         assert_eq!(wc.wc_flags, IBV_WC_WITH_INV);
+        // SAFETY: the union's members are all u32.
         assert_eq!(unsafe { wc.__bindgen_anon_1.invalidated_rkey }, 0xabcd_ef01);
 
         let wc = to_wc(&completion(WcStatus::Success, WcOpcode::Send), 1);

@@ -107,6 +107,7 @@ pub(crate) unsafe extern "C" fn post_send(
                     lkey: 0,
                 }; MAX_SGE];
                 let (Some(op), Some(list)) =
+                    // SAFETY: the request's own list of num_sge entries.
                     (send_op(w), unsafe { sges(w.sg_list, w.num_sge, &mut buf) })
                 else {
                     ret = fail(cur, libc::EINVAL);
@@ -174,6 +175,7 @@ pub(crate) unsafe extern "C" fn post_recv(
                     len: 0,
                     lkey: 0,
                 }; MAX_SGE];
+                // SAFETY: the request's own list of num_sge entries.
                 let Some(list) = (unsafe { sges(w.sg_list, w.num_sge, &mut buf) }) else {
                     ret = fail(cur, libc::EINVAL);
                     break;
@@ -202,8 +204,9 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         if wc.is_null() {
             return -libc::EINVAL;
         }
-        // SAFETY: cq is ours; wc has room for n entries (the caller's).
+        // SAFETY: cq is ours.
         let key = unsafe { cq_key(cq) };
+        // SAFETY: wc is non-null with room for n entries (the caller's).
         let out = unsafe { std::slice::from_raw_parts_mut(wc, n) };
         runtime::with(|sh, now| {
             sh.engine.progress(now);
@@ -299,6 +302,8 @@ mod tests {
             len: 0,
             lkey: 0,
         }; MAX_SGE];
+        // SAFETY: list has 9 entries, more than any count it is read with
+        // (here and below); a NULL list is passed only with count 0.
         let got = unsafe { sges(list.as_ptr(), 2, &mut out) }.unwrap();
         assert_eq!(
             got,
@@ -308,9 +313,12 @@ mod tests {
                 lkey: 3
             }; 2]
         );
+        // SAFETY: as above.
         assert!(unsafe { sges(list.as_ptr(), 9, &mut out) }.is_none());
+        // SAFETY: as above.
         assert!(unsafe { sges(list.as_ptr(), -1, &mut out) }.is_none());
         assert_eq!(
+            // SAFETY: as above.
             unsafe { sges(std::ptr::null(), 0, &mut out) }
                 .unwrap()
                 .len(),

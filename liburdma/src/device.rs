@@ -2,7 +2,6 @@
 //! the match decision, and the per-device struct libibverbs keeps for us.
 
 use std::ffi::{c_char, CStr};
-use std::mem::MaybeUninit;
 use std::path::Path;
 
 use rdma_core_sys::{
@@ -13,6 +12,7 @@ use rdma_core_sys::{
 use crate::abi::{URDMA_ABI_VERSION, URDMA_NODE_DESC};
 use crate::guard::catch;
 use crate::log;
+use crate::zero::{zeroed, Zeroable};
 
 /// What urdma.ko writes into the device's `node_desc` (urdma-abi.h).
 pub fn node_desc() -> &'static str {
@@ -31,6 +31,11 @@ const NAME: &CStr = c"urdma";
 pub struct UrdmaDevice {
     pub vdev: verbs_device,
 }
+
+// SAFETY: rdma-core's verbs_device, a bindgen C struct (integers, raw
+// pointers, C enums as integers, lists of raw pointers): all-zero is valid,
+// and is the state libibverbs expects a fresh one in.
+unsafe impl Zeroable for UrdmaDevice {}
 
 struct DeviceOps(verbs_device_ops);
 // SAFETY: the table is immutable; its pointers name 'static data and code.
@@ -115,9 +120,9 @@ unsafe extern "C" fn match_device(sysfs_dev: *mut verbs_sysfs_dev) -> bool {
 
 unsafe extern "C" fn alloc_device(_sysfs_dev: *mut verbs_sysfs_dev) -> *mut verbs_device {
     catch(std::ptr::null_mut(), || {
-        // SAFETY: all-zero is the state libibverbs expects a fresh
-        // verbs_device in (it fills in the rest itself).
-        let dev: Box<UrdmaDevice> = Box::new(unsafe { MaybeUninit::zeroed().assume_init() });
+        // All-zero is the state libibverbs expects a fresh verbs_device in
+        // (it fills in the rest itself).
+        let dev: Box<UrdmaDevice> = Box::new(zeroed());
         let dev = Box::into_raw(dev);
         // SAFETY: just allocated; vdev is the first field.
         unsafe { &raw mut (*dev).vdev }

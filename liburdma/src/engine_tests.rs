@@ -139,6 +139,7 @@ impl Bed {
     }
 
     fn poll(&mut self, cq: CqKey) -> Vec<ibv_wc> {
+        // SAFETY: ibv_wc is plain C data (integers and a union of them).
         let mut out: Vec<ibv_wc> = vec![unsafe { std::mem::zeroed() }; 64];
         let n = self.e.poll_cq(cq, &mut out).unwrap();
         out.truncate(n);
@@ -255,6 +256,7 @@ fn write_with_immediate_read_and_inline() {
     assert_eq!(wcs[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
     assert_eq!(wcs[0].wc_flags, IBV_WC_WITH_IMM);
     assert_eq!(
+        // SAFETY: the union's members are all u32.
         u32::from_be(unsafe { wcs[0].__bindgen_anon_1.imm_data }),
         0xdead_beef
     );
@@ -616,6 +618,7 @@ fn send_with_invalidate_reports_and_invalidates_the_stag() {
     t.run(10);
     let wcs = t.poll(BCQ);
     assert_eq!(wcs[0].wc_flags, IBV_WC_WITH_INV);
+    // SAFETY: the union's members are all u32.
     assert_eq!(unsafe { wcs[0].__bindgen_anon_1.invalidated_rkey }, 0x300);
     assert!(!t.e.mrs.get(2, 0x300).unwrap().region.valid);
     // A write through the invalidated STag is refused: nothing placed.

@@ -10,6 +10,8 @@
 //! into user-space CQs ([`cq`]). Shared receive queues answer
 //! `EOPNOTSUPP` ([`unsupported`]).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod abi;
 pub mod context;
 pub mod cq;
@@ -24,6 +26,7 @@ pub mod mem;
 mod runtime;
 pub mod unsupported;
 pub mod verbs;
+mod zero;
 
 /// Registers the provider with libibverbs when the library is loaded.
 ///

@@ -703,6 +703,7 @@ mod tests {
         .unwrap();
         assert!(rx.recv().unwrap());
         // The spawning thread's mask is back as it was.
+        // SAFETY: a sigset on the stack, queried for the calling thread.
         let mine = unsafe {
             let mut cur: libc::sigset_t = std::mem::zeroed();
             libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur);

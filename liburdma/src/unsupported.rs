@@ -37,8 +37,10 @@ mod tests {
 
     #[test]
     fn post_points_bad_wr_at_the_first_request() {
+        // SAFETY: ibv_recv_wr is plain C data (integers, raw pointers).
         let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: the verb reads nothing but the pointers it is given.
         let ret = unsafe { post_srq_recv(std::ptr::null_mut(), &mut wr, &mut bad) };
         assert_eq!(ret, libc::EOPNOTSUPP);
         assert_eq!(bad, &raw mut wr);

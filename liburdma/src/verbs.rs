@@ -4,7 +4,6 @@
 //! libibverbs: NULL plus errno for constructors, an errno return otherwise.
 
 use std::ffi::{c_int, c_void};
-use std::mem::MaybeUninit;
 
 use rdma_core_sys::*;
 
@@ -12,14 +11,42 @@ use crate::abi::{CreateCqResp, CreateQpResp};
 use crate::engine::QpInit;
 use crate::guard::{catch, set_errno};
 use crate::mem::access_from_ibv;
+use crate::zero::{zeroed, Zeroable};
 use crate::{context, log, runtime};
 
-/// An all-zero command or response buffer: the form the `ibv_cmd_*`
-/// helpers expect before they fill it.
-fn zeroed<T>() -> T {
-    // SAFETY: only used for the C command/response structs (plain data:
-    // integers, arrays and unions thereof).
-    unsafe { MaybeUninit::zeroed().assume_init() }
+/// Allocates a zeroed `T` for libibverbs to fill in and runs the kernel
+/// command `cmd` that creates the object on it. On success the kernel holds
+/// the object and the box is handed out, to be freed by [`destroy`]; on
+/// failure (`cmd`'s errno) nothing refers to it and it is freed here.
+fn create<T: Zeroable>(cmd: impl FnOnce(*mut T) -> c_int) -> Result<*mut T, c_int> {
+    let obj = Box::into_raw(Box::new(zeroed::<T>()));
+    match cmd(obj) {
+        0 => Ok(obj),
+        ret => {
+            // SAFETY: obj came from Box::into_raw above and the failed
+            // command left nothing holding it: it is still only ours.
+            drop(unsafe { Box::from_raw(obj) });
+            Err(ret)
+        }
+    }
+}
+
+/// Runs the kernel command `cmd` that destroys `obj`; once it succeeded,
+/// `forget` drops what the provider keeps about the object (it may still
+/// read `obj`) and the box is freed. A failed command leaves both, as the
+/// object still exists; its errno is returned.
+///
+/// # Safety
+/// `obj` came from [`create`] (as a `T`) and is not used after a success.
+unsafe fn destroy<T>(obj: *mut T, cmd: impl FnOnce() -> c_int, forget: impl FnOnce()) -> c_int {
+    let ret = cmd();
+    if ret == 0 {
+        forget();
+        // SAFETY: per the contract: create's box, which the kernel let go
+        // of and nothing uses any more.
+        drop(unsafe { Box::from_raw(obj) });
+    }
+    ret
 }
 
 /// Constructor result: the object or NULL with errno set.
@@ -42,6 +69,10 @@ pub struct UrdmaCq {
     pub dev: u32,
 }
 
+// SAFETY: a bindgen struct of rdma-core (integers, raw pointers, C enums as
+// integers, opaque pthread byte arrays) and integers: all-zero is valid.
+unsafe impl Zeroable for UrdmaCq {}
+
 #[repr(C)]
 pub struct UrdmaQp {
     pub vqp: verbs_qp,
@@ -49,6 +80,9 @@ pub struct UrdmaQp {
     pub id: u32,
     pub dev: u32,
 }
+
+// SAFETY: as for UrdmaCq: rdma-core's plain C struct and integers.
+unsafe impl Zeroable for UrdmaQp {}
 
 unsafe extern "C" {
     // libibverbs' helper (IBVERBS_PRIVATE_34) for the REQ_NOTIFY_CQ command;
@@ -142,38 +176,31 @@ pub(crate) unsafe extern "C" fn query_port(
 
 pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     catch(std::ptr::null_mut(), || {
-        let pd = Box::into_raw(Box::new(zeroed::<ibv_pd>()));
         let mut cmd: ibv_alloc_pd = zeroed();
         let mut resp: ib_uverbs_alloc_pd_resp = zeroed();
-        // SAFETY: pd is ours; ctx as libibverbs passed it.
-        let ret = unsafe {
-            ibv_cmd_alloc_pd(
-                ctx,
-                pd,
-                &mut cmd,
-                size_of_val(&cmd),
-                &mut resp,
-                size_of_val(&resp),
-            )
-        };
-        object(if ret == 0 {
-            Ok(pd)
-        } else {
-            // SAFETY: the kernel did not take it; still only ours.
-            drop(unsafe { Box::from_raw(pd) });
-            Err(ret)
-        })
+        object(create(|pd| {
+            // SAFETY: pd is ours; ctx as libibverbs passed it.
+            unsafe {
+                ibv_cmd_alloc_pd(
+                    ctx,
+                    pd,
+                    &mut cmd,
+                    size_of_val(&cmd),
+                    &mut resp,
+                    size_of_val(&resp),
+                )
+            }
+        }))
     })
 }
 
 pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     catch(PANIC_ERRNO, || {
         // SAFETY: pd came from alloc_pd.
-        let ret = unsafe { ibv_cmd_dealloc_pd(pd) };
-        if ret == 0 {
-            drop(unsafe { Box::from_raw(pd) });
-        }
-        ret
+        let cmd = || unsafe { ibv_cmd_dealloc_pd(pd) };
+        // SAFETY: pd came from alloc_pd (create); libibverbs does not use
+        // it after a successful dealloc.
+        unsafe { destroy(pd, cmd, || {}) }
     })
 }
 
@@ -193,40 +220,41 @@ pub(crate) unsafe extern "C" fn reg_mr(
             set_errno(libc::EOPNOTSUPP);
             return std::ptr::null_mut();
         }
-        let vmr = Box::into_raw(Box::new(zeroed::<verbs_mr>()));
         let mut cmd: ibv_reg_mr = zeroed();
         let mut resp: ib_uverbs_reg_mr_resp = zeroed();
-        // SAFETY: vmr is ours; the rest as libibverbs passed it.
-        let ret = unsafe {
-            ibv_cmd_reg_mr(
-                pd,
-                addr,
-                length,
-                hca_va,
-                access,
-                vmr,
-                &mut cmd,
-                size_of_val(&cmd),
-                &mut resp,
-                size_of_val(&resp),
-            )
-        };
-        object(if ret == 0 {
-            // SAFETY: the kernel filled in the MR; pd is valid.
-            let (dev, stag, pdh) =
-                unsafe { (dev_of((*pd).context), (*vmr).ibv_mr.lkey, (*pd).handle) };
-            let region = trp::Region::new(
-                pdh,
-                addr as u64,
-                length as u64,
-                access_from_ibv(access as u32),
-            );
-            runtime::with_engine(|e| e.mrs.insert(dev, stag, region));
-            Ok(unsafe { &raw mut (*vmr).ibv_mr })
-        } else {
-            drop(unsafe { Box::from_raw(vmr) });
-            Err(ret)
-        })
+        object(
+            create(|vmr| {
+                // SAFETY: vmr is ours; the rest as libibverbs passed it.
+                unsafe {
+                    ibv_cmd_reg_mr(
+                        pd,
+                        addr,
+                        length,
+                        hca_va,
+                        access,
+                        vmr,
+                        &mut cmd,
+                        size_of_val(&cmd),
+                        &mut resp,
+                        size_of_val(&resp),
+                    )
+                }
+            })
+            .map(|vmr: *mut verbs_mr| {
+                // SAFETY: the kernel filled in the MR; pd is valid.
+                let (dev, stag, pdh) =
+                    unsafe { (dev_of((*pd).context), (*vmr).ibv_mr.lkey, (*pd).handle) };
+                let region = trp::Region::new(
+                    pdh,
+                    addr as u64,
+                    length as u64,
+                    access_from_ibv(access as u32),
+                );
+                runtime::with_engine(|e| e.mrs.insert(dev, stag, region));
+                // SAFETY: vmr is the live box create returned.
+                unsafe { &raw mut (*vmr).ibv_mr }
+            }),
+        )
     })
 }
 
@@ -238,10 +266,11 @@ pub(crate) unsafe extern "C" fn dereg_mr(vmr: *mut verbs_mr) -> c_int {
         // be running, and none will reach this memory after.
         let old = runtime::with_engine(|e| e.mrs.remove(dev, stag));
         // SAFETY: vmr came from reg_mr.
-        let ret = unsafe { ibv_cmd_dereg_mr(vmr) };
-        if ret == 0 {
-            drop(unsafe { Box::from_raw(vmr) });
-        } else if let Some(m) = old {
+        let cmd = || unsafe { ibv_cmd_dereg_mr(vmr) };
+        // SAFETY: vmr came from reg_mr (create); libibverbs does not use it
+        // after a successful dereg.
+        let ret = unsafe { destroy(vmr, cmd, || {}) };
+        if let (true, Some(m)) = (ret != 0, old) {
             runtime::with_engine(|e| e.mrs.insert(dev, stag, m.region));
         }
         ret
@@ -255,27 +284,29 @@ pub(crate) unsafe extern "C" fn create_cq(
     comp_vector: c_int,
 ) -> *mut ibv_cq {
     catch(std::ptr::null_mut(), || {
-        let cq = Box::into_raw(Box::new(zeroed::<UrdmaCq>()));
-        let ibcq = cq.cast::<ibv_cq>();
         let mut cmd: ibv_create_cq = zeroed();
         let mut resp = CreateCqResp::default();
-        // SAFETY: cq is ours (verbs_cq starts with the ibv_cq).
-        let ret = unsafe {
-            ibv_cmd_create_cq(
-                ctx,
-                cqe,
-                channel,
-                comp_vector,
-                ibcq,
-                &mut cmd,
-                size_of_val(&cmd),
-                &mut resp.ibv,
-                size_of_val(&resp),
-            )
-        };
-        object(if ret == 0 {
-            // SAFETY: ctx is our context; cq is ours.
+        let made = create(|cq: *mut UrdmaCq| {
+            // SAFETY: cq is ours (verbs_cq starts with the ibv_cq).
+            unsafe {
+                ibv_cmd_create_cq(
+                    ctx,
+                    cqe,
+                    channel,
+                    comp_vector,
+                    cq.cast::<ibv_cq>(),
+                    &mut cmd,
+                    size_of_val(&cmd),
+                    &mut resp.ibv,
+                    size_of_val(&resp),
+                )
+            }
+        });
+        object(made.map(|cq| {
+            let ibcq = cq.cast::<ibv_cq>();
+            // SAFETY: ctx is our context (libibverbs' contract).
             let dev = unsafe { dev_of(ctx) };
+            // SAFETY: cq is the live box create returned.
             unsafe {
                 (*cq).id = resp.drv.cq_id;
                 (*cq).dev = dev;
@@ -289,24 +320,23 @@ pub(crate) unsafe extern "C" fn create_cq(
             let cap = cqe.max(1) as usize;
             runtime::with_engine(|e| e.create_cq((dev, resp.drv.cq_id), cap, Some(notify)));
             log::debug(format_args!("cq {} ({cqe} entries)", resp.drv.cq_id));
-            Ok(ibcq)
-        } else {
-            drop(unsafe { Box::from_raw(cq) });
-            Err(ret)
-        })
+            ibcq
+        }))
     })
 }
 
 pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     catch(PANIC_ERRNO, || {
         // SAFETY: cq came from create_cq.
-        let ret = unsafe { ibv_cmd_destroy_cq(cq) };
-        if ret == 0 {
+        let cmd = || unsafe { ibv_cmd_destroy_cq(cq) };
+        let forget = || {
+            // SAFETY: cq came from create_cq and is not freed yet.
             let key = unsafe { cq_key(cq) };
             runtime::with_engine(|e| e.destroy_cq(key));
-            drop(unsafe { Box::from_raw(cq.cast::<UrdmaCq>()) });
-        }
-        ret
+        };
+        // SAFETY: cq came from create_cq, a box of UrdmaCq at offset 0;
+        // libibverbs does not use it after a successful destroy.
+        unsafe { destroy(cq.cast::<UrdmaCq>(), cmd, forget) }
     })
 }
 
@@ -317,28 +347,30 @@ pub(crate) unsafe extern "C" fn create_qp(
     catch(std::ptr::null_mut(), || {
         // SAFETY: pd and its context are valid (libibverbs' contract).
         let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
+        // SAFETY: ctx is the context of one of our PDs.
         let dev = unsafe { dev_of(ctx) };
-        let qp = Box::into_raw(Box::new(zeroed::<UrdmaQp>()));
-        let ibqp = qp.cast::<ibv_qp>();
         let mut cmd: ibv_create_qp = zeroed();
         let mut resp = CreateQpResp::default();
         // The kernel first: an invalid request fails with its errno.
-        // SAFETY: qp is ours (verbs_qp starts with the ibv_qp).
-        let ret = unsafe {
-            ibv_cmd_create_qp(
-                pd,
-                ibqp,
-                attr,
-                &mut cmd,
-                size_of_val(&cmd),
-                &mut resp.ibv,
-                size_of_val(&resp),
-            )
+        let made = create(|qp: *mut UrdmaQp| {
+            // SAFETY: qp is ours (verbs_qp starts with the ibv_qp).
+            unsafe {
+                ibv_cmd_create_qp(
+                    pd,
+                    qp.cast::<ibv_qp>(),
+                    attr,
+                    &mut cmd,
+                    size_of_val(&cmd),
+                    &mut resp.ibv,
+                    size_of_val(&resp),
+                )
+            }
+        });
+        let qp = match made {
+            Ok(qp) => qp,
+            Err(ret) => return object(Err(ret)),
         };
-        if ret != 0 {
-            drop(unsafe { Box::from_raw(qp) });
-            return object(Err(ret));
-        }
+        let ibqp = qp.cast::<ibv_qp>();
         // libibverbs fills qp_num whichever way the command went (write or
         // ioctl); the generic response buffer is only used by the former.
         // urdma.ko's private udata carries the same number.
@@ -347,16 +379,20 @@ pub(crate) unsafe extern "C" fn create_qp(
             0 => resp.drv.qp_id,
             n => n,
         };
+        // SAFETY: qp is the live box create returned.
         unsafe {
             (*qp).id = qpn;
             (*qp).dev = dev;
         }
         // SAFETY: attr is the caller's, updated with the granted caps.
         let a = unsafe { &*attr };
+        // SAFETY: the CQs a QP is created with are ours (libibverbs checks
+        // they belong to the same context).
+        let (send_cq, recv_cq) = unsafe { (cq_key(a.send_cq), cq_key(a.recv_cq)) };
         let init = QpInit {
             pd: pdh,
-            send_cq: unsafe { cq_key(a.send_cq) },
-            recv_cq: unsafe { cq_key(a.recv_cq) },
+            send_cq,
+            recv_cq,
             sig_all: a.sq_sig_all != 0,
             max_send_wr: a.cap.max_send_wr,
             max_recv_wr: a.cap.max_recv_wr,
@@ -387,10 +423,12 @@ pub(crate) unsafe extern "C" fn create_qp(
                 Ok(ibqp)
             }
             Err(e) => {
+                // Undo the kernel's QP; if that fails too, the object stays
+                // allocated, as the kernel still has it.
                 // SAFETY: the kernel QP made above.
-                if unsafe { ibv_cmd_destroy_qp(ibqp) } == 0 {
-                    drop(unsafe { Box::from_raw(qp) });
-                }
+                let cmd = || unsafe { ibv_cmd_destroy_qp(ibqp) };
+                // SAFETY: qp is create's box, never handed to libibverbs.
+                unsafe { destroy(qp, cmd, || {}) };
                 Err(e)
             }
         })
@@ -409,6 +447,7 @@ pub(crate) unsafe extern "C" fn modify_qp(
         if ret == 0 && mask & IBV_QP_STATE as c_int != 0 {
             // SAFETY: attr is valid when the mask names the state.
             let state = unsafe { (*attr).qp_state };
+            // SAFETY: qp came from create_qp.
             let key = unsafe { qp_key(qp) };
             runtime::with(|sh, now| {
                 match state {
@@ -439,17 +478,19 @@ pub(crate) unsafe extern "C" fn query_qp(
 pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     catch(PANIC_ERRNO, || {
         // SAFETY: qp came from create_qp.
-        let ret = unsafe { ibv_cmd_destroy_qp(qp) };
-        if ret == 0 {
+        let cmd = || unsafe { ibv_cmd_destroy_qp(qp) };
+        let forget = || {
+            // SAFETY: qp came from create_qp and is not freed yet.
             let key = unsafe { qp_key(qp) };
             runtime::with(|sh, now| {
                 if sh.engine.destroy_qp(key) {
                     sh.unregister_qp(key, now);
                 }
             });
-            drop(unsafe { Box::from_raw(qp.cast::<UrdmaQp>()) });
-        }
-        ret
+        };
+        // SAFETY: qp came from create_qp, a box of UrdmaQp at offset 0;
+        // libibverbs does not use it after a successful destroy.
+        unsafe { destroy(qp.cast::<UrdmaQp>(), cmd, forget) }
     })
 }
 
