@@ -54,6 +54,8 @@ struct PortState {
     loopback: u64,
     /// Our own transmissions seen again on receive (see [`drop_echoes`]).
     echoes: u64,
+    /// Whether the port can hand us back our own frames ([`port::may_echo`]).
+    may_echo: bool,
 }
 
 struct FlowRec {
@@ -224,6 +226,7 @@ impl Daemon {
                     from_processes_drops: 0,
                     loopback: 0,
                     echoes: 0,
+                    may_echo: port::may_echo(&pc.device),
                 }),
                 Err(e) => {
                     for p in &mut ports {
@@ -296,7 +299,11 @@ impl Daemon {
                     ));
                     if n > 0 {
                         work += n;
-                        let kept = drop_echoes(&mut rx[..n], &p.port.mac.0);
+                        let kept = if p.may_echo {
+                            drop_echoes(&mut rx[..n], &p.port.mac.0)
+                        } else {
+                            n
+                        };
                         p.echoes += (n - kept) as u64;
                         let n = kept;
                         kernel.clear();

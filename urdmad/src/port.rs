@@ -9,6 +9,15 @@ use std::ffi::CString;
 use std::net::SocketAddrV4;
 use std::ptr;
 
+/// Whether the port can hand us back our own transmissions: an af_packet port whose sends go
+/// through the kernel's queueing (`tc netem` on the link releases frames from their socket,
+/// and af_packet then delivers the sender a copy). Other ports can legitimately receive
+/// frames with the port's own source address (a TAP port is the kernel interface with the
+/// same MAC), so only af_packet ports drop them.
+pub fn may_echo(device: &str) -> bool {
+    device.starts_with("net_af_packet") || device.starts_with("eth_af_packet")
+}
+
 /// `0000:03:00.0` or `03:00.0`: a PCI address rather than a vdev.
 pub fn is_pci(device: &str) -> bool {
     let parts: Vec<&str> = device.split([':', '.']).collect();
@@ -635,6 +644,15 @@ mod tests {
             SteeringError::QueuesInUse { queues: 3 }.to_string(),
             "all 3 flow queues are in use"
         );
+    }
+
+    #[test]
+    fn only_af_packet_ports_may_echo() {
+        assert!(may_echo("net_af_packet0,iface=veth0,qdisc_bypass=0"));
+        assert!(may_echo("eth_af_packet1,iface=eth1"));
+        assert!(!may_echo("net_tap_data0,iface=tap0"));
+        assert!(!may_echo("0000:03:00.0"));
+        assert!(!may_echo("net_null0"));
     }
 
     #[test]
