@@ -4,7 +4,7 @@
 use super::complete::Failure;
 use super::sgl::scatter;
 use super::states::{Closing, Phase};
-use super::tx::ReadJob;
+use super::tx::{read_request_header, ReadJob};
 use super::{take_msn, Connection, Event, Msn};
 use crate::mr::{self, Access, Memory, Region};
 use crate::reliability::{psn_lt, Arrival};
@@ -15,7 +15,7 @@ use crate::verbs::{Completion, RecvWr, Sge, WcStatus};
 use crate::wire::ddp::{self, BufferRef};
 use crate::wire::handshake;
 use crate::wire::predict::Datagram;
-use crate::wire::rdmap::{self, qn, HeaderCopy, Opcode, ReadRequest, Terminate};
+use crate::wire::rdmap::{self, HeaderCopy, Opcode, ReadRequest, Terminate};
 use crate::wire::segment::{self, Body};
 use crate::wire::trp::{self, SackRanges};
 use crate::wire::WireError;
@@ -101,17 +101,7 @@ impl RxEvent {
 #[inline(never)]
 fn read_request_terminate(cause: Cause, msn: u32, rr: ReadRequest) -> Terminate {
     let mut h = [0u8; ddp::UNTAGGED_HEADER_LEN];
-    segment::Repr {
-        opcode: Opcode::ReadRequest,
-        last: true,
-        buffer: BufferRef::Untagged {
-            ulp_word: 0,
-            qn: qn::READ_REQUEST,
-            msn,
-            mo: 0,
-        },
-    }
-    .emit(&mut h);
+    read_request_header(msn).emit(&mut h);
     let mut hdr = HeaderCopy::from_segment(&h);
     if let Some(c) = hdr.as_mut() {
         c.segment_len = (ddp::UNTAGGED_HEADER_LEN + rdmap::READ_REQUEST_LEN) as u16;

@@ -354,16 +354,7 @@ impl Connection {
                     e.issued = e.read_sge >= e.reads_total;
                     let msn = take_msn(&mut sq.next_msn.read_request);
                     sq.reads_out.push_back(seq);
-                    let hdr = segment::Repr {
-                        opcode: Opcode::ReadRequest,
-                        last: true,
-                        buffer: BufferRef::Untagged {
-                            ulp_word: 0,
-                            qn: qn::READ_REQUEST,
-                            msn,
-                            mo: 0,
-                        },
-                    };
+                    let hdr = read_request_header(msn);
                     TxKind::Seg {
                         hdr,
                         src: Src::ReadReq(rr),
@@ -633,5 +624,21 @@ impl Connection {
         };
         self.emit_header(buf, opcode, psn, flags, SackRanges::new());
         end
+    }
+}
+
+/// The DDP/RDMAP header of the Read Request with `msn`: what we send, and
+/// what a Terminate refusing a peer's Read Request quotes.
+#[inline]
+pub(super) fn read_request_header(msn: u32) -> segment::Repr {
+    segment::Repr {
+        opcode: Opcode::ReadRequest,
+        last: true,
+        buffer: BufferRef::Untagged {
+            ulp_word: 0,
+            qn: qn::READ_REQUEST,
+            msn,
+            mo: 0,
+        },
     }
 }
