@@ -1195,13 +1195,22 @@ unsafe fn take_cm_frames(tap: &mut cm_impl::Tap, pi: usize, kernel: &mut Vec<*mu
     });
 }
 
+/// Whether the six bytes at `off` in a frame's first segment are `mac`.
+///
+/// # Safety
+/// `m` is a valid mbuf.
+unsafe fn mac_at_is(m: *mut sys::rte_mbuf, off: usize, mac: &[u8; 6]) -> bool {
+    usize::from((*m).data_len) >= off + 6
+        && std::slice::from_raw_parts(sys::rte_pktmbuf_mtod::<u8>(m).add(off) as *const u8, 6)
+            == mac
+}
+
 /// Whether a frame's destination MAC is `mac`.
 ///
 /// # Safety
 /// `m` is a valid mbuf.
 unsafe fn dst_mac_is(m: *mut sys::rte_mbuf, mac: &[u8; 6]) -> bool {
-    (*m).data_len >= 6
-        && std::slice::from_raw_parts(sys::rte_pktmbuf_mtod::<u8>(m) as *const u8, 6) == mac
+    mac_at_is(m, 0, mac)
 }
 
 /// Whether a frame's source MAC is `mac`.
@@ -1209,8 +1218,7 @@ unsafe fn dst_mac_is(m: *mut sys::rte_mbuf, mac: &[u8; 6]) -> bool {
 /// # Safety
 /// `m` is a valid mbuf.
 unsafe fn src_mac_is(m: *mut sys::rte_mbuf, mac: &[u8; 6]) -> bool {
-    (*m).data_len >= 12
-        && std::slice::from_raw_parts(sys::rte_pktmbuf_mtod::<u8>(m).add(6) as *const u8, 6) == mac
+    mac_at_is(m, 6, mac)
 }
 
 /// Classifies frames of this node as if the port had received them (loopback): to their
