@@ -45,13 +45,16 @@ int main(int argc, char **argv)
 	struct ibv_qp *qp;
 	struct pollfd p;
 	time_t end;
+	char *rest = NULL;
+	long secs;
 	int i, n;
 
-	if (argc != 3) {
-		fprintf(stderr, "usage: %s DEVICE SECONDS\n", argv[0]);
+	secs = argc == 3 ? strtol(argv[2], &rest, 10) : 0;
+	if (argc != 3 || *argv[2] == '\0' || *rest != '\0' || secs <= 0) {
+		fprintf(stderr, "usage: %s DEVICE SECONDS (a whole number above 0)\n", argv[0]);
 		return 2;
 	}
-	end = time(NULL) + atoi(argv[2]);
+	end = time(NULL) + secs;
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	list = ibv_get_device_list(&n);
 	for (i = 0; list && i < n; i++)
