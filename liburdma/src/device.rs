@@ -5,8 +5,9 @@ use std::ffi::{c_char, CStr};
 use std::path::Path;
 
 use rdma_core_sys::{
-    verbs_device, verbs_device_ops, verbs_register_driver_34, verbs_sysfs_dev, IBV_NODE_RNIC,
-    RDMA_DRIVER_UNKNOWN,
+    verbs_device, verbs_device_ops, verbs_match_ent, verbs_match_ent__bindgen_ty_1,
+    verbs_register_driver_34, verbs_sysfs_dev, IBV_NODE_RNIC, RDMA_DRIVER_UNKNOWN,
+    VERBS_MATCH_SENTINEL,
 };
 
 use crate::abi::{URDMA_ABI_VERSION, URDMA_NODE_DESC};
@@ -41,13 +42,29 @@ struct DeviceOps(verbs_device_ops);
 // SAFETY: the table is immutable; its pointers name 'static data and code.
 unsafe impl Sync for DeviceOps {}
 
+struct MatchTable([verbs_match_ent; 1]);
+// SAFETY: immutable, and its one pointer is null.
+unsafe impl Sync for MatchTable {}
+
+/// libibverbs walks every provider's match table, without a null check,
+/// for each device whose kernel driver has an id of its own (rxe, siw, a
+/// NIC's): a provider that decides in `match_device` still needs a table,
+/// holding only the end marker.
+static MATCH_TABLE: MatchTable = MatchTable([verbs_match_ent {
+    driver_data: std::ptr::null_mut(),
+    u: verbs_match_ent__bindgen_ty_1 { driver_id: 0 },
+    vendor: 0,
+    device: 0,
+    kind: VERBS_MATCH_SENTINEL as u8,
+}]);
+
 static DEVICE_OPS: DeviceOps = DeviceOps(verbs_device_ops {
     name: NAME.as_ptr(),
     // libibverbs compares these with the uverbs device's sysfs abi_version,
     // which urdma.ko sets to its URDMA_ABI_VERSION.
     match_min_abi_version: URDMA_ABI_VERSION,
     match_max_abi_version: URDMA_ABI_VERSION,
-    match_table: std::ptr::null(),
+    match_table: MATCH_TABLE.0.as_ptr(),
     static_providers: std::ptr::null_mut(),
     match_device: Some(match_device),
     alloc_context: Some(crate::context::alloc_context),
@@ -176,6 +193,9 @@ mod tests {
         assert_eq!(unsafe { CStr::from_ptr(ops.name) }, NAME);
         assert_eq!(ops.match_min_abi_version, URDMA_ABI_VERSION);
         assert!(ops.match_device.is_some() && ops.alloc_context.is_some());
+        // SAFETY: the table is 'static; its first entry must exist.
+        let first = unsafe { ops.match_table.as_ref() }.expect("a match table");
+        assert_eq!(u32::from(first.kind), VERBS_MATCH_SENTINEL);
     }
 
     #[test]
