@@ -13,10 +13,10 @@ set -u
 dir=${URDMA_OUT:-/tmp}/bench-quick
 rm -rf "$dir"
 start=$SECONDS
-timeout -k 10 780 scripts/bench-guest --quick --out "$dir" >"$dir.log" 2>&1
+timeout -k 10 840 scripts/bench-guest --quick --out "$dir" >"$dir.log" 2>&1
 rc=$?
 grep -E "^bench: (round|done)|BENCH FAILURE" "$dir.log"
-[ "$rc" != 124 ] || fail "scripts/bench-guest --quick did not finish within 780 s"
+[ "$rc" != 124 ] || fail "scripts/bench-guest --quick did not finish within 840 s"
 [ -f "$dir/bench.csv" ] || fail "no CSV: $(tail -n1 "$dir.log")"
 awk -F, '$1 == "urdma" && $6 == "failed" {bad = 1} END {exit !bad}' "$dir/bench.csv" &&
 	fail "a urdma run failed: $(grep -m1 'BENCH FAILURE: urdma' "$dir.log")"
