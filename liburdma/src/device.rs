@@ -5,8 +5,9 @@ use std::ffi::{c_char, CStr};
 use std::path::Path;
 
 use rdma_core_sys::{
-    verbs_device, verbs_device_ops, verbs_register_driver_34, verbs_sysfs_dev, IBV_NODE_RNIC,
-    RDMA_DRIVER_UNKNOWN,
+    verbs_device, verbs_device_ops, verbs_match_ent, verbs_match_ent__bindgen_ty_1,
+    verbs_register_driver_34, verbs_sysfs_dev, IBV_NODE_RNIC, RDMA_DRIVER_UNKNOWN,
+    VERBS_MATCH_SENTINEL,
 };
 
 use crate::abi::{URDMA_ABI_VERSION, URDMA_NODE_DESC};
@@ -37,6 +38,23 @@ pub struct UrdmaDevice {
 // and is the state libibverbs expects a fresh one in.
 unsafe impl Zeroable for UrdmaDevice {}
 
+struct MatchTable([verbs_match_ent; 1]);
+// SAFETY: immutable, and its only pointer is null.
+unsafe impl Sync for MatchTable {}
+
+/// An empty match table, the sentinel alone.  For every device whose kernel
+/// driver has an id (rxe, siw, any NIC's), libibverbs walks each provider's
+/// table looking for that id without checking the table for null: a null
+/// table crashed every process that merely listed such a device while
+/// urdma's provider was installed.  Ours are found by `match_device`.
+static MATCH_TABLE: MatchTable = MatchTable([verbs_match_ent {
+    driver_data: std::ptr::null_mut(),
+    u: verbs_match_ent__bindgen_ty_1 { driver_id: 0 },
+    vendor: 0,
+    device: 0,
+    kind: VERBS_MATCH_SENTINEL as u8,
+}]);
+
 struct DeviceOps(verbs_device_ops);
 // SAFETY: the table is immutable; its pointers name 'static data and code.
 unsafe impl Sync for DeviceOps {}
@@ -47,7 +65,7 @@ static DEVICE_OPS: DeviceOps = DeviceOps(verbs_device_ops {
     // which urdma.ko sets to its URDMA_ABI_VERSION.
     match_min_abi_version: URDMA_ABI_VERSION,
     match_max_abi_version: URDMA_ABI_VERSION,
-    match_table: std::ptr::null(),
+    match_table: &MATCH_TABLE.0 as *const [verbs_match_ent; 1] as *const verbs_match_ent,
     static_providers: std::ptr::null_mut(),
     match_device: Some(match_device),
     alloc_context: Some(crate::context::alloc_context),
