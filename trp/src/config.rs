@@ -20,8 +20,13 @@ pub struct Config {
     pub initial_rto: Duration,
     pub min_rto: Duration,
     pub max_rto: Duration,
-    /// Consecutive retransmission timeouts before the connection fails.
+    /// Consecutive retransmission timeouts before the connection fails...
     pub max_retries: u32,
+    /// ...and the least time, from the first of them, before it does. The
+    /// count alone gives up after about a second of silence, which a
+    /// briefly overloaded host (or an emulated one) exceeds while both
+    /// ends are alive; a dead peer is still noticed within this bound.
+    pub min_give_up: Duration,
     /// Inbound RDMA Read Requests we serve concurrently.
     pub ird: u16,
     /// Outbound RDMA Read Requests we keep outstanding.
@@ -48,6 +53,7 @@ impl Default for Config {
             min_rto: Duration::from_millis(1),
             max_rto: Duration::from_millis(500),
             max_retries: 7,
+            min_give_up: Duration::from_secs(10),
             ird: 16,
             ord: 16,
             max_send_wr: 4096,

@@ -31,6 +31,9 @@ pub struct Params {
     pub min_rto: Duration,
     pub max_rto: Duration,
     pub max_retries: u32,
+    /// The retry limit fails the connection only once this much time has
+    /// also passed since the first of the consecutive timeouts.
+    pub min_give_up: Duration,
     pub initial_cwnd: u32,
     pub max_cwnd: u32,
 }
@@ -76,6 +79,8 @@ pub struct Sender<K> {
     min_rto_ns: u64,
     max_rto_ns: u64,
     retries: u32,
+    /// When the first of the current run of consecutive timeouts fired.
+    silent_since: Option<Instant>,
     rto_deadline: Option<Instant>,
     /// After a timeout with a single packet outstanding, that packet is sent
     /// twice: one probe and its ACK both survive a 30 % loss path only half
@@ -127,6 +132,7 @@ impl<K> Sender<K> {
             min_rto_ns: p.min_rto.as_nanos() as u64,
             max_rto_ns: p.max_rto.as_nanos() as u64,
             retries: 0,
+            silent_since: None,
             rto_deadline: None,
             probe_again: None,
             stats: SenderStats::default(),
@@ -451,6 +457,7 @@ impl<K> Sender<K> {
         // limit counts consecutive timeouts without such evidence.
         if acked > 0 || self.delivered_xmit != delivered_before {
             self.retries = 0;
+            self.silent_since = None;
             self.rto_deadline = None;
         }
         // Newly delivered data: drop the back-off (Linux does so on new
@@ -504,7 +511,10 @@ impl<K> Sender<K> {
         }
         self.retries += 1;
         self.stats.timeouts += 1;
-        if self.retries > self.p.max_retries {
+        let since = *self.silent_since.get_or_insert(now);
+        if self.retries > self.p.max_retries
+            && now.saturating_duration_since(since) >= self.p.min_give_up
+        {
             return Timeout::RetryExceeded;
         }
         self.rto = (self.rto * 2).min(self.max_rto_ns);
@@ -789,6 +799,7 @@ mod tests {
             min_rto: Duration::from_millis(1),
             max_rto: Duration::from_millis(100),
             max_retries: 3,
+            min_give_up: Duration::ZERO,
             initial_cwnd: 4,
             max_cwnd: 64,
         }

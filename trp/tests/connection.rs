@@ -92,18 +92,26 @@ fn peer_vanishes() {
         );
     }
     let start = p.now;
-    let failed = p.run_until(trp::Instant(start.0 + 10_000_000_000), |p| {
+    let failed = p.run_until(trp::Instant(start.0 + 30_000_000_000), |p| {
         p.a.conn.state() == QpState::Closed
     });
     assert!(failed);
     let elapsed = p.now.0 - start.0;
-    // Exponential back-off from the initial RTO, capped, for each retry.
+    // The retry count alone would give up after the back-off's sum (about
+    // a second); the connection holds on for min_give_up from its first
+    // timeout, then fails at the next capped timeout.
     let cfg = Config::default();
-    let bound: u64 = (0..=cfg.max_retries)
+    let retries: u64 = (0..=cfg.max_retries)
         .map(|i| (cfg.initial_rto.as_nanos() as u64) << i)
         .map(|r| r.min(cfg.max_rto.as_nanos() as u64))
         .sum();
-    assert!(elapsed <= bound, "took {elapsed} ns, bound {bound}");
+    let lower = cfg.min_give_up.as_nanos() as u64;
+    let upper = (cfg.initial_rto + cfg.min_give_up + cfg.max_rto).as_nanos() as u64;
+    assert!(retries < lower, "the time bound must be what ends it here");
+    assert!(
+        (lower..=upper).contains(&elapsed),
+        "took {elapsed} ns, expected {lower}..={upper}"
+    );
     assert_eq!(
         events(&mut p.a.conn),
         vec![Event::Failed(FailReason::RetryExceeded)]

@@ -10,6 +10,8 @@ pub(super) struct KeepAlive {
     deadline: Option<Instant>,
     /// Probes sent since the peer was last heard from.
     probes: u32,
+    /// When the first of those probes was due.
+    silent_since: Option<Instant>,
     /// Our next ACK asks for one back.
     pending: bool,
 }
@@ -23,10 +25,17 @@ impl KeepAlive {
         self.probes
     }
 
+    /// How long the peer has not answered a probe.
+    pub(super) fn silent_for(&self, now: Instant) -> Duration {
+        self.silent_since
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
+    }
+
     /// Any packet of the connection shows the peer is alive.
     #[inline(always)]
     pub(super) fn heard(&mut self) {
         self.probes = 0;
+        self.silent_since = None;
         self.deadline = None;
     }
 
@@ -36,6 +45,7 @@ impl KeepAlive {
         if self.deadline.is_some_and(|d| d <= now) {
             self.deadline = None;
             self.probes += 1;
+            self.silent_since.get_or_insert(now);
             true
         } else {
             false
@@ -58,6 +68,7 @@ impl KeepAlive {
         if !waiting {
             self.deadline = None;
             self.probes = 0;
+            self.silent_since = None;
         } else if self.deadline.is_none() {
             let backoff = rto * (1u32 << self.probes.min(16));
             self.deadline = Some(now + backoff.min(max_rto));

@@ -156,6 +156,7 @@ impl Connection {
             min_rto: cfg.min_rto,
             max_rto: cfg.max_rto,
             max_retries: cfg.max_retries,
+            min_give_up: cfg.min_give_up,
             initial_cwnd: cfg.initial_cwnd,
             max_cwnd: cfg.max_cwnd.max(1),
         };
@@ -254,7 +255,9 @@ impl Connection {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.rx.on_timeout(now);
         if self.keepalive.expired(now) {
-            if self.keepalive.probes() > self.cfg.max_retries {
+            if self.keepalive.probes() > self.cfg.max_retries
+                && self.keepalive.silent_for(now) >= self.cfg.min_give_up
+            {
                 self.fail(Failure::retry_exceeded());
                 return;
             }
