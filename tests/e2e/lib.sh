@@ -68,7 +68,54 @@ start_server() {
 	fail "$name not ready in 60 s: $(tail -n1 "$OUT/$name.log")"
 }
 
-# Waits (bounded) for the background server started last; fails with its last line.
+# Writes to $OUT/stuck.log what the processes called $1 are doing, the hung one (pid $2)
+# first: every thread's state and kernel wait channel, then the bed's status, then each
+# process's user-space stacks.  The stacks come last: gdb stops a process for seconds,
+# long enough for its peer to give up and change what the states would have shown.
+dump_stuck() {
+	local name=$1 hung=$2 p task others
+	others=$(pgrep -x "$name" | grep -vx "$hung")
+	{
+		echo "== threads (pid/tid state wchan comm) of $name, pid $hung first"
+		for p in $hung $others; do
+			for task in /proc/"$p"/task/*; do
+				echo "$p/${task##*/} $(awk '{print $3}' "$task/stat" 2>/dev/null)" \
+					"$(cat "$task/wchan" 2>/dev/null) $(cat "$task/comm" 2>/dev/null)"
+			done
+		done
+		echo "== scripts/bed status"
+		timeout 20 "$BED" status A
+		timeout 20 "$BED" status B
+		for p in $hung $others; do
+			echo "== stacks of pid $p"
+			timeout 60 gdb -p "$p" -batch -nx -ex "thread apply all bt" 2>&1 | grep -E '^(Thread|#)'
+		done
+	} >"$OUT/stuck.log" 2>&1
+}
+
+# t_or_dump NAME CMD...: runs CMD bounded like t; when the bound is reached, leaves what
+# the processes called NAME were doing in $OUT/stuck.log (dump_stuck), ends CMD's process
+# only, and returns 124.  CMD must exec its program (ip netns exec, stdbuf, timeout do).
+t_or_dump() {
+	local name=$1 pid
+	shift
+	"$@" &
+	pid=$!
+	for _ in $(seq $((STEP_TIMEOUT * 5))); do
+		kill -0 "$pid" 2>/dev/null || {
+			wait "$pid"
+			return
+		}
+		sleep 0.2
+	done
+	dump_stuck "$name" "$pid"
+	kill -9 "$pid" 2>/dev/null
+	wait "$pid" 2>/dev/null
+	return 124
+}
+
+# Waits (bounded) for the background server started last; fails with its last line (what a
+# server that did not finish was doing is in $OUT/stuck.log).
 wait_server() {
 	local name=$1 limit=${2:-$STEP_TIMEOUT} i
 	for i in $(seq $((limit * 5))); do
@@ -76,8 +123,9 @@ wait_server() {
 		sleep 0.2
 	done
 	if kill -0 "$SERVER_PID" 2>/dev/null; then
+		dump_stuck "$(cat "/proc/$SERVER_PID/comm" 2>/dev/null)" "$SERVER_PID"
 		kill -9 "$SERVER_PID" 2>/dev/null
-		fail "$name did not finish within ${limit}s: $(tail -n1 "$OUT/$name.log")"
+		fail "$name did not finish within ${limit}s (its state: stuck.log): $(tail -n1 "$OUT/$name.log")"
 	fi
 	wait "$SERVER_PID" || fail "$name: $(tail -n1 "$OUT/$name.log")"
 }

@@ -33,9 +33,15 @@ perf() {
 	start_server "$sn" "pt-$label" "." \
 		sh -c "echo started; exec $tool -R -F -a -n $ITER -p $port -d urdma$sn $*"
 	sleep 1
-	out=$(t ip netns exec "urdma$cn" stdbuf -oL "$tool" -R -F -a -n "$ITER" -p "$port" -d "urdma$cn" "$@" "$sa" 2>&1)
+	out=$(t_or_dump "$tool" ip netns exec "urdma$cn" stdbuf -oL "$tool" -R -F -a -n "$ITER" -p "$port" -d "urdma$cn" "$@" "$sa" 2>&1)
 	rc=$?
 	echo "$out" >"$OUT/pt-$label-client.log"
+	if [ $rc = 124 ]; then
+		echo "$tool $* ($cn -> $sn): no end within ${STEP_TIMEOUT}s; the server's last lines:"
+		tail -n3 "$OUT/pt-$label.log" | sed 's/^/    /'
+		echo "  what both were doing (stuck.log):"
+		sed 's/^/    /' "$OUT/stuck.log"
+	fi
 	[ $rc = 0 ] || fail "$tool $* ($cn -> $sn, exit $rc): $(tail -n2 <<<"$out" | tr '\n' ' ')"
 	wait_server "pt-$label" 300
 	# one result row per size: 2, 4, ..., 8388608 bytes, then the iteration count
