@@ -15,7 +15,7 @@ use dpdk_sys as sys;
 use urdmad::proto::Attachment;
 
 use crate::engine::Flow;
-use crate::frame::{self, Endpoints, HEADERS};
+use urdmad::frame::{self, Endpoints, HEADERS};
 
 const BURST: usize = 32;
 

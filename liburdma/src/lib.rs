@@ -19,7 +19,6 @@ mod data;
 pub mod device;
 mod dpdk;
 pub mod engine;
-pub mod frame;
 mod guard;
 mod log;
 pub mod mem;

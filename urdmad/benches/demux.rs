@@ -21,7 +21,7 @@ use std::os::raw::c_char;
 use std::ptr;
 use std::time::{Duration, Instant};
 use urdmad::demux::FlowTable;
-use urdmad::secondary::udp_frame;
+use urdmad::frame::udp_frame;
 
 const BURST: usize = 32;
 const FRAMES: u32 = 4096;

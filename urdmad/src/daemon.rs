@@ -521,7 +521,7 @@ impl Daemon {
         payload: &[u8],
     ) {
         let p = &mut self.ports[pi];
-        let frame = crate::secondary::udp_frame(dst_mac.0, p.port.mac.0, src, dst, payload);
+        let frame = crate::frame::udp_frame(dst_mac.0, p.port.mac.0, src, dst, payload);
         let Ok(len) = u16::try_from(frame.len()) else {
             return;
         };

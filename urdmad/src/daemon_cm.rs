@@ -5,7 +5,7 @@
 
 use super::{Daemon, FlowSpecOpened};
 use crate::cm::{Channel, Msg, Op};
-use crate::demux::udp4_addresses;
+use crate::frame;
 use crate::proto::{self, Connected, Event, FlowSpec, Mac, Role};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -57,8 +57,6 @@ const ECONNRESET: i32 = -104;
 const ENOTCONN: i32 = -107;
 const EINVAL: i32 = -22;
 const EADDRINUSE: i32 = -98;
-
-const ETH_HLEN: usize = 14;
 
 pub(super) struct Listener {
     pub id: u64,
@@ -144,10 +142,7 @@ impl Tap {
         if !self.enabled || frame.get(..6) != self.macs.get(port).map(|m| &m[..]) {
             return false;
         }
-        let Some((dst, _)) = udp4_addresses(frame) else {
-            return false;
-        };
-        let Some(payload) = udp_payload(frame) else {
+        let Some(frame::Datagram { dst, payload, .. }) = frame::datagram(frame) else {
             return false;
         };
         let pkt = tw::Packet::new_unchecked(payload);
@@ -159,18 +154,6 @@ impl Tap {
         }
         self.ports.contains(&dst.port())
     }
-}
-
-/// The UDP payload of an IPv4/UDP frame (bounded by the UDP length).
-pub(super) fn udp_payload(frame: &[u8]) -> Option<&[u8]> {
-    let ip = frame.get(ETH_HLEN..)?;
-    let ihl = usize::from(*ip.first()? & 0x0f) * 4;
-    let udp = ip.get(ihl..ihl + 8)?;
-    let len = usize::from(u16::from_be_bytes([udp[4], udp[5]]));
-    if len < 8 {
-        return None;
-    }
-    ip.get(ihl + 8..ihl + len)
 }
 
 #[derive(Default)]
@@ -550,7 +533,11 @@ impl Daemon {
     }
 
     fn cm_frame(&mut self, port: usize, frame: &[u8]) {
-        let (Some((local, remote)), Some(payload)) = (udp4_addresses(frame), udp_payload(frame))
+        let Some(frame::Datagram {
+            src: remote,
+            dst: local,
+            payload,
+        }) = frame::datagram(frame)
         else {
             return;
         };
@@ -1195,7 +1182,7 @@ mod tests {
     }
 
     fn frame(dst_mac: [u8; 6], dst_port: u16, payload: &[u8]) -> Vec<u8> {
-        crate::secondary::udp_frame(
+        crate::frame::udp_frame(
             dst_mac,
             [2, 0, 0, 0, 0, 2],
             "10.0.0.2:5000".parse().unwrap(),
@@ -1217,7 +1204,7 @@ mod tests {
         let mut buf = vec![0u8; 2048];
         let n = c.poll_transmit(now, &mut buf).unwrap();
         let req = frame(mac, 7000, &buf[..n]);
-        assert_eq!(udp_payload(&req), Some(&buf[..n]));
+        assert_eq!(frame::datagram(&req).map(|d| d.payload), Some(&buf[..n]));
         assert!(tap.wants(0, &req));
         assert!(!tap.wants(0, &frame([2, 0, 0, 0, 0, 9], 7000, &buf[..n])));
         assert!(!tap.wants(1, &req));
@@ -1230,7 +1217,7 @@ mod tests {
         tap.enabled = false;
         assert!(!tap.wants(0, &req));
         for i in 0..req.len() {
-            let _ = udp_payload(&req[..i]);
+            let _ = frame::datagram(&req[..i]);
             let _ = Tap {
                 enabled: true,
                 macs: vec![mac],

@@ -1,15 +1,13 @@
 //! Software steering: classifies received frames by destination IPv4 address and UDP port
 //! and hands each flow's frames to that flow's ring. Everything else belongs to the kernel.
 
+use crate::frame::udp4_addresses;
 use dpdk_sys as sys;
 use std::net::SocketAddrV4;
 
 const NONE: u32 = u32::MAX;
 /// Most frames handed to [`FlowTable::dispatch`] at once.
 pub const MAX_BURST: usize = 64;
-const ETH_HLEN: usize = 14;
-const ETHERTYPE_IPV4: u16 = 0x0800;
-const IPPROTO_UDP: u8 = 17;
 
 #[inline(always)]
 fn prefetch(p: *const u8) {
@@ -29,36 +27,6 @@ pub enum Verdict {
     Flow(u32),
     /// Not a QP's packet: the kernel's, through the exception path.
     Kernel,
-}
-
-/// Destination and source of an IPv4/UDP frame, or `None` for anything else (including IP
-/// fragments, options-bearing headers are fine). Never reads beyond `frame`.
-pub fn udp4_addresses(frame: &[u8]) -> Option<(SocketAddrV4, SocketAddrV4)> {
-    if frame.len() < ETH_HLEN + 20 + 8 {
-        return None;
-    }
-    if u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4 {
-        return None;
-    }
-    let ip = &frame[ETH_HLEN..];
-    let ihl = usize::from(ip[0] & 0x0f) * 4;
-    if ip[0] >> 4 != 4 || ihl < 20 || ip[9] != IPPROTO_UDP {
-        return None;
-    }
-    // More-fragments flag or a fragment offset: reassembly is the kernel's job.
-    if u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
-        return None;
-    }
-    let udp = ip.get(ihl..ihl + 8)?;
-    let src = SocketAddrV4::new(
-        [ip[12], ip[13], ip[14], ip[15]].into(),
-        u16::from_be_bytes([udp[0], udp[1]]),
-    );
-    let dst = SocketAddrV4::new(
-        [ip[16], ip[17], ip[18], ip[19]].into(),
-        u16::from_be_bytes([udp[2], udp[3]]),
-    );
-    Some((dst, src))
 }
 
 /// One open flow.

@@ -1,10 +1,11 @@
 //! urdmad, the DPDK primary process of urdma, as a library.
 //!
-//! [`proto`] (the control protocol) and [`client`] (its client side) need only `std` and are
-//! what other crates use: depend on `urdmad` with `default-features = false`. The daemon's
+//! [`proto`] (the control protocol), [`client`] (its client side) and [`frame`] (the
+//! Ethernet/IPv4/UDP framing of TRP datagrams) need only `std` and are what other crates use: depend on `urdmad` with `default-features = false`. The daemon's
 //! modules need DPDK and are behind the `daemon` feature (on by default).
 
 pub mod client;
+pub mod frame;
 pub mod proto;
 
 #[cfg(feature = "daemon")]

@@ -1,14 +1,12 @@
 //! Attaching to urdmad as a DPDK secondary process and using what it hands out: a flow's
 //! RX ring and the process's TX ring, for `urdmad-testclient` and the daemon's tests. The
-//! provider does the same with its own code (liburdma's `dpdk` and `frame` modules), as it
-//! depends on this crate without the `daemon` feature. [`udp_frame`] also builds the
-//! datagrams urdmad sends itself (handshakes, Rejects, Aborts).
+//! provider does the same with its own code (liburdma's `dpdk` module), as it depends on
+//! this crate without the `daemon` feature. Frames are built by [`crate::frame`].
 
 use crate::client::{self, Connection};
 use crate::proto::{Attachment, FlowSpec, Request, Response, Steering};
 use dpdk_sys as sys;
 use std::ffi::CString;
-use std::net::SocketAddrV4;
 use std::os::raw::c_char;
 use std::sync::OnceLock;
 
@@ -267,67 +265,4 @@ impl Session {
             other => Err(client::refusal(other).into()),
         }
     }
-}
-
-fn csum_add(mut sum: u32, data: &[u8]) -> u32 {
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-    }
-    if let [last] = chunks.remainder() {
-        sum += u32::from(*last) << 8;
-    }
-    sum
-}
-
-fn csum_fold(mut sum: u32) -> u16 {
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-/// An Ethernet/IPv4/UDP frame with valid IP and UDP checksums.
-pub fn udp_frame(
-    dst_mac: [u8; 6],
-    src_mac: [u8; 6],
-    src: SocketAddrV4,
-    dst: SocketAddrV4,
-    payload: &[u8],
-) -> Vec<u8> {
-    let udp_len = 8 + payload.len();
-    let ip_len = 20 + udp_len;
-    let mut f = Vec::with_capacity(14 + ip_len);
-    f.extend_from_slice(&dst_mac);
-    f.extend_from_slice(&src_mac);
-    f.extend_from_slice(&0x0800u16.to_be_bytes());
-    let mut ip = [0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
-    ip[6] = 0x40; // don't fragment
-    ip[8] = 64;
-    ip[9] = 17;
-    ip[12..16].copy_from_slice(&src.ip().octets());
-    ip[16..20].copy_from_slice(&dst.ip().octets());
-    let c = csum_fold(csum_add(0, &ip));
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
-    f.extend_from_slice(&ip);
-    let mut udp = Vec::with_capacity(udp_len);
-    udp.extend_from_slice(&src.port().to_be_bytes());
-    udp.extend_from_slice(&dst.port().to_be_bytes());
-    udp.extend_from_slice(&(udp_len as u16).to_be_bytes());
-    udp.extend_from_slice(&[0, 0]);
-    udp.extend_from_slice(payload);
-    let mut pseudo = Vec::with_capacity(12);
-    pseudo.extend_from_slice(&src.ip().octets());
-    pseudo.extend_from_slice(&dst.ip().octets());
-    pseudo.extend_from_slice(&[0, 17]);
-    pseudo.extend_from_slice(&(udp_len as u16).to_be_bytes());
-    let mut c = csum_fold(csum_add(csum_add(0, &pseudo), &udp));
-    if c == 0 {
-        c = 0xffff;
-    }
-    udp[6..8].copy_from_slice(&c.to_be_bytes());
-    f.extend_from_slice(&udp);
-    f
 }

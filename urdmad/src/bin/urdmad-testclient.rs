@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use urdmad::client::Connection;
+use urdmad::frame::udp_frame;
 use urdmad::proto::{FlowSpec, Mac};
-use urdmad::secondary::{udp_frame, Session};
+use urdmad::secondary::Session;
 
 #[derive(Parser)]
 struct Args {
@@ -155,7 +156,7 @@ fn run(args: &Args) -> CliResult<()> {
                 got = true;
                 let f = &s.flows[i];
                 let (dst, src) =
-                    urdmad::demux::udp4_addresses(&frame).ok_or("non-UDP frame on a flow ring")?;
+                    urdmad::frame::udp4_addresses(&frame).ok_or("non-UDP frame on a flow ring")?;
                 let payload = &frame[42.min(frame.len())..];
                 println!(
                     "RX flow={} dst={dst} src={src} payload={}",

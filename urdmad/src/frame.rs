@@ -1,16 +1,21 @@
-//! Ethernet/IPv4/UDP framing of a connection's datagrams: headers written
-//! in front of a payload trp has already put in place, checksums in
-//! software (the UDP checksum is never 0 on IPv4: it is the only integrity
-//! check a datagram has), and the checks a received frame must pass before
-//! its payload reaches trp.
+//! Ethernet/IPv4/UDP framing of TRP datagrams, in one place for all who
+//! build or read one: the provider's data path, urdmad's handshakes, Rejects
+//! and Aborts, its steering and its test client. Only `std`: the provider
+//! uses it without the daemon.
+//!
+//! Checksums are computed in software and the UDP checksum is never 0 on
+//! IPv4: it is the only integrity check a datagram has, so a frame is
+//! accepted only if both checksums hold.
 
 use std::net::SocketAddrV4;
 
 pub const ETH_LEN: usize = 14;
 pub const IP_LEN: usize = 20;
 pub const UDP_LEN: usize = 8;
-/// Bytes in front of the UDP payload.
+/// Bytes in front of the UDP payload of the frames we build.
 pub const HEADERS: usize = ETH_LEN + IP_LEN + UDP_LEN;
+const ETHERTYPE_IPV4: u16 = 0x0800;
+const IPPROTO_UDP: u8 = 17;
 
 /// Both ends of a connection's flow, as `EVENT CONNECTED` names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +24,14 @@ pub struct Endpoints {
     pub remote_mac: [u8; 6],
     pub local: SocketAddrV4,
     pub remote: SocketAddrV4,
+}
+
+/// A received IPv4/UDP datagram whose checksums hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Datagram<'a> {
+    pub src: SocketAddrV4,
+    pub dst: SocketAddrV4,
+    pub payload: &'a [u8],
 }
 
 fn csum_add(mut sum: u32, data: &[u8]) -> u32 {
@@ -42,25 +55,26 @@ fn csum_fold(mut sum: u32) -> u16 {
 fn pseudo_sum(src: &SocketAddrV4, dst: &SocketAddrV4, udp_len: u16) -> u32 {
     let mut s = csum_add(0, &src.ip().octets());
     s = csum_add(s, &dst.ip().octets());
-    s + 17 + u32::from(udp_len)
+    s + u32::from(IPPROTO_UDP) + u32::from(udp_len)
 }
 
 /// Writes the headers into `frame[..HEADERS]` for the `payload_len` bytes
 /// at `frame[HEADERS..]`, from `ep.local` to `ep.remote`. Returns the
 /// frame's length.
+#[inline]
 pub fn write_headers(frame: &mut [u8], ep: &Endpoints, payload_len: usize) -> usize {
     let udp_len = (UDP_LEN + payload_len) as u16;
     let ip_len = IP_LEN as u16 + udp_len;
     frame[0..6].copy_from_slice(&ep.remote_mac);
     frame[6..12].copy_from_slice(&ep.local_mac);
-    frame[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    frame[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
     let ip = &mut frame[ETH_LEN..ETH_LEN + IP_LEN];
     ip.fill(0);
     ip[0] = 0x45;
     ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
     ip[6] = 0x40; // don't fragment
     ip[8] = 64;
-    ip[9] = 17;
+    ip[9] = IPPROTO_UDP;
     ip[12..16].copy_from_slice(&ep.local.ip().octets());
     ip[16..20].copy_from_slice(&ep.remote.ip().octets());
     let c = csum_fold(csum_add(0, ip));
@@ -80,10 +94,31 @@ pub fn write_headers(frame: &mut [u8], ep: &Endpoints, payload_len: usize) -> us
     end
 }
 
-/// The UDP payload of `frame` if it is an unfragmented IPv4/UDP datagram
-/// from `ep.remote` to `ep.local` with valid checksums; None otherwise.
-pub fn payload<'a>(frame: &'a [u8], ep: &Endpoints) -> Option<&'a [u8]> {
-    if frame.len() < HEADERS || frame[12..14] != [0x08, 0x00] {
+/// A whole frame carrying `payload` from `src` to `dst`.
+pub fn udp_frame(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    payload: &[u8],
+) -> Vec<u8> {
+    let ep = Endpoints {
+        local_mac: src_mac,
+        remote_mac: dst_mac,
+        local: src,
+        remote: dst,
+    };
+    let mut f = vec![0u8; HEADERS + payload.len()];
+    f[HEADERS..].copy_from_slice(payload);
+    write_headers(&mut f, &ep, payload.len());
+    f
+}
+
+/// The datagram in `frame` if it is an unfragmented IPv4/UDP datagram with
+/// valid checksums (Ethernet padding after it is ignored); None otherwise.
+#[inline]
+pub fn datagram(frame: &[u8]) -> Option<Datagram<'_>> {
+    if frame.len() < HEADERS || frame[12..14] != ETHERTYPE_IPV4.to_be_bytes() {
         return None;
     }
     let ip = &frame[ETH_LEN..];
@@ -92,7 +127,7 @@ pub fn payload<'a>(frame: &'a [u8], ep: &Endpoints) -> Option<&'a [u8]> {
     }
     let ihl = usize::from(ip[0] & 0x0f) * 4;
     let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-    if ihl < IP_LEN || total < ihl + UDP_LEN || total > ip.len() || ip[9] != 17 {
+    if ihl < IP_LEN || total < ihl + UDP_LEN || total > ip.len() || ip[9] != IPPROTO_UDP {
         return None;
     }
     // More fragments, or a fragment offset: not a whole datagram.
@@ -110,9 +145,6 @@ pub fn payload<'a>(frame: &'a [u8], ep: &Endpoints) -> Option<&'a [u8]> {
         [ip[16], ip[17], ip[18], ip[19]].into(),
         u16::from_be_bytes([ip[ihl + 2], ip[ihl + 3]]),
     );
-    if src != ep.remote || dst != ep.local {
-        return None;
-    }
     let udp = &ip[ihl..total];
     let udp_len = usize::from(u16::from_be_bytes([udp[4], udp[5]]));
     if udp_len < UDP_LEN || udp_len > udp.len() {
@@ -125,7 +157,53 @@ pub fn payload<'a>(frame: &'a [u8], ep: &Endpoints) -> Option<&'a [u8]> {
             return None;
         }
     }
-    Some(&udp[UDP_LEN..])
+    Some(Datagram {
+        src,
+        dst,
+        payload: &udp[UDP_LEN..],
+    })
+}
+
+/// The UDP payload of `frame` if [`datagram`] accepts it and it goes from
+/// `ep.remote` to `ep.local`; None otherwise.
+#[inline]
+pub fn payload<'a>(frame: &'a [u8], ep: &Endpoints) -> Option<&'a [u8]> {
+    datagram(frame)
+        .filter(|d| d.src == ep.remote && d.dst == ep.local)
+        .map(|d| d.payload)
+}
+
+/// Destination and source of an IPv4/UDP frame, or `None` for anything else
+/// (including IP fragments; options-bearing headers are fine). Checks no
+/// checksum: this is steering, for every frame; the flow's owner checks.
+/// Never reads beyond `frame`.
+#[inline]
+pub fn udp4_addresses(frame: &[u8]) -> Option<(SocketAddrV4, SocketAddrV4)> {
+    if frame.len() < ETH_LEN + IP_LEN + UDP_LEN {
+        return None;
+    }
+    if u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4 {
+        return None;
+    }
+    let ip = &frame[ETH_LEN..];
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if ip[0] >> 4 != 4 || ihl < IP_LEN || ip[9] != IPPROTO_UDP {
+        return None;
+    }
+    // More-fragments flag or a fragment offset: reassembly is the kernel's job.
+    if u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
+        return None;
+    }
+    let udp = ip.get(ihl..ihl + UDP_LEN)?;
+    let src = SocketAddrV4::new(
+        [ip[12], ip[13], ip[14], ip[15]].into(),
+        u16::from_be_bytes([udp[0], udp[1]]),
+    );
+    let dst = SocketAddrV4::new(
+        [ip[16], ip[17], ip[18], ip[19]].into(),
+        u16::from_be_bytes([udp[2], udp[3]]),
+    );
+    Some((dst, src))
 }
 
 #[cfg(test)]
@@ -151,66 +229,33 @@ mod tests {
     }
 
     fn build(e: &Endpoints, payload: &[u8]) -> Vec<u8> {
-        let mut f = vec![0u8; HEADERS + payload.len()];
-        f[HEADERS..].copy_from_slice(payload);
-        let n = write_headers(&mut f, e, payload.len());
-        assert_eq!(n, f.len());
-        f
+        udp_frame(e.remote_mac, e.local_mac, e.local, e.remote, payload)
     }
 
+    /// The fields RFC 791 and 768 fix, and the receiver's check of both
+    /// checksums (a header summed with its checksum folds to 0).
     #[test]
-    fn matches_urdmads_reference_frame() {
+    fn headers_are_the_standard_ones() {
         let e = ep();
-        for p in [&b""[..], b"x", b"hello world", &[0xffu8; 1472]] {
-            let f = build(&e, p);
-            let reference = urdmad_udp_frame(e.remote_mac, e.local_mac, e.local, e.remote, p);
-            assert_eq!(f, reference);
-        }
-    }
-
-    /// The same construction as urdmad's `secondary::udp_frame` (which
-    /// is built only with the daemon), restated independently.
-    fn urdmad_udp_frame(
-        dst_mac: [u8; 6],
-        src_mac: [u8; 6],
-        src: SocketAddrV4,
-        dst: SocketAddrV4,
-        payload: &[u8],
-    ) -> Vec<u8> {
-        let udp_len = 8 + payload.len();
-        let mut f = Vec::new();
-        f.extend_from_slice(&dst_mac);
-        f.extend_from_slice(&src_mac);
-        f.extend_from_slice(&[8, 0]);
-        let mut ip = [0u8; 20];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
-        ip[6] = 0x40;
-        ip[8] = 64;
-        ip[9] = 17;
-        ip[12..16].copy_from_slice(&src.ip().octets());
-        ip[16..20].copy_from_slice(&dst.ip().octets());
-        let c = csum_fold(csum_add(0, &ip));
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-        f.extend_from_slice(&ip);
-        let mut udp = Vec::new();
-        udp.extend_from_slice(&src.port().to_be_bytes());
-        udp.extend_from_slice(&dst.port().to_be_bytes());
-        udp.extend_from_slice(&(udp_len as u16).to_be_bytes());
-        udp.extend_from_slice(&[0, 0]);
-        udp.extend_from_slice(payload);
-        let mut pseudo = Vec::new();
-        pseudo.extend_from_slice(&src.ip().octets());
-        pseudo.extend_from_slice(&dst.ip().octets());
-        pseudo.extend_from_slice(&[0, 17]);
-        pseudo.extend_from_slice(&(udp_len as u16).to_be_bytes());
-        let mut c = csum_fold(csum_add(csum_add(0, &pseudo), &udp));
-        if c == 0 {
-            c = 0xffff;
-        }
-        udp[6..8].copy_from_slice(&c.to_be_bytes());
-        f.extend_from_slice(&udp);
-        f
+        let f = build(&e, b"hi");
+        assert_eq!(f.len(), HEADERS + 2);
+        assert_eq!(&f[0..6], &e.remote_mac);
+        assert_eq!(&f[6..12], &e.local_mac);
+        assert_eq!(&f[12..14], &[0x08, 0x00]);
+        let ip = &f[ETH_LEN..ETH_LEN + IP_LEN];
+        assert_eq!(ip[0], 0x45);
+        assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 30);
+        assert_eq!(&ip[6..10], &[0x40, 0, 64, 17]);
+        assert_eq!(&ip[12..20], &[10, 0, 0, 1, 10, 0, 0, 2]);
+        // The standard check: a header with its checksum sums to 0xffff.
+        assert_eq!(csum_fold(csum_add(0, ip)), 0);
+        let udp = &f[ETH_LEN + IP_LEN..];
+        assert_eq!(&udp[..6], &[0x12, 0xb7, 0x13, 0x88, 0, 10]);
+        assert_eq!(
+            csum_fold(csum_add(pseudo_sum(&e.local, &e.remote, 10), udp)),
+            0
+        );
+        assert_eq!(udp4_addresses(&f), Some((e.remote, e.local)));
     }
 
     #[test]
@@ -218,6 +263,14 @@ mod tests {
         let e = ep();
         let f = build(&e, b"payload");
         assert_eq!(payload(&f, &mirror(&e)), Some(&b"payload"[..]));
+        assert_eq!(
+            datagram(&f),
+            Some(Datagram {
+                src: e.local,
+                dst: e.remote,
+                payload: b"payload"
+            })
+        );
         // Not for us: our own frame seen from our side.
         assert_eq!(payload(&f, &e), None);
         // Trailing Ethernet padding is ignored.
@@ -248,15 +301,18 @@ mod tests {
         let mut f = good.clone();
         f[HEADERS + 2] ^= 1;
         assert_eq!(payload(&f, &m), None, "UDP checksum");
+        assert_eq!(datagram(&f), None, "UDP checksum");
         let mut f = good.clone();
         f[ETH_LEN + 8] = 1;
         assert_eq!(payload(&f, &m), None, "IP checksum");
         let mut f = good.clone();
         f[12] = 0x86;
         assert_eq!(payload(&f, &m), None, "not IPv4");
+        assert_eq!(udp4_addresses(&f), None, "not IPv4");
         let mut f = good.clone();
         f[ETH_LEN + 6] = 0x20; // more fragments
         assert_eq!(payload(&f, &m), None);
+        assert_eq!(udp4_addresses(&f), None);
         let f = build(
             &Endpoints {
                 local: "10.0.0.2:5001".parse().unwrap(),
@@ -269,6 +325,8 @@ mod tests {
         assert_eq!(payload(&good[..good.len() - 1], &m), None, "truncated");
         for cut in 0..good.len() {
             let _ = payload(&good[..cut], &m);
+            let _ = datagram(&good[..cut]);
+            let _ = udp4_addresses(&good[..cut]);
         }
     }
 }
