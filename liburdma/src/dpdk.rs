@@ -7,19 +7,17 @@
 //! operation here runs under the engine lock, which serialises the
 //! application's threads and the helper thread.
 
-use std::ffi::{c_char, c_void, CString};
+use std::ffi::c_void;
 use std::path::Path;
-use std::sync::OnceLock;
 
 use dpdk_sys as sys;
 use urdmad::proto::Attachment;
+use urdmad::secondary;
 
 use crate::engine::Flow;
 use urdmad::frame::{self, Endpoints, HEADERS};
 
 const BURST: usize = 32;
-
-static EAL: OnceLock<Result<String, String>> = OnceLock::new();
 
 /// Initialises EAL as urdmad's secondary, once per process. Run it on the
 /// provider's helper thread: EAL binds the calling thread to the lcore
@@ -27,35 +25,7 @@ static EAL: OnceLock<Result<String, String>> = OnceLock::new();
 /// signal mask, so the application's threads keep their affinity and
 /// signals.
 pub fn eal_init(a: &Attachment) -> Result<(), String> {
-    let r = EAL.get_or_init(|| {
-        let mut args = vec!["liburdma".to_string()];
-        args.extend(a.eal_args());
-        args.push("--log-level=3".into());
-        let cargs: Vec<CString> = args
-            .iter()
-            .map(|s| CString::new(s.as_str()).unwrap_or_default())
-            .collect();
-        // EAL keeps pointers into argv: it lives for the whole process.
-        let argv: &mut Vec<*mut c_char> =
-            Box::leak(Box::new(cargs.into_iter().map(|c| c.into_raw()).collect()));
-        // SAFETY: argv holds NUL-terminated strings that are never freed.
-        let rc = unsafe { sys::rte_eal_init(argv.len() as i32, argv.as_mut_ptr()) };
-        if rc < 0 {
-            Err(format!(
-                "DPDK secondary initialisation failed: {}",
-                sys::rte_strerror_string(sys::rte_errno())
-            ))
-        } else {
-            Ok(a.file_prefix.clone())
-        }
-    });
-    match r {
-        Ok(prefix) if *prefix == a.file_prefix => Ok(()),
-        Ok(prefix) => Err(format!(
-            "this process is attached to the urdmad of DPDK prefix {prefix} already"
-        )),
-        Err(e) => Err(e.clone()),
-    }
+    secondary::eal_init(a, "liburdma").map_err(|e| e.to_string())
 }
 
 /// Lets go of urdmad's DPDK state once urdmad is gone (EAL initialised and
@@ -70,7 +40,7 @@ pub fn eal_init(a: &Attachment) -> Result<(), String> {
 /// without urdmad for good.
 pub fn detach() {
     static DONE: std::sync::Once = std::sync::Once::new();
-    if !matches!(EAL.get(), Some(Ok(_))) {
+    if !secondary::eal_is_up() {
         return;
     }
     DONE.call_once(|| {
@@ -112,14 +82,7 @@ fn unlock_files_under(dir: &Path) {
 }
 
 fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, String> {
-    let c = CString::new(name).map_err(|_| "ring name".to_string())?;
-    // SAFETY: valid C string; EAL is up.
-    let r = unsafe { sys::rte_ring_lookup(c.as_ptr()) };
-    if r.is_null() {
-        Err(format!("ring {name} not found in urdmad's memory"))
-    } else {
-        Ok(r)
-    }
+    secondary::lookup_ring(name).map_err(|e| e.to_string())
 }
 
 /// What the attachment gave the process: its mbuf pool and one TX ring per
@@ -147,12 +110,7 @@ impl Rings {
 
     /// Looks up the pool and TX rings (after [`eal_init`]).
     pub fn lookup(a: &Attachment) -> Result<Rings, String> {
-        let pname = CString::new(a.pool.as_str()).map_err(|_| "pool name".to_string())?;
-        // SAFETY: valid C string; EAL is up.
-        let pool = unsafe { sys::rte_mempool_lookup(pname.as_ptr()) };
-        if pool.is_null() {
-            return Err(format!("mempool {} not found", a.pool));
-        }
+        let pool = secondary::lookup_pool(&a.pool).map_err(|e| e.to_string())?;
         let tx = a
             .ports
             .iter()

@@ -1,8 +1,11 @@
 //! urdmad, the DPDK primary process of urdma, as a library.
 //!
 //! [`proto`] (the control protocol), [`client`] (its client side) and [`frame`] (the
-//! Ethernet/IPv4/UDP framing of TRP datagrams) need only `std` and are what other crates use: depend on `urdmad` with `default-features = false`. The daemon's
-//! modules need DPDK and are behind the `daemon` feature (on by default).
+//! Ethernet/IPv4/UDP framing of TRP datagrams) need only `std` and are what other crates
+//! use: depend on `urdmad` with `default-features = false`. [`secondary`] (attaching to
+//! urdmad as a DPDK secondary process) needs DPDK and is behind the `secondary` feature,
+//! which the provider turns on. The daemon's modules are behind the `daemon` feature (on by
+//! default).
 
 pub mod client;
 pub mod frame;
@@ -26,7 +29,7 @@ pub mod hwflow;
 pub mod logging;
 #[cfg(feature = "daemon")]
 pub mod port;
-#[cfg(feature = "daemon")]
+#[cfg(feature = "secondary")]
 pub mod secondary;
 #[cfg(feature = "daemon")]
 pub mod service;

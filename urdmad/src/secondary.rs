@@ -1,7 +1,7 @@
-//! Attaching to urdmad as a DPDK secondary process and using what it hands out: a flow's
-//! RX ring and the process's TX ring, for `urdmad-testclient` and the daemon's tests. The
-//! provider does the same with its own code (liburdma's `dpdk` module), as it depends on
-//! this crate without the `daemon` feature. Frames are built by [`crate::frame`].
+//! Attaching to urdmad as a DPDK secondary process and using what it hands out: EAL's
+//! initialisation and the lookups of urdmad's pool and rings, which the provider (liburdma's
+//! `dpdk` module) shares, and a [`Session`] over a flow's RX ring and the process's TX ring
+//! for `urdmad-testclient` and the daemon's tests. Frames are built by [`crate::frame`].
 
 use crate::client::{self, Connection};
 use crate::proto::{Attachment, FlowSpec, Request, Response, Steering};
@@ -48,18 +48,23 @@ impl From<client::Error> for SecondaryError {
 }
 
 /// The EAL of this process, initialised by the first attachment (EAL cannot be initialised
-/// twice in one process).
+/// twice in one process): the DPDK file prefix of the urdmad it serves.
 static EAL: OnceLock<Result<String, SecondaryError>> = OnceLock::new();
 
-fn eal_init(a: &Attachment) -> Result<(), SecondaryError> {
+/// Initialises EAL as the secondary of the urdmad that handed out `a`, once per process;
+/// `program` is EAL's argv[0]. EAL binds the calling thread to the lcore urdmad reserved and
+/// starts its own threads from it (they inherit its signal mask); it logs errors only, as a
+/// library inside an application should.
+pub fn eal_init(a: &Attachment, program: &str) -> Result<(), SecondaryError> {
     let r = EAL.get_or_init(|| {
-        let mut args = vec!["urdma-secondary".to_string()];
+        let mut args = vec![program.to_string()];
         args.extend(a.eal_args());
-        args.push("--log-level=4".into());
+        args.push("--log-level=3".into());
         let cargs: Vec<CString> = args
             .iter()
             .map(|s| CString::new(s.as_str()).unwrap_or_default())
             .collect();
+        // EAL keeps pointers into argv: it lives for the whole process.
         let argv: &mut Vec<*mut c_char> =
             Box::leak(Box::new(cargs.into_iter().map(|c| c.into_raw()).collect()));
         // SAFETY: argv holds NUL-terminated strings that live for the whole process.
@@ -81,9 +86,15 @@ fn eal_init(a: &Attachment) -> Result<(), SecondaryError> {
     }
 }
 
-fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, SecondaryError> {
+/// Whether [`eal_init`] succeeded in this process.
+pub fn eal_is_up() -> bool {
+    matches!(EAL.get(), Some(Ok(_)))
+}
+
+/// A ring urdmad created, by name (after [`eal_init`]).
+pub fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, SecondaryError> {
     let c = CString::new(name).map_err(|_| SecondaryError::RingName)?;
-    // SAFETY: valid C string.
+    // SAFETY: valid C string; EAL is up (a lookup before finds nothing).
     let r = unsafe { sys::rte_ring_lookup(c.as_ptr()) };
     if r.is_null() {
         Err(SecondaryError::RingNotFound {
@@ -91,6 +102,20 @@ fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, SecondaryError> {
         })
     } else {
         Ok(r)
+    }
+}
+
+/// urdmad's mbuf pool, by name (after [`eal_init`]).
+pub fn lookup_pool(name: &str) -> Result<*mut sys::rte_mempool, SecondaryError> {
+    let c = CString::new(name).map_err(|_| SecondaryError::PoolName)?;
+    // SAFETY: valid C string; EAL is up (a lookup before finds nothing).
+    let pool = unsafe { sys::rte_mempool_lookup(c.as_ptr()) };
+    if pool.is_null() {
+        Err(SecondaryError::PoolNotFound {
+            pool: name.to_string(),
+        })
+    } else {
+        Ok(pool)
     }
 }
 
@@ -121,15 +146,8 @@ impl Session {
             Response::Attached(a) => a,
             other => return Err(client::refusal(other).into()),
         };
-        eal_init(&attachment)?;
-        let pname = CString::new(attachment.pool.as_str()).map_err(|_| SecondaryError::PoolName)?;
-        // SAFETY: valid C string.
-        let pool = unsafe { sys::rte_mempool_lookup(pname.as_ptr()) };
-        if pool.is_null() {
-            return Err(SecondaryError::PoolNotFound {
-                pool: attachment.pool,
-            });
-        }
+        eal_init(&attachment, "urdma-secondary")?;
+        let pool = lookup_pool(&attachment.pool)?;
         let tx = attachment
             .ports
             .iter()
