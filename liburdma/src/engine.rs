@@ -19,6 +19,7 @@ use trp::{
 
 use crate::cq::{post_errno, to_wc, Cq, Notify};
 use crate::mem::{InlineBuf, MrTable, INLINE_STAG};
+use urdmad::proto::{Connected, Role};
 
 /// (device id, QP number).
 pub type QpKey = (u32, u32);
@@ -62,26 +63,6 @@ pub enum Notice {
     /// `QPCLOSED`: the connection ended (0 graceful, else -errno); the
     /// engine has stopped using the flow.
     Closed(QpKey, i32),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    Active,
-    Passive,
-}
-
-/// The connection as urdmad hands it over (`EVENT CONNECTED`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Handoff {
-    pub role: Role,
-    pub ird: u16,
-    pub ord: u16,
-    pub datagram: u16,
-    pub conn: u32,
-    pub isn: u32,
-    pub pdata: Vec<u8>,
-    /// The peer's Accept (active) or ConnectRequest (passive).
-    pub pkt: Vec<u8>,
 }
 
 /// A send work request, converted from `ibv_send_wr`.
@@ -406,13 +387,13 @@ impl Engine {
         }
     }
 
-    /// `EVENT CONNECTED`: builds the QP's trp connection as
-    /// docs/connection.md says, hands it the receives posted so far, and
-    /// starts using `flow`.
+    /// `EVENT CONNECTED` (`h`, as urdmad handed the connection over):
+    /// builds the QP's trp connection as docs/connection.md says, hands it
+    /// the receives posted so far, and starts using `flow`.
     pub fn connected(
         &mut self,
         key: QpKey,
-        h: &Handoff,
+        h: &Connected,
         flow: Box<dyn Flow>,
         now: Instant,
     ) -> Result<(), String> {

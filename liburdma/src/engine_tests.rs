@@ -5,6 +5,7 @@ use super::*;
 use rdma_core_sys::*;
 use std::sync::{Arc, Mutex};
 use trp::{Config, Region};
+use urdmad::proto::{Connected, Role};
 
 type Wire = Arc<Mutex<VecDeque<Vec<u8>>>>;
 
@@ -94,8 +95,17 @@ impl Bed {
         let mut req = vec![0u8; 1500];
         let n = c.poll_transmit(self.now, &mut req).unwrap();
         req.truncate(n);
-        let passive = Handoff {
+        // The engine reads the handshake's fields; the flow's are the runtime's.
+        let passive = Connected {
+            dev: B.0,
+            qpn: B.1,
             role: Role::Passive,
+            port: 0,
+            local: "10.0.0.2:7000".parse().unwrap(),
+            remote: "10.0.0.1:7001".parse().unwrap(),
+            mac: Default::default(),
+            flow: 0,
+            rx_ring: String::new(),
             ird: 16,
             ord: 16,
             datagram: 1472,
@@ -113,7 +123,9 @@ impl Bed {
             .unwrap();
         self.e.progress(self.now);
         let accept = self.ba.lock().unwrap().pop_front().expect("Accept sent");
-        let active = Handoff {
+        let active = Connected {
+            dev: A.0,
+            qpn: A.1,
             role: Role::Active,
             conn: 0xA,
             isn: 100,

@@ -38,7 +38,7 @@ use urdmad::client::Connection as Control;
 use urdmad::proto::{Event, Request, Response};
 
 use crate::dpdk::{self, Rings};
-use crate::engine::{Engine, Handoff, Notice, QpKey, Role};
+use crate::engine::{Engine, Notice, QpKey};
 use crate::log;
 
 /// Rounds the helper keeps going after the last useful one.
@@ -281,27 +281,14 @@ impl Shared {
                 let Some(a) = self.attached.as_ref() else {
                     return;
                 };
-                let h = Handoff {
-                    role: match c.role {
-                        urdmad::proto::Role::Active => Role::Active,
-                        urdmad::proto::Role::Passive => Role::Passive,
-                    },
-                    ird: c.ird,
-                    ord: c.ord,
-                    datagram: c.datagram,
-                    conn: c.conn,
-                    isn: c.isn,
-                    pdata: c.pdata.clone(),
-                    pkt: c.pkt.clone(),
-                };
                 let r = a
                     .rings
                     .flow(c.port, &c.rx_ring, c.local, c.remote, c.mac.0)
-                    .and_then(|flow| self.engine.connected(key, &h, Box::new(flow), now));
+                    .and_then(|flow| self.engine.connected(key, &c, Box::new(flow), now));
                 match r {
                     Ok(()) => log::debug(format_args!(
                         "QP {}/{} connected {} -> {} ({:?})",
-                        c.dev, c.qpn, c.local, c.remote, h.role
+                        c.dev, c.qpn, c.local, c.remote, c.role
                     )),
                     Err(e) => {
                         log::error(format_args!("QP {}/{}: {e}", c.dev, c.qpn));
