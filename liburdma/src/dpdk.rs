@@ -110,12 +110,7 @@ impl Rings {
 
     /// Looks up the pool and TX rings (after [`eal_init`]).
     pub fn lookup(a: &Attachment) -> Result<Rings, String> {
-        let pool = secondary::lookup_pool(&a.pool).map_err(|e| e.to_string())?;
-        let tx = a
-            .ports
-            .iter()
-            .map(|p| lookup_ring(&p.tx_ring))
-            .collect::<Result<_, _>>()?;
+        let (pool, tx) = secondary::lookup_attachment(a).map_err(|e| e.to_string())?;
         Ok(Rings {
             pool,
             tx,

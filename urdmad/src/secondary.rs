@@ -119,6 +119,20 @@ pub fn lookup_pool(name: &str) -> Result<*mut sys::rte_mempool, SecondaryError> 
     }
 }
 
+/// What `ATTACH` handed out, in urdmad's memory (after [`eal_init`]): its mbuf pool and
+/// the process's TX ring of each port, in port order.
+pub fn lookup_attachment(
+    a: &Attachment,
+) -> Result<(*mut sys::rte_mempool, Vec<*mut sys::rte_ring>), SecondaryError> {
+    let pool = lookup_pool(&a.pool)?;
+    let tx = a
+        .ports
+        .iter()
+        .map(|p| lookup_ring(&p.tx_ring))
+        .collect::<Result<_, _>>()?;
+    Ok((pool, tx))
+}
+
 /// An open flow: its id and RX ring.
 pub struct Flow {
     pub id: u32,
@@ -147,12 +161,7 @@ impl Session {
             other => return Err(client::refusal(other).into()),
         };
         eal_init(&attachment, "urdma-secondary")?;
-        let pool = lookup_pool(&attachment.pool)?;
-        let tx = attachment
-            .ports
-            .iter()
-            .map(|p| lookup_ring(&p.tx_ring))
-            .collect::<Result<_, _>>()?;
+        let (pool, tx) = lookup_attachment(&attachment)?;
         Ok(Session {
             conn,
             attachment,
