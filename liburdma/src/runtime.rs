@@ -19,14 +19,23 @@
 //! The helper thread covers the time the application spends elsewhere
 //! (blocked in `ibv_get_cq_event`, `rdma_get_cm_event`, polling its own
 //! memory, ...): while traffic flows it keeps going (yielding the CPU
-//! between rounds); after [`SPIN_ROUNDS`] idle rounds it sends `ARM` to
-//! urdmad, checks the rings once more and sleeps in `poll()` on the
+//! between rounds); after [`SPIN_ROUNDS`] idle rounds it posts `ARM` to
+//! urdmad (unless it is armed already) and sleeps in `poll()` on the
 //! control socket and its own eventfd until an event (`EVENT WAKE`,
 //! `EVENT CONNECTED`, `EVENT DISCONNECT`), the earliest trp timer, or a
 //! kick from an application call that made a timer earlier than the one
 //! it sleeps to.
+//!
+//! `ARM`'s reply is not waited for: urdmad looks at the process's rings
+//! when it takes the `ARM` and sends `EVENT WAKE` at once if a frame is
+//! there, so a frame that came after the last round and before the `ARM`
+//! took effect still wakes the helper. The reply itself wakes it once; it
+//! finds nothing and sleeps again, armed. Waiting for the reply would hold
+//! the lock, and so every application thread in a verb, until urdmad got
+//! round to the control socket (it reads it every couple of milliseconds
+//! while it forwards traffic).
 //! The helper takes the lock with `try_lock` and never holds it while it
-//! sleeps. It blocks every signal.
+//! sleeps or waits for urdmad. It blocks every signal.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -74,6 +83,9 @@ pub struct Shared {
     attach_failed: Option<i32>,
     /// The helper sleeps until this (inner None: no timer).
     helper_sleep: Option<Option<Instant>>,
+    /// `ARM` was posted and no `EVENT WAKE` has come since: urdmad will
+    /// send one when a frame comes.
+    armed: bool,
 }
 
 struct Runtime {
@@ -90,6 +102,7 @@ fn rt() -> &'static Runtime {
             attached: None,
             attach_failed: None,
             helper_sleep: None,
+            armed: false,
         }),
         kick: OnceLock::new(),
     })
@@ -198,6 +211,17 @@ impl Shared {
         r
     }
 
+    /// Posts `ARM` (see the module's comment on progress).
+    fn arm(&mut self) {
+        let Some(ctl) = self.attached.as_mut().and_then(|a| a.ctl.as_mut()) else {
+            return;
+        };
+        match ctl.post(&Request::Arm) {
+            Ok(()) => self.armed = true,
+            Err(e) => log::error(format_args!("ARM: {e}")),
+        }
+    }
+
     fn expect_ok(&mut self, req: &Request, now: Instant) -> Result<(), String> {
         match self.request(req, now)? {
             Response::Ok => Ok(()),
@@ -267,7 +291,7 @@ impl Shared {
 
     fn handle_event(&mut self, e: Event, now: Instant) {
         match e {
-            Event::Wake => {}
+            Event::Wake => self.armed = false,
             Event::Disconnect { dev, qpn, status } => {
                 log::debug(format_args!("disconnect {dev}/{qpn} status {status}"));
                 if status == 0 {
@@ -475,15 +499,8 @@ fn helper_loop() {
             std::thread::yield_now();
             continue;
         }
-        if let Err(e) = g.expect_ok(&Request::Arm, now) {
-            log::error(format_args!("ARM: {e}"));
-        }
-        // Frames that came before the ARM took effect wake nobody.
-        let p = g.engine.progress(now);
-        g.deliver_notices(now);
-        if p.busy {
-            idle = 0;
-            continue;
+        if !g.armed {
+            g.arm();
         }
         let deadline = g.engine.deadline();
         g.helper_sleep = Some(deadline);
@@ -493,7 +510,9 @@ fn helper_loop() {
         let mut v = 0u64;
         // SAFETY: draining our non-blocking eventfd into a local.
         unsafe { libc::read(kick, (&mut v as *mut u64).cast(), 8) };
-        idle = SPIN_ROUNDS / 2;
+        // One round to see what woke it: anything to do starts the spin
+        // again, nothing (ARM's reply, a timer with nothing due) sleeps.
+        idle = SPIN_ROUNDS - 1;
     }
 }
 
@@ -618,6 +637,7 @@ mod tests {
             }),
             attach_failed: None,
             helper_sleep: None,
+            armed: false,
         };
         let key = (1, 7);
         sh.engine.create_cq((1, 1), 8, None);

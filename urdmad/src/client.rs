@@ -8,6 +8,11 @@
 //! progress thread `poll()`s [`Connection::as_raw_fd`] for `POLLIN` and then calls
 //! `poll_events`; after any request it calls `poll_events` too (a request may have queued
 //! events that the socket no longer shows as readable), or checks [`Connection::has_events`].
+//!
+//! [`Connection::post`] sends a request without waiting for its reply: the reply is read and
+//! dropped later, by `poll_events` or before the reply of the next request (replies come in
+//! the order of the requests). A provider posts `ARM`, so that it need not hold its lock, or
+//! block, while the daemon gets round to answering.
 
 use crate::proto::{self, Event, Request, Response, MAX_LINE};
 use std::collections::VecDeque;
@@ -26,6 +31,8 @@ pub struct Connection {
     events: VecDeque<Event>,
     /// The daemon closed the connection (seen by a non-blocking read).
     closed: bool,
+    /// Replies still to come for posted requests, each one line.
+    unanswered: usize,
     /// The daemon's self-description from its `HELLO`.
     pub daemon: String,
     timeout: Duration,
@@ -60,6 +67,7 @@ impl Connection {
             buf: Vec::new(),
             events: VecDeque::new(),
             closed: false,
+            unanswered: 0,
             daemon: String::new(),
             timeout,
         };
@@ -169,12 +177,28 @@ impl Connection {
         }
     }
 
-    /// Sends one request and reads its reply; events that arrive first are queued.
+    /// Sends one request whose reply is not waited for; it is dropped when it comes. Only for
+    /// requests the daemon answers with one line (`OK` or an error) and whose failure the
+    /// caller can do without: `ARM`.
+    pub fn post(&mut self, req: &Request) -> Result<(), Error> {
+        self.stream
+            .write_all(req.encode().as_bytes())
+            .map_err(|e| format!("writing to urdmad: {e}"))?;
+        self.unanswered += 1;
+        Ok(())
+    }
+
+    /// Sends one request and reads its reply; events that arrive first are queued, and the
+    /// replies of posted requests are dropped.
     pub fn request(&mut self, req: &Request) -> Result<Response, Error> {
         self.stream
             .write_all(req.encode().as_bytes())
             .map_err(|e| format!("writing to urdmad: {e}"))?;
         let deadline = Instant::now() + self.timeout;
+        while self.unanswered > 0 {
+            self.read_reply_line(deadline)?;
+            self.unanswered -= 1;
+        }
         let first = self.read_reply_line(deadline)?;
         let mut extra_err = None;
         let resp = Response::decode(&first, || match self.read_reply_line(deadline) {
@@ -206,9 +230,12 @@ impl Connection {
                 }
             }
             while let Some(line) = self.take_line()? {
-                // Outside a request only events are expected; anything else is ignored.
+                // Outside a request only events and the replies of posted requests are
+                // expected; anything else is ignored.
                 if proto::is_event(&line) {
                     self.queue_event(&line);
+                } else {
+                    self.unanswered = self.unanswered.saturating_sub(1);
                 }
             }
         }
@@ -272,10 +299,41 @@ mod tests {
             buf: Vec::new(),
             events: VecDeque::new(),
             closed: false,
+            unanswered: 0,
             daemon: String::new(),
             timeout: Duration::from_secs(5),
         };
         (c, b)
+    }
+
+    #[test]
+    fn a_posted_requests_reply_is_dropped_where_it_comes() {
+        let (mut c, mut d) = pair();
+        let mut line = [0u8; 4];
+        // Read by poll_events, between events.
+        c.post(&Request::Arm).unwrap();
+        d.read_exact(&mut line).unwrap();
+        assert_eq!(&line, b"ARM\n");
+        d.write_all(b"EVENT WAKE\nOK\nEVENT WAKE\n").unwrap();
+        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake, Event::Wake]);
+        assert_eq!(c.unanswered, 0);
+        // Not come yet when the next request is sent: not taken for that one's reply, even
+        // when the posted request was refused.
+        c.post(&Request::Arm).unwrap();
+        c.post(&Request::Arm).unwrap();
+        d.write_all(
+            b"OK\nEVENT WAKE\nERROR code=EINVAL message=no\nERROR code=EEXIST message=taken\n",
+        )
+        .unwrap();
+        let r = c.request(&Request::Qp { dev: 1, qpn: 2 }).unwrap();
+        assert!(
+            matches!(&r, Response::Error { message, .. } if message == "taken"),
+            "{r:?}"
+        );
+        assert_eq!(c.unanswered, 0);
+        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
+        d.write_all(b"OK\n").unwrap();
+        assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
     }
 
     #[test]
