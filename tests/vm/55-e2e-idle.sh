@@ -4,8 +4,8 @@
 # every thread of each process) stays under IDLE_BOUND_PCT percent of one CPU.
 #
 # Bound: 25 % of one CPU for the four processes together, in this emulated VM.  The
-# applications' helper threads sleep armed with no timer on an idle connection (measured:
-# 0 ticks).  Each urdmad still polls its port, with a back-off of up to 4 ms (about 250
+# applications' helper threads sleep armed on an idle connection, woken only by trp's
+# keep-alive (a probe or its answer every 2 s; measured: 0 ticks before the keep-alive).  Each urdmad still polls its port, with a back-off of up to 4 ms (about 250
 # wake-ups a second; its DPDK ports give it nothing to sleep on): measured ~10 % of one CPU
 # each under TCG, where a wake-up costs ~0.4 ms (natively far less; not measured here).  A design that
 # spins costs 100 % per spinning thread, one that polls at 1 kHz per process ~40 % each

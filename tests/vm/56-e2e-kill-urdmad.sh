@@ -6,8 +6,10 @@
 # The bound (KILL_BOUND, 30 s) for both applications to end: node B's provider sees its
 # control socket close at once (its helper thread polls it while traffic flows and sleeps on
 # it otherwise) and fails every QP; node A's connection fails when trp's retransmissions run
-# out (7 timeouts and at least trp's min_give_up, 10 s, since the first: 10-11 s); the rest
-# is slack for the emulated VM.
+# out (7 timeouts and at least trp's min_give_up, 10 s, since the first: 10-11 s) or, when
+# the kill caught it with all its packets acknowledged and only waiting for node B's reply,
+# when its keep-alive probes (sent after trp's keepalive, 2 s, of silence) go unanswered as
+# long: up to 12.5 s; the rest is slack for the emulated VM.
 # urdmad's death also removes the urdma device (its TAP goes with it), which revokes the
 # objects of the processes still holding it: the holder sees IBV_EVENT_DEVICE_FATAL.
 # vm-timeout: 900

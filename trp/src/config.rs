@@ -27,6 +27,11 @@ pub struct Config {
     /// briefly overloaded host (or an emulated one) exceeds while both
     /// ends are alive; a dead peer is still noticed within this bound.
     pub min_give_up: Duration,
+    /// Silence after which an idle connection (nothing of ours
+    /// unacknowledged) probes the peer, so that a receiver notices a peer
+    /// that vanished (its host gone, or its Abort lost) within this plus
+    /// `min_give_up`. Every probe costs a datagram each way.
+    pub keepalive: Duration,
     /// Inbound RDMA Read Requests we serve concurrently.
     pub ird: u16,
     /// Outbound RDMA Read Requests we keep outstanding.
@@ -54,6 +59,7 @@ impl Default for Config {
             max_rto: Duration::from_millis(500),
             max_retries: 7,
             min_give_up: Duration::from_secs(10),
+            keepalive: Duration::from_secs(2),
             ird: 16,
             ord: 16,
             max_send_wr: 4096,

@@ -192,7 +192,7 @@ impl Connecting {
     }
 
     /// Feeds a datagram; anything that is not our Accept/Reject is ignored.
-    pub fn handle_datagram(self, _now: Instant, bytes: &[u8]) -> ConnectOutcome {
+    pub fn handle_datagram(self, now: Instant, bytes: &[u8]) -> ConnectOutcome {
         let Ok(pkt) = trp::Packet::new_checked(bytes) else {
             return ConnectOutcome::Pending(self);
         };
@@ -226,6 +226,7 @@ impl Connecting {
                         peer_max_datagram: body.max_payload,
                     },
                     None,
+                    Some(now),
                 );
                 conn.request_ack();
                 ConnectOutcome::Established {
@@ -332,6 +333,7 @@ impl Incoming {
             Some(AcceptBody {
                 private_data: private_data.to_vec(),
             }),
+            None,
         ))
     }
 

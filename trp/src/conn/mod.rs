@@ -10,8 +10,8 @@
 //! The public calls are here; the work they start lives in rooms of its
 //! own: `tx` builds and sends segments, `rx` admits and places received
 //! ones, `complete` finishes work requests and fails the connection,
-//! `states` holds what each QP state owns, `keepalive` watches a peer we
-//! only wait on, `sgl` copies between scatter/gather lists and memory.
+//! `states` holds what each QP state owns, `keepalive` watches a peer while
+//! nothing of ours is unacknowledged, `sgl` copies between scatter/gather lists and memory.
 //! Errors sent to the peer are built in [`crate::terminate`].
 
 mod complete;
@@ -150,7 +150,15 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub(crate) fn new(cfg: Config, n: Negotiated, accept: Option<AcceptBody>) -> Connection {
+    /// `heard_at`: when the peer was last heard from, if it has been (a
+    /// requester's connection exists once the Accept arrived; an
+    /// acceptor's before the peer has said anything of it).
+    pub(crate) fn new(
+        cfg: Config,
+        n: Negotiated,
+        accept: Option<AcceptBody>,
+        heard_at: Option<Instant>,
+    ) -> Connection {
         let params = Params {
             initial_rto: cfg.initial_rto,
             min_rto: cfg.min_rto,
@@ -183,7 +191,7 @@ impl Connection {
             responses: VecDeque::new(),
             cq: VecDeque::new(),
             events: VecDeque::new(),
-            keepalive: KeepAlive::default(),
+            keepalive: KeepAlive::new(heard_at),
             stats: Stats::default(),
             cfg,
         }
@@ -245,7 +253,7 @@ impl Connection {
         [
             self.tx.rto_deadline(),
             self.rx.ack_deadline(),
-            self.keepalive.deadline(),
+            self.probe_deadline(),
         ]
         .into_iter()
         .flatten()
@@ -254,16 +262,16 @@ impl Connection {
 
     pub fn handle_timeout(&mut self, now: Instant) {
         self.rx.on_timeout(now);
-        if self.keepalive.expired(now) {
-            if self.keepalive.probes() > self.cfg.max_retries
+        if self.probe_deadline().is_some_and(|t| t <= now) {
+            if self.keepalive.probes() >= self.cfg.max_retries
                 && self.keepalive.silent_for(now) >= self.cfg.min_give_up
             {
                 self.fail(Failure::retry_exceeded());
                 return;
             }
-            self.keepalive.send_probe();
+            self.keepalive
+                .probe_sent(now, self.tx.rto(), self.cfg.max_rto);
             self.rx.request_ack();
-            self.arm_probe(now);
         }
         if self.tx.on_timeout(now) == Timeout::RetryExceeded {
             match self.state {
@@ -278,16 +286,23 @@ impl Connection {
         }
     }
 
-    /// Arms or disarms the keep-alive that detects a peer gone silent while
-    /// we wait for Read Responses (nothing of ours is unacknowledged then,
-    /// so the retransmission timer is idle).
+    /// When the keep-alive probes next, if the peer stays silent. Only
+    /// while nothing of ours is unacknowledged: otherwise the
+    /// retransmission timer already notices a silent peer. Awaited Read
+    /// Responses are due soon, so their silence is probed after one
+    /// retransmission timeout; an idle connection's after
+    /// `Config::keepalive`.
     #[inline(always)]
-    fn arm_probe(&mut self, now: Instant) {
-        let waiting = matches!(self.state, Phase::Rts | Phase::Closing(_))
-            && !self.sq.reads_out.is_empty()
-            && self.tx.outstanding() == 0;
-        self.keepalive
-            .arm(now, waiting, self.tx.rto(), self.cfg.max_rto);
+    fn probe_deadline(&self) -> Option<Instant> {
+        if !matches!(self.state, Phase::Rts | Phase::Closing(_)) || self.tx.outstanding() != 0 {
+            return None;
+        }
+        let quiet = if self.sq.reads_out.is_empty() {
+            self.cfg.keepalive
+        } else {
+            self.tx.rto()
+        };
+        self.keepalive.deadline(quiet)
     }
 
     fn check_sges<M: Memory + ?Sized>(

@@ -164,7 +164,7 @@ impl Connection {
             }
             return Ok(());
         }
-        self.keepalive.heard();
+        self.keepalive.heard(now);
         if !h.opcode.consumes_psn() && ack_request {
             // A keep-alive probe: answer it.
             self.rx.request_ack();
@@ -215,7 +215,6 @@ impl Connection {
             }
         }
         self.progress();
-        self.arm_probe(now);
         Ok(())
     }
 
@@ -289,10 +288,6 @@ impl Connection {
             }
         }
         self.progress();
-        // The keep-alive was just reset; it rearms only while Reads wait.
-        if !self.sq.reads_out.is_empty() {
-            self.arm_probe(now);
-        }
         true
     }
 
@@ -307,7 +302,7 @@ impl Connection {
             return false;
         }
         self.stats.rx_packets += 1;
-        self.keepalive.heard();
+        self.keepalive.heard(now);
         self.tx.on_ack(now, d.ack_psn, &SackRanges::new());
         self.tx.set_peer_window(u32::from(d.window));
         true
