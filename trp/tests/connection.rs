@@ -421,44 +421,45 @@ fn read_then_silence() -> Pair {
     p
 }
 
+/// Runs until a's connection is closed, at `limit` at the latest; checks
+/// that it failed for `why` and returns its completions.
+fn a_fails(p: &mut Pair, limit: trp::Instant, why: FailReason) -> Vec<Completion> {
+    assert!(p.run_until(limit, |p| p.a.conn.state() == QpState::Closed));
+    assert_eq!(events(&mut p.a.conn), vec![Event::Failed(why)]);
+    drain(&mut p.a.conn)
+}
+
+/// b aborts while its packets to a are lost, so a never hears of it;
+/// then the path heals.
+fn abort_b_unheard(p: &mut Pair) {
+    p.ba.up = false;
+    let now = p.now;
+    p.b.conn.abort(now);
+    p.run_until(trp::Instant(p.now.0 + 1_000_000), |_| false);
+    assert_eq!(p.b.conn.state(), QpState::Closed);
+    assert_eq!(p.a.conn.state(), QpState::Rts);
+    p.ba.up = true;
+}
+
 #[test]
 fn silent_read_responder_detected_by_probes() {
     let mut p = read_then_silence();
     p.ab.up = false;
     let t0 = p.now;
     // min_give_up (10 s) from the first probe, plus the last back-off.
-    assert!(
-        p.run_until(trp::Instant(t0.0 + 11_000_000_000), |p| p.a.conn.state()
-            == QpState::Closed)
-    );
-    assert_eq!(
-        events(&mut p.a.conn),
-        vec![Event::Failed(FailReason::RetryExceeded)]
-    );
-    let c = drain(&mut p.a.conn);
+    let limit = trp::Instant(t0.0 + 11_000_000_000);
+    let c = a_fails(&mut p, limit, FailReason::RetryExceeded);
     assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RetryExceeded));
 }
 
 #[test]
 fn failed_peer_answers_with_abort() {
     let mut p = read_then_silence();
-    // b gives up while its packets are being lost: its Abort never arrives.
-    let now = p.now;
-    p.b.conn.abort(now);
-    p.run_until(trp::Instant(p.now.0 + 1_000_000), |_| false);
-    assert_eq!(p.b.conn.state(), QpState::Closed);
-    assert_eq!(p.a.conn.state(), QpState::Rts);
-    // The path heals; a's next keep-alive probe is answered with Abort.
-    p.ba.up = true;
-    assert!(
-        p.run_until(trp::Instant(p.now.0 + 10_000_000_000), |p| p.a.conn.state()
-            == QpState::Closed)
-    );
-    assert_eq!(
-        events(&mut p.a.conn),
-        vec![Event::Failed(FailReason::PeerAborted)]
-    );
-    assert_eq!(drain(&mut p.a.conn)[0].status, WcStatus::Flush);
+    abort_b_unheard(&mut p);
+    // a's next keep-alive probe is answered with Abort.
+    let limit = trp::Instant(p.now.0 + 10_000_000_000);
+    let c = a_fails(&mut p, limit, FailReason::PeerAborted);
+    assert_eq!(c[0].status, WcStatus::Flush);
 }
 
 /// A connection that has said all it had to: a receiver waiting for a
@@ -491,17 +492,12 @@ fn idle_receiver_notices_vanished_peer() {
     let t0 = p.now;
     let early = t0.0 + (cfg.keepalive + cfg.min_give_up).as_nanos() as u64;
     let late = early + cfg.max_rto.as_nanos() as u64 + 100_000_000;
-    assert!(p.run_until(trp::Instant(late), |p| p.a.conn.state() == QpState::Closed));
+    let c = a_fails(&mut p, trp::Instant(late), FailReason::RetryExceeded);
     assert!(
         p.now.0 >= early,
         "gave up {} ms early",
         (early - p.now.0) / 1_000_000
     );
-    assert_eq!(
-        events(&mut p.a.conn),
-        vec![Event::Failed(FailReason::RetryExceeded)]
-    );
-    let c = drain(&mut p.a.conn);
     assert_eq!((c[0].wr_id, c[0].status), (7, WcStatus::Flush));
 }
 
@@ -539,23 +535,11 @@ fn idle_connection_stays_up_at_a_probe_per_interval() {
 fn idle_receiver_learns_of_lost_abort() {
     let cfg = Config::default();
     let mut p = idle_receiver();
-    p.ba.up = false;
-    let now = p.now;
-    p.b.conn.abort(now);
-    p.run_until(trp::Instant(p.now.0 + 1_000_000), |_| false);
-    assert_eq!(p.b.conn.state(), QpState::Closed);
-    assert_eq!(p.a.conn.state(), QpState::Rts);
-    p.ba.up = true;
+    abort_b_unheard(&mut p);
     let bound = cfg.keepalive.as_nanos() as u64 + 100_000_000;
-    assert!(
-        p.run_until(trp::Instant(p.now.0 + bound), |p| p.a.conn.state()
-            == QpState::Closed)
-    );
-    assert_eq!(
-        events(&mut p.a.conn),
-        vec![Event::Failed(FailReason::PeerAborted)]
-    );
-    assert_eq!(drain(&mut p.a.conn)[0].status, WcStatus::Flush);
+    let limit = trp::Instant(p.now.0 + bound);
+    let c = a_fails(&mut p, limit, FailReason::PeerAborted);
+    assert_eq!(c[0].status, WcStatus::Flush);
 }
 
 #[test]

@@ -11,7 +11,8 @@
 //! own: `tx` builds and sends segments, `rx` admits and places received
 //! ones, `complete` finishes work requests and fails the connection,
 //! `states` holds what each QP state owns, `keepalive` watches a peer while
-//! nothing of ours is unacknowledged, `sgl` copies between scatter/gather lists and memory.
+//! nothing of ours is unacknowledged, `sgl` copies between scatter/gather
+//! lists and memory.
 //! Errors sent to the peer are built in [`crate::terminate`].
 
 mod complete;
