@@ -12,7 +12,7 @@
 # PERFTEST_TOOLS: the tools run; PERFTEST_DIRS: the "SERVER_NODE CLIENT_NODE" pairs each tool
 # runs between, separated by ';' (both directions unless told); PERFTEST_EVENTS:
 # "SERVER_NODE TOOL [ARGS]" runs of TOOL -e, separated by ';'; PERFTEST_ITER: perftest's -n
-# (its minimum is 5).
+# (its minimum is 5), unless a run's ARGS give their own -n.
 # vm-timeout: 1800
 set -u
 . tests/e2e/lib.sh
@@ -25,15 +25,23 @@ port=18600
 
 # perf SERVER_NODE CLIENT_NODE TOOL [ARGS...]
 perf() {
-	local sn=$1 cn=$2 tool=$3 label sa out missing size start=$SECONDS
+	local sn=$1 cn=$2 tool=$3 label sa out missing size start=$SECONDS n= a prev=
 	shift 3
 	port=$((port + 1))
 	label="$tool$(tr -d ' ' <<<"$*")-$sn"
+	for a in "$@"; do
+		[ "$prev" = -n ] && n=$a
+		prev=$a
+	done
+	[ -n "$n" ] || {
+		n=$ITER
+		set -- -n "$n" "$@"
+	}
 	if [ "$sn" = B ]; then sa=$ADDR_B; else sa=$ADDR_A; fi
 	start_server "$sn" "pt-$label" "." \
-		sh -c "echo started; exec $tool -R -F -a -n $ITER -p $port -d urdma$sn $*"
+		sh -c "echo started; exec $tool -R -F -a -p $port -d urdma$sn $*"
 	sleep 1
-	out=$(t_or_dump "$tool" ip netns exec "urdma$cn" stdbuf -oL "$tool" -R -F -a -n "$ITER" -p "$port" -d "urdma$cn" "$@" "$sa" 2>&1)
+	out=$(t_or_dump "$tool" ip netns exec "urdma$cn" stdbuf -oL "$tool" -R -F -a -p "$port" -d "urdma$cn" "$@" "$sa" 2>&1)
 	rc=$?
 	echo "$out" >"$OUT/pt-$label-client.log"
 	if [ $rc = 124 ]; then
@@ -48,7 +56,7 @@ perf() {
 	missing=
 	for size in $(seq 1 23); do
 		size=$((1 << size))
-		awk -v s="$size" -v n="$ITER" '$1 == s && $2 == n {found = 1} END {exit !found}' <<<"$out" ||
+		awk -v s="$size" -v n="$n" '$1 == s && $2 == n {found = 1} END {exit !found}' <<<"$out" ||
 			missing="$missing $size"
 	done
 	[ -z "$missing" ] || fail "$tool $* ($cn -> $sn): no result row for size(s)$missing"
