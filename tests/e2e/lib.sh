@@ -70,25 +70,40 @@ start_server() {
 
 # Writes to $OUT/stuck.log what the processes called $1 are doing, the hung one (pid $2)
 # first: every thread's state and kernel wait channel, then the bed's status, then each
-# process's user-space stacks.  The stacks come last: gdb stops a process for seconds,
-# long enough for its peer to give up and change what the states would have shown.
+# process's user-space stacks, and last a few lines that say it in short (one per thread
+# state list and one per main thread's innermost frames), which a log cut to its tail keeps.
+# The stacks come after the states: gdb stops a process for seconds, long enough for its
+# peer to give up and change what the states would have shown.
 dump_stuck() {
-	local name=$1 hung=$2 p task others
+	local name=$1 hung=$2 p task others states="" short=""
 	others=$(pgrep -x "$name" | grep -vx "$hung")
 	{
 		echo "== threads (pid/tid state wchan comm) of $name, pid $hung first"
 		for p in $hung $others; do
+			short=
 			for task in /proc/"$p"/task/*; do
-				echo "$p/${task##*/} $(awk '{print $3}' "$task/stat" 2>/dev/null)" \
-					"$(cat "$task/wchan" 2>/dev/null) $(cat "$task/comm" 2>/dev/null)"
+				set -- "$(awk '{print $3}' "$task/stat" 2>/dev/null)" \
+					"$(cat "$task/wchan" 2>/dev/null)" "$(cat "$task/comm" 2>/dev/null)"
+				echo "$p/${task##*/} $1 $2 $3"
+				short="$short $3:$1:$2"
 			done
+			states="$states$p$short"$'\n'
 		done
 		echo "== scripts/bed status"
 		timeout 20 "$BED" status A
 		timeout 20 "$BED" status B
 		for p in $hung $others; do
 			echo "== stacks of pid $p"
-			timeout 60 gdb -p "$p" -batch -nx -ex "thread apply all bt" 2>&1 | grep -E '^(Thread|#)'
+			timeout 60 gdb -p "$p" -batch -nx -ex "thread apply all bt" 2>&1 |
+				grep -E '^(Thread|#)' | tee "$OUT/stuck-$p.bt"
+		done
+		echo "== in short: each process's threads (comm:state:wchan), then its main thread"
+		printf '%s' "$states"
+		for p in $hung $others; do
+			# gdb's thread 1 is the main one: its frames' function names, innermost first
+			echo "$p main:$(awk '/^Thread / {m = ($2 == 1)} m && /^#/ {
+				printf " %s", ($3 == "in") ? $4 : $2 }' "$OUT/stuck-$p.bt" | cut -c1-300)"
+			rm -f "$OUT/stuck-$p.bt"
 		done
 	} >"$OUT/stuck.log" 2>&1
 }

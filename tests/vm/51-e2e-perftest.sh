@@ -25,10 +25,11 @@ port=18600
 
 # perf SERVER_NODE CLIENT_NODE TOOL [ARGS...]
 perf() {
-	local sn=$1 cn=$2 tool=$3 label sa out missing size start=$SECONDS n= a prev=
+	local sn=$1 cn=$2 tool=$3 label sa out missing size start=$SECONDS n= a prev= shown
 	shift 3
 	port=$((port + 1))
 	label="$tool$(tr -d ' ' <<<"$*")-$sn"
+	shown=$*
 	for a in "$@"; do
 		[ "$prev" = -n ] && n=$a
 		prev=$a
@@ -45,12 +46,12 @@ perf() {
 	rc=$?
 	echo "$out" >"$OUT/pt-$label-client.log"
 	if [ $rc = 124 ]; then
-		echo "$tool $* ($cn -> $sn): no end within ${STEP_TIMEOUT}s; the server's last lines:"
+		echo "$tool $shown ($cn -> $sn): no end within ${STEP_TIMEOUT}s; the server's last lines:"
 		tail -n3 "$OUT/pt-$label.log" | sed 's/^/    /'
 		echo "  what both were doing (stuck.log):"
 		sed 's/^/    /' "$OUT/stuck.log"
 	fi
-	[ $rc = 0 ] || fail "$tool $* ($cn -> $sn, exit $rc): $(tail -n2 <<<"$out" | tr '\n' ' ')"
+	[ $rc = 0 ] || fail "$tool $shown ($cn -> $sn, exit $rc): $(tail -n2 <<<"$out" | tr '\n' ' ')"
 	wait_server "pt-$label" 300
 	# one result row per size: 2, 4, ..., 8388608 bytes, then the iteration count
 	missing=
@@ -59,8 +60,8 @@ perf() {
 		awk -v s="$size" -v n="$n" '$1 == s && $2 == n {found = 1} END {exit !found}' <<<"$out" ||
 			missing="$missing $size"
 	done
-	[ -z "$missing" ] || fail "$tool $* ($cn -> $sn): no result row for size(s)$missing"
-	echo "$tool${*:+ $*} $cn -> $sn: 23 sizes in $((SECONDS - start)) s"
+	[ -z "$missing" ] || fail "$tool $shown ($cn -> $sn): no result row for size(s)$missing"
+	echo "$tool${shown:+ $shown} $cn -> $sn: 23 sizes in $((SECONDS - start)) s"
 	awk '$1 == 2 || $1 == 65536 || $1 == 8388608' <<<"$out" | sed 's/^/    /'
 }
 
