@@ -5,9 +5,9 @@
 use std::ffi::c_int;
 
 use rdma_core_sys::*;
-use trp::{SendOp, Sge};
+use trp::{Instant, SendOp, Sge};
 
-use crate::engine::{PostFail, SendReq};
+use crate::engine::{QpKey, SendReq};
 use crate::guard::catch;
 use crate::runtime;
 use crate::verbs::{cq_key, qp_key};
@@ -79,12 +79,46 @@ pub fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
     })
 }
 
-pub(crate) unsafe extern "C" fn post_send(
+/// A work request of a list `ibv_post_send` or `ibv_post_recv` takes.
+trait WorkRequest {
+    fn next(&self) -> *mut Self;
+    fn sg_list(&self) -> (*const ibv_sge, c_int);
+}
+
+impl WorkRequest for ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+    fn sg_list(&self) -> (*const ibv_sge, c_int) {
+        (self.sg_list, self.num_sge)
+    }
+}
+
+impl WorkRequest for ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+    fn sg_list(&self) -> (*const ibv_sge, c_int) {
+        (self.sg_list, self.num_sge)
+    }
+}
+
+/// Posts the list at `wr` on `qp`, one request at a time through `post`
+/// (given the request and its SGEs, under the engine lock), and stops at
+/// the first one refused: that one goes to `*bad_wr` and its errno is the
+/// result, as libibverbs says. A list with an unreadable SGE list is
+/// refused with `EINVAL`. Progress runs once the list is done.
+///
+/// # Safety
+/// `qp` is one of ours; `wr` is the caller's list and `bad_wr` null or its
+/// out-pointer.
+unsafe fn post_list<W: WorkRequest>(
     qp: *mut ibv_qp,
-    wr: *mut ibv_send_wr,
-    bad_wr: *mut *mut ibv_send_wr,
+    wr: *mut W,
+    bad_wr: *mut *mut W,
+    mut post: impl FnMut(&mut runtime::Shared, QpKey, &W, &[Sge], Instant) -> Result<(), c_int>,
 ) -> c_int {
-    let fail = |at: *mut ibv_send_wr, e: c_int| {
+    let fail = |at: *mut W, e: c_int| {
         if !bad_wr.is_null() {
             // SAFETY: the caller's out-pointer.
             unsafe { *bad_wr = at };
@@ -96,7 +130,6 @@ pub(crate) unsafe extern "C" fn post_send(
         let key = unsafe { qp_key(qp) };
         runtime::with(|sh, now| {
             let mut cur = wr;
-            let mut caught_up = false;
             let mut ret = 0;
             while !cur.is_null() {
                 // SAFETY: the caller's list of requests.
@@ -106,42 +139,17 @@ pub(crate) unsafe extern "C" fn post_send(
                     len: 0,
                     lkey: 0,
                 }; MAX_SGE];
-                let (Some(op), Some(list)) =
-                    // SAFETY: the request's own list of num_sge entries.
-                    (send_op(w), unsafe { sges(w.sg_list, w.num_sge, &mut buf) })
-                else {
+                let (list, n) = w.sg_list();
+                // SAFETY: the request's own list of n entries.
+                let Some(list) = (unsafe { sges(list, n, &mut buf) }) else {
                     ret = fail(cur, libc::EINVAL);
                     break;
                 };
-                let mut parts: [&[u8]; MAX_SGE] = [&[]; MAX_SGE];
-                let inline = w.send_flags & IBV_SEND_INLINE != 0;
-                if inline {
-                    for (p, s) in parts.iter_mut().zip(list) {
-                        // SAFETY: with IBV_SEND_INLINE the application
-                        // hands readable memory, copied before we return.
-                        *p = unsafe {
-                            std::slice::from_raw_parts(s.addr as usize as *const u8, s.len as usize)
-                        };
-                    }
-                }
-                let req = SendReq {
-                    wr_id: w.wr_id,
-                    op,
-                    sges: list,
-                    signaled: w.send_flags & IBV_SEND_SIGNALED != 0,
-                    inline: inline.then_some(&parts[..list.len()]),
-                };
-                let mut r = sh.engine.post_send(key, &req);
-                if r == Err(PostFail::NotConnected) && !caught_up {
-                    caught_up = true;
-                    sh.catch_up(now);
-                    r = sh.engine.post_send(key, &req);
-                }
-                if let Err(e) = r {
-                    ret = fail(cur, e.errno());
+                if let Err(e) = post(sh, key, w, list, now) {
+                    ret = fail(cur, e);
                     break;
                 }
-                cur = w.next;
+                cur = w.next();
             }
             sh.engine.progress(now);
             ret
@@ -149,47 +157,49 @@ pub(crate) unsafe extern "C" fn post_send(
     })
 }
 
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    let post = |sh: &mut runtime::Shared, key, w: &ibv_send_wr, list: &[Sge], now| {
+        let op = send_op(w).ok_or(libc::EINVAL)?;
+        let mut parts: [&[u8]; MAX_SGE] = [&[]; MAX_SGE];
+        let inline = w.send_flags & IBV_SEND_INLINE != 0;
+        if inline {
+            for (p, s) in parts.iter_mut().zip(list) {
+                // SAFETY: with IBV_SEND_INLINE the application hands
+                // readable memory, copied before we return.
+                *p = unsafe {
+                    std::slice::from_raw_parts(s.addr as usize as *const u8, s.len as usize)
+                };
+            }
+        }
+        let req = SendReq {
+            wr_id: w.wr_id,
+            op,
+            sges: list,
+            signaled: w.send_flags & IBV_SEND_SIGNALED != 0,
+            inline: inline.then_some(&parts[..list.len()]),
+        };
+        sh.post_send(key, &req, now).map_err(|e| e.errno())
+    };
+    // SAFETY: libibverbs' contract for ibv_post_send.
+    unsafe { post_list(qp, wr, bad_wr, post) }
+}
+
 pub(crate) unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    let fail = |at: *mut ibv_recv_wr, e: c_int| {
-        if !bad_wr.is_null() {
-            // SAFETY: the caller's out-pointer.
-            unsafe { *bad_wr = at };
-        }
-        e
+    let post = |sh: &mut runtime::Shared, key, w: &ibv_recv_wr, list: &[Sge], _| {
+        sh.engine
+            .post_recv(key, w.wr_id, list)
+            .map_err(|e| e.errno())
     };
-    catch(fail(wr, libc::EIO), || {
-        // SAFETY: qp is one of ours.
-        let key = unsafe { qp_key(qp) };
-        runtime::with(|sh, now| {
-            let mut cur = wr;
-            let mut ret = 0;
-            while !cur.is_null() {
-                // SAFETY: the caller's list of requests.
-                let w = unsafe { &*cur };
-                let mut buf = [Sge {
-                    addr: 0,
-                    len: 0,
-                    lkey: 0,
-                }; MAX_SGE];
-                // SAFETY: the request's own list of num_sge entries.
-                let Some(list) = (unsafe { sges(w.sg_list, w.num_sge, &mut buf) }) else {
-                    ret = fail(cur, libc::EINVAL);
-                    break;
-                };
-                if let Err(e) = sh.engine.post_recv(key, w.wr_id, list) {
-                    ret = fail(cur, e.errno());
-                    break;
-                }
-                cur = w.next;
-            }
-            sh.engine.progress(now);
-            ret
-        })
-    })
+    // SAFETY: libibverbs' contract for ibv_post_recv.
+    unsafe { post_list(qp, wr, bad_wr, post) }
 }
 
 /// Negative errno on failure, as `ibv_poll_cq` callers expect.

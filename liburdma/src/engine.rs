@@ -403,12 +403,9 @@ impl Engine {
         }
         let cfg = trp::Config {
             pd: qp.init.pd,
-            ird: h.ird,
-            ord: h.ord,
-            max_datagram: h.datagram,
             max_send_wr: qp.init.max_send_wr as usize,
             max_recv_wr: qp.init.max_recv_wr as usize,
-            ..trp::Config::default()
+            ..h.trp_config()
         };
         let conn = match h.role {
             Role::Active => {

@@ -47,7 +47,7 @@ use urdmad::client::Connection as Control;
 use urdmad::proto::{Event, Request, Response};
 
 use crate::dpdk::{self, Rings};
-use crate::engine::{Engine, Notice, QpKey};
+use crate::engine::{Engine, Notice, PostFail, QpKey, SendReq};
 use crate::log;
 
 /// Rounds the helper keeps going after the last useful one.
@@ -346,10 +346,27 @@ impl Shared {
         }
     }
 
-    /// A QP without a connection at post time: urdmad writes `EVENT
-    /// CONNECTED` before the application hears `ESTABLISHED`, so read the
-    /// socket, and if that brings nothing ask for the rest with `SYNC`.
-    pub fn catch_up(&mut self, now: Instant) {
+    /// `ibv_post_send`'s request on QP `key`. A QP without a connection may
+    /// only be missing urdmad's `EVENT CONNECTED`, which comes before the
+    /// application hears `ESTABLISHED`: then catch up and try once more.
+    pub fn post_send(
+        &mut self,
+        key: QpKey,
+        req: &SendReq<'_>,
+        now: Instant,
+    ) -> Result<(), PostFail> {
+        match self.engine.post_send(key, req) {
+            Err(PostFail::NotConnected) => {
+                self.catch_up(now);
+                self.engine.post_send(key, req)
+            }
+            r => r,
+        }
+    }
+
+    /// Reads the socket, and if that brings nothing asks for the rest of
+    /// urdmad's events with `SYNC`.
+    fn catch_up(&mut self, now: Instant) {
         if self.pump(now) {
             return;
         }

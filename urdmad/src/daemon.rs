@@ -17,8 +17,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-#[path = "daemon_cm.rs"]
-mod cm_impl;
+mod cm;
 
 const BURST: usize = 32;
 /// How often the control socket is polled; bounds how late a dead process is noticed.
@@ -109,7 +108,7 @@ pub struct Daemon {
     rings: usize,
     started: Instant,
     /// Connection management (docs/connection.md).
-    cm: cm_impl::Cm,
+    cm: cm::Cm,
 }
 
 /// A flow opened for a process.
@@ -262,7 +261,7 @@ impl Daemon {
             lcores_used: vec![false; sys::RTE_MAX_LCORE as usize],
             rings: 0,
             started: Instant::now(),
-            cm: cm_impl::Cm::default(),
+            cm: cm::Cm::default(),
         };
         d.cm_open();
         Ok(d)
@@ -1125,7 +1124,7 @@ unsafe fn poll_flow_queue(
     flows: &mut FlowTable,
     rx: &mut [*mut sys::rte_mbuf; BURST],
     kernel: &mut Vec<*mut sys::rte_mbuf>,
-    (tap, pi): (&mut cm_impl::Tap, usize),
+    (tap, pi): (&mut cm::Tap, usize),
 ) -> usize {
     let n = usize::from(sys::rte_eth_rx_burst(
         port,
@@ -1176,7 +1175,7 @@ unsafe fn poll_flow_queue(
 ///
 /// # Safety
 /// Every pointer in `kernel` is a valid mbuf owned by the caller.
-unsafe fn take_cm_frames(tap: &mut cm_impl::Tap, pi: usize, kernel: &mut Vec<*mut sys::rte_mbuf>) {
+unsafe fn take_cm_frames(tap: &mut cm::Tap, pi: usize, kernel: &mut Vec<*mut sys::rte_mbuf>) {
     if !tap.enabled {
         return;
     }
@@ -1228,7 +1227,7 @@ unsafe fn src_mac_is(m: *mut sys::rte_mbuf, mac: &[u8; 6]) -> bool {
 /// Every pointer in `mbufs` (at most [`BURST`]) is a valid mbuf owned by the caller.
 unsafe fn ingest_local(
     p: &mut PortState,
-    tap: &mut cm_impl::Tap,
+    tap: &mut cm::Tap,
     pi: usize,
     mbufs: &[*mut sys::rte_mbuf],
     kernel: &mut Vec<*mut sys::rte_mbuf>,

@@ -14,7 +14,7 @@ pub mod proto;
 #[cfg(feature = "daemon")]
 pub mod access;
 #[cfg(feature = "daemon")]
-pub mod cm;
+pub mod cm_channel;
 #[cfg(feature = "daemon")]
 pub mod config;
 #[cfg(feature = "daemon")]

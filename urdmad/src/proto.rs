@@ -353,11 +353,11 @@ impl FromStr for Role {
 }
 
 /// `EVENT CONNECTED`: a QP of the process is connected and its flow is open. What the
-/// provider needs to rebuild the trp connection (docs/connection.md): `trp::Config::default()`
-/// with `ird`, `ord` and `max_datagram` = [`Connected::ird`], [`Connected::ord`],
-/// [`Connected::datagram`]; then, active: `Connecting::new(cfg, conn, isn, pdata,
-/// now).handle_datagram(now, pkt)` (pkt = the peer's Accept) gives `Established`; passive:
-/// `Incoming::parse(pkt)?.accept(cfg, conn, isn, pdata)` (pkt = the ConnectRequest).
+/// provider needs to rebuild the trp connection (docs/connection.md): `cfg` =
+/// [`Connected::trp_config`] (with the QP's own PD and queue sizes); then, active:
+/// `Connecting::new(cfg, conn, isn, pdata, now).handle_datagram(now, pkt)` (pkt = the peer's
+/// Accept) gives `Established`; passive: `Incoming::parse(pkt)?.accept(cfg, conn, isn,
+/// pdata)` (pkt = the ConnectRequest).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Connected {
     pub dev: u32,
@@ -387,6 +387,27 @@ pub struct Connected {
     /// The peer's handshake datagram (UDP payload): its Accept when active, its
     /// ConnectRequest when passive.
     pub pkt: Vec<u8>,
+}
+
+impl Connected {
+    /// The configuration the handshake ran with, for the connection the provider builds.
+    pub fn trp_config(&self) -> trp::Config {
+        connection_config(self.ird, self.ord, self.datagram)
+    }
+}
+
+/// The trp configuration of a connection urdmad hands over, on both sides of the hand-over:
+/// urdmad runs the handshake with it (retransmission timing aside) and the provider builds
+/// the data connection from it ([`Connected::trp_config`]). What the handshake announces
+/// (IRD, ORD, the datagram size, the receive window) is what the connection then holds to,
+/// so those values must come from here and nowhere else.
+pub fn connection_config(ird: u16, ord: u16, datagram: u16) -> trp::Config {
+    trp::Config {
+        ird,
+        ord,
+        max_datagram: datagram,
+        ..trp::Config::default()
+    }
 }
 
 /// An unsolicited line from the daemon.

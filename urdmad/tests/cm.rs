@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use urdmad::client::Connection;
-use urdmad::cm::{Channel, FakeKernel, Msg, Op};
+use urdmad::cm_channel::{Channel, FakeKernel, Msg, Op};
 use urdmad::proto::{Connected, Event, Mac, Request, Response, Role};
 
 /// Addresses the CM messages use; no kernel owns them, so only urdmad answers.

@@ -4,7 +4,7 @@
 //! A submodule of `daemon`, so that it works on the daemon's own state.
 
 use super::{Daemon, FlowSpecOpened};
-use crate::cm::{Channel, Msg, Op};
+use crate::cm_channel::{Channel, Msg, Op};
 use crate::frame;
 use crate::proto::{self, Connected, Event, FlowSpec, Mac, Role};
 use std::collections::{BTreeMap, BTreeSet};
@@ -351,12 +351,7 @@ impl Daemon {
     }
 
     fn trp_config(&self, port: usize, ird: u16, ord: u16) -> trp::Config {
-        trp::Config {
-            ird,
-            ord,
-            max_datagram: self.port_datagram(port),
-            ..trp::Config::default()
-        }
+        crate::proto::connection_config(ird, ord, self.port_datagram(port))
     }
 
     fn cm_kernel_msg(&mut self, m: Msg) {
