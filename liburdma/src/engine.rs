@@ -545,7 +545,15 @@ fn progress_qp(
                 }
             }
             Event::Closed => {
-                crate::log::debug(format_args!("QP {}/{}: connection closed", key.0, key.1));
+                // As for a failure: what the connection went through
+                // (URDMA_LOG=info), for applications that exit without
+                // destroying their QPs.
+                crate::log::info(format_args!(
+                    "QP {}/{}: connection closed (stats {:?})",
+                    key.0,
+                    key.1,
+                    conn.stats()
+                ));
                 ended = Some(0)
             }
             Event::Failed(r) => {

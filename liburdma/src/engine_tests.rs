@@ -109,6 +109,7 @@ impl Bed {
             ird: 16,
             ord: 16,
             datagram: 1472,
+            crc: true,
             conn: 0xB,
             isn: 500,
             pdata: b"ok".to_vec(),

@@ -13,7 +13,10 @@
 //! - `segment_cost general <n> [burst]`: `core` with the fast paths off
 //!   (`Config::header_prediction`): every datagram takes the general paths.
 //! - `core-send`, `burst-send`, `general-send`, `time-send`: the same with
-//!   1 MiB Sends into receives b posts (1434-byte segments).
+//!   1 MiB Sends into receives b posts (1430-byte segments).
+//! - a mode ending in `-nocrc` (`burst-nocrc`, `core-send-nocrc`, ...): the
+//!   same without the CRC32C trailer (`Config::crc` off at both ends), whose
+//!   segments are 4 bytes longer.
 //! - `segment_cost copy <n>`: one memcpy per segment between two small
 //!   buffers that stay in L1, nothing else (the yardstick of earlier runs).
 //! - `segment_cost copies <n> [buffers]`: the two copies every segment
@@ -45,15 +48,18 @@ struct Bench {
     payload: u64,
     /// Sends (into receives b posts) instead of RDMA Writes.
     send: bool,
+    /// Datagrams carry the CRC32C trailer.
+    crc: bool,
     /// Where in b's memory the payload goes: a receive's buffer in the
     /// local half, or the remote half an RDMA Write targets.
     sink: u64,
 }
 
 impl Bench {
-    fn new(header_prediction: bool, send: bool) -> Bench {
+    fn new(header_prediction: bool, send: bool, crc: bool) -> Bench {
         let cfg = Config {
             header_prediction,
+            crc,
             ..Config::default()
         };
         // 1 MiB of local memory (LKEY) and 1 MiB of remote (RKEY) per end.
@@ -69,8 +75,12 @@ impl Bench {
             now: p.now,
             bufs: vec![vec![0u8; 2048]; BURST],
             lens: [0; BURST],
-            payload: u64::from(cfg.max_datagram) - 20 - if send { 18 } else { 14 },
+            payload: u64::from(cfg.max_datagram)
+                - 20
+                - if send { 18 } else { 14 }
+                - if crc { 4 } else { 0 },
             send,
+            crc,
             sink: if send { 0 } else { MIB },
         }
     }
@@ -171,11 +181,15 @@ fn main() {
         .next()
         .and_then(|v| v.parse().ok())
         .unwrap_or(usize::MAX);
+    let (mode, crc) = match mode.strip_suffix("-nocrc") {
+        Some(m) => (m.to_string(), false),
+        None => (mode, true),
+    };
     let (mode, send) = match mode.strip_suffix("-send") {
         Some(m) => (m.to_string(), true),
         None => (mode, false),
     };
-    let mut bench = Bench::new(mode != "general", send);
+    let mut bench = Bench::new(mode != "general", send, crc);
     let segments = bench.segments(n);
     match mode.as_str() {
         "core" | "burst" | "general" => {
@@ -218,7 +232,7 @@ fn time(bench: &mut Bench, n: u64) {
         t.elapsed()
     };
     // The same ends without the fast paths, for comparison.
-    let mut general = Bench::new(false, bench.send);
+    let mut general = Bench::new(false, bench.send, bench.crc);
     // Each driving (one call per datagram through one buffer, or bursts
     // through 32) against the copies through the same buffers.
     for bursts in [false, true] {

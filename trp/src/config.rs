@@ -43,6 +43,9 @@ pub struct Config {
     /// paths: the same behaviour, byte for byte, more slowly; tests compare
     /// the two.
     pub header_prediction: bool,
+    /// Ask for the CRC32C trailer (`wire::crc`) on every datagram of the
+    /// connection. It is used when either end asks, as MPA's CRC is.
+    pub crc: bool,
 }
 
 impl Default for Config {
@@ -65,6 +68,7 @@ impl Default for Config {
             max_send_wr: 4096,
             max_recv_wr: 4096,
             header_prediction: true,
+            crc: true,
         }
     }
 }

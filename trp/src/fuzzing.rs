@@ -6,7 +6,7 @@
 use crate::mr::{Access, Memory, Region, VecMemory};
 use crate::sim::Pair;
 use crate::verbs::{RecvWr, Sge};
-use crate::wire::{ddp, handshake, predict, rdmap, segment, trp};
+use crate::wire::{crc, ddp, handshake, predict, rdmap, segment, trp};
 use crate::{Config, Incoming};
 
 /// Every parser on the same bytes; whatever parses must re-emit to bytes
@@ -68,6 +68,14 @@ pub fn parsers(data: &[u8]) {
         assert_eq!(predict::parse(&buf), Some(d));
     }
     let _ = Incoming::parse(data);
+    // The trailer: what opens is the datagram less four bytes, and sealing
+    // it again gives back the same bytes.
+    if let Ok((body, true)) = crc::open(data) {
+        let mut buf = body.to_vec();
+        buf.extend_from_slice(&[0; crc::TRAILER_LEN]);
+        assert_eq!(crc::seal(&mut buf, body.len()), data.len());
+        assert_eq!(&buf[..], data);
+    }
     let _ = rdmap::parse_control(data.first().copied().unwrap_or(0));
 }
 
@@ -107,7 +115,9 @@ pub fn memory() -> VecMemory {
 /// checks a blind input would almost never pass: bit 0 writes the right
 /// destination connection id, bit 1 the expected PSN (plus bits 4..7 as an
 /// offset), bit 2 a cumulative ACK inside the sent range; bit 3 runs the
-/// timers and the transmit path after the datagram.
+/// timers and the transmit path after the datagram. The connection uses the
+/// CRC32C trailer, so each datagram is then sealed with a right one, unless
+/// the top bit of `len_hi` says to leave it as it is.
 pub fn receive_path(data: &[u8]) {
     receive(data, false)
 }
@@ -157,7 +167,8 @@ fn receive(data: &[u8], bursts: bool) {
     let mut burst = Vec::new();
     while rest.len() >= 3 {
         let flags = rest[0];
-        let len = (usize::from(rest[1]) << 8 | usize::from(rest[2])).min(rest.len() - 3);
+        let unsealed = rest[1] & 0x80 != 0;
+        let len = (usize::from(rest[1] & 0x7f) << 8 | usize::from(rest[2])).min(rest.len() - 3);
         let mut dgram = rest[3..3 + len].to_vec();
         rest = &rest[3 + len..];
         if dgram.len() >= trp::HEADER_LEN {
@@ -171,6 +182,10 @@ fn receive(data: &[u8], bursts: bool) {
             if flags & 4 != 0 {
                 let ack = p.b.conn.unacked_psn();
                 dgram[12..16].copy_from_slice(&ack.to_be_bytes());
+            }
+            if !unsealed {
+                dgram.extend_from_slice(&[0; crc::TRAILER_LEN]);
+                crc::seal(&mut dgram, len);
             }
         }
         now = crate::Instant(now.0 + 1000);

@@ -7,6 +7,7 @@
 use crate::config::{Config, MIN_DATAGRAM};
 use crate::conn::{AcceptBody, Connection, Negotiated};
 use crate::time::Instant;
+use crate::wire::crc;
 use crate::wire::handshake::{self, MAX_PRIVATE_DATA, PROTOCOL_VERSION};
 use crate::wire::trp::{self, SackRanges};
 use crate::wire::WireError;
@@ -73,9 +74,10 @@ fn emit_handshake(
     ack_psn: u32,
     window: u16,
     body: &handshake::Repr<'_>,
+    sealed: bool,
 ) -> Option<usize> {
     let len = trp::HEADER_LEN + body.buffer_len();
-    if buf.len() < len {
+    if buf.len() < len + if sealed { crc::TRAILER_LEN } else { 0 } {
         return None;
     }
     trp::Repr {
@@ -89,7 +91,15 @@ fn emit_handshake(
     }
     .emit(buf);
     body.emit(&mut buf[trp::HEADER_LEN..]);
-    Some(len)
+    Some(if sealed { crc::seal(buf, len) } else { len })
+}
+
+/// Header, body and private data of a handshake datagram, sealed or not.
+fn handshake_len(private_data: usize, sealed: bool) -> usize {
+    trp::HEADER_LEN
+        + handshake::FIXED_LEN
+        + private_data
+        + if sealed { crc::TRAILER_LEN } else { 0 }
 }
 
 /// Active side, waiting for Accept or Reject.
@@ -135,9 +145,7 @@ impl Connecting {
         if local_conn == 0 {
             return Err(SetupError::ZeroConnectionId);
         }
-        if trp::HEADER_LEN + handshake::FIXED_LEN + private_data.len()
-            > usize::from(cfg.max_datagram)
-        {
+        if handshake_len(private_data.len(), cfg.crc) > usize::from(cfg.max_datagram) {
             return Err(SetupError::PrivateDataLen(private_data.len()));
         }
         Ok(Connecting {
@@ -166,6 +174,11 @@ impl Connecting {
             src_conn: self.local_conn,
             initial_psn: self.isn,
             max_payload: self.cfg.max_datagram,
+            flags: if self.cfg.crc {
+                handshake::FLAG_CRC32C
+            } else {
+                0
+            },
             private_data: &self.private_data,
         };
         let n = emit_handshake(
@@ -176,6 +189,7 @@ impl Connecting {
             0,
             self.cfg.recv_window,
             &body,
+            self.cfg.crc,
         )?;
         self.sent += 1;
         self.send_at = now + self.rto;
@@ -191,8 +205,12 @@ impl Connecting {
         }
     }
 
-    /// Feeds a datagram; anything that is not our Accept/Reject is ignored.
+    /// Feeds a datagram; anything that is not our Accept/Reject is ignored,
+    /// and so is a datagram whose CRC32C trailer does not match.
     pub fn handle_datagram(self, now: Instant, bytes: &[u8]) -> ConnectOutcome {
+        let Ok((bytes, _)) = crc::open(bytes) else {
+            return ConnectOutcome::Pending(self);
+        };
         let Ok(pkt) = trp::Packet::new_checked(bytes) else {
             return ConnectOutcome::Pending(self);
         };
@@ -224,6 +242,8 @@ impl Connecting {
                         peer_window: h.window,
                         peer_ird: body.ird,
                         peer_max_datagram: body.max_payload,
+                        // The Accept says what the connection uses.
+                        crc: body.flags & handshake::FLAG_CRC32C != 0,
                     },
                     None,
                     Some(now),
@@ -251,11 +271,16 @@ pub struct Incoming {
     ird: u16,
     ord: u16,
     max_datagram: u16,
+    /// The requester asks for the CRC32C trailer.
+    crc: bool,
     private_data: Vec<u8>,
 }
 
 impl Incoming {
+    /// A ConnectRequest (its CRC32C trailer checked and removed if it has
+    /// one).
     pub fn parse(bytes: &[u8]) -> Result<Incoming, SetupError> {
+        let (bytes, _) = crc::open(bytes)?;
         let pkt = trp::Packet::new_checked(bytes)?;
         let h = trp::Repr::parse(&pkt)?;
         if h.opcode != trp::Opcode::ConnectRequest || h.dst_conn != 0 {
@@ -273,6 +298,7 @@ impl Incoming {
             ird: body.ird,
             ord: body.ord,
             max_datagram: body.max_payload,
+            crc: body.flags & handshake::FLAG_CRC32C != 0,
             private_data: body.private_data.to_vec(),
         })
     }
@@ -294,6 +320,10 @@ impl Incoming {
     pub fn peer_conn(&self) -> u32 {
         self.peer_conn
     }
+    /// Whether the requester asks for the CRC32C trailer.
+    pub fn crc(&self) -> bool {
+        self.crc
+    }
 
     /// Accepts: the returned connection sends Accept first and repeats it
     /// until acknowledged.
@@ -314,9 +344,11 @@ impl Incoming {
         if self.max_datagram < MIN_DATAGRAM {
             return Err(SetupError::DatagramTooSmall(self.max_datagram));
         }
-        // The Accept (header, body, private data) must fit one datagram.
+        // Either end's asking is enough (as with MPA's CRC).
+        let crc = self.crc || cfg.crc;
+        // The Accept (header, body, private data, trailer) must fit one datagram.
         let datagram = usize::from(cfg.max_datagram.min(self.max_datagram).max(MIN_DATAGRAM));
-        if trp::HEADER_LEN + handshake::FIXED_LEN + private_data.len() > datagram {
+        if handshake_len(private_data.len(), crc) > datagram {
             return Err(SetupError::PrivateDataLen(private_data.len()));
         }
         Ok(Connection::new(
@@ -329,6 +361,7 @@ impl Incoming {
                 peer_window: self.window,
                 peer_ird: self.ird,
                 peer_max_datagram: self.max_datagram,
+                crc,
             },
             Some(AcceptBody {
                 private_data: private_data.to_vec(),
@@ -347,8 +380,10 @@ impl Incoming {
             src_conn: 0,
             initial_psn: 0,
             max_payload: 0,
+            flags: 0,
             private_data,
         };
+        // Sealed when the requester asked for sealed datagrams.
         emit_handshake(
             buf,
             trp::Opcode::Reject,
@@ -357,6 +392,7 @@ impl Incoming {
             self.peer_isn.wrapping_add(1),
             0,
             &body,
+            self.crc,
         )
         .ok_or(SetupError::BufferTooSmall)
     }

@@ -8,9 +8,12 @@
 //! right, an ACK and a SACK for data never sent, a FIN, an Abort), each with
 //! a random connection id and PSN, go to a live connection. None may be
 //! accepted (each must count as foreign), the memory they aim at stays as it
-//! was, nothing completes, and the connection carries on.
+//! was, nothing completes, and the connection carries on. The CRC32C trailer
+//! is no defence here (it has no secret): every forged datagram carries a
+//! valid one.
 
 use trp::sim::{Pair, Rng};
+use trp::wire::crc;
 use trp::wire::trp::{Opcode, Packet, Repr, SackRanges};
 use trp::{Config, Memory, QpState, SendOp, SendWr, Sge};
 
@@ -48,7 +51,9 @@ fn blind_injection_is_not_accepted() {
     let mut buf = vec![0u8; 2048];
     let n = p.a.conn.poll_transmit(p.now, &p.a.mem, &mut buf).unwrap();
     let write = buf[..n].to_vec();
-    let real = Repr::parse(&Packet::new_unchecked(&write[..])).unwrap();
+    let (opened, sealed) = crc::open(&write).unwrap();
+    assert!(sealed);
+    let real = Repr::parse(&Packet::new_unchecked(opened)).unwrap();
     assert_eq!(real.opcode, Opcode::Data);
 
     let mut target_before = vec![0u8; LEN];
@@ -56,7 +61,7 @@ fn blind_injection_is_not_accepted() {
     let mut sack = SackRanges::new();
     sack.push(1, 9);
     let kinds: [(&str, Repr, &[u8]); 5] = [
-        ("Write segment", real, &write[real.buffer_len()..]),
+        ("Write segment", real, &opened[real.buffer_len()..]),
         (
             "ACK",
             Repr {
@@ -115,9 +120,8 @@ fn blind_injection_is_not_accepted() {
             let hl = h.buffer_len();
             h.emit(&mut d);
             d[hl..hl + payload.len()].copy_from_slice(payload);
-            let _ =
-                p.b.conn
-                    .handle_datagram(p.now, &mut p.b.mem, &d[..hl + payload.len()]);
+            let n = crc::seal(&mut d, hl + payload.len());
+            let _ = p.b.conn.handle_datagram(p.now, &mut p.b.mem, &d[..n]);
         }
         let after = p.b.conn.stats();
         let foreign = after.rx_foreign - before.rx_foreign;

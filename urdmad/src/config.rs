@@ -103,6 +103,14 @@ pub struct Port {
     /// Descriptors of each flow queue (each holds that many mbufs of the shared pool).
     #[serde(default = "default_flow_queue_descriptors")]
     pub flow_queue_descriptors: u16,
+    /// Ask for the CRC32C trailer on the connections of this port (either end's asking is
+    /// enough for a connection to use it).
+    #[serde(default = "default_crc")]
+    pub crc: bool,
+}
+
+fn default_crc() -> bool {
+    true
 }
 
 fn default_flow_queues() -> u16 {

@@ -378,6 +378,8 @@ pub struct Connected {
     pub ord: u16,
     /// Our `max_datagram` (UDP payload bytes the port's MTU allows).
     pub datagram: u16,
+    /// Whether this side asks for the CRC32C trailer (the port's `crc`).
+    pub crc: bool,
     /// Our connection id.
     pub conn: u32,
     /// Our initial PSN.
@@ -392,20 +394,22 @@ pub struct Connected {
 impl Connected {
     /// The configuration the handshake ran with, for the connection the provider builds.
     pub fn trp_config(&self) -> trp::Config {
-        connection_config(self.ird, self.ord, self.datagram)
+        connection_config(self.ird, self.ord, self.datagram, self.crc)
     }
 }
 
 /// The trp configuration of a connection urdmad hands over, on both sides of the hand-over:
 /// urdmad runs the handshake with it (retransmission timing aside) and the provider builds
 /// the data connection from it ([`Connected::trp_config`]). What the handshake announces
-/// (IRD, ORD, the datagram size, the receive window) is what the connection then holds to,
-/// so those values must come from here and nowhere else.
-pub fn connection_config(ird: u16, ord: u16, datagram: u16) -> trp::Config {
+/// (IRD, ORD, the datagram size, the receive window, whether it asks for the CRC32C
+/// trailer) is what the connection then holds to, so those values must come from here and
+/// nowhere else.
+pub fn connection_config(ird: u16, ord: u16, datagram: u16, crc: bool) -> trp::Config {
     trp::Config {
         ird,
         ord,
         max_datagram: datagram,
+        crc,
         ..trp::Config::default()
     }
 }
@@ -455,7 +459,7 @@ impl Event {
     pub fn encode(&self) -> String {
         match self {
             Event::Connected(c) => format!(
-                "EVENT CONNECTED dev={} qpn={} role={} port={} local={} remote={} mac={} flow={} rx={} ird={} ord={} datagram={} conn={} isn={} pdata={} pkt={}\n",
+                "EVENT CONNECTED dev={} qpn={} role={} port={} local={} remote={} mac={} flow={} rx={} ird={} ord={} datagram={} crc={} conn={} isn={} pdata={} pkt={}\n",
                 c.dev,
                 c.qpn,
                 c.role.as_str(),
@@ -468,6 +472,7 @@ impl Event {
                 c.ird,
                 c.ord,
                 c.datagram,
+                u8::from(c.crc),
                 c.conn,
                 c.isn,
                 hex(&c.pdata),
@@ -511,6 +516,11 @@ impl Event {
                 ird: g.num("ird")?,
                 ord: g.num("ord")?,
                 datagram: g.num("datagram")?,
+                crc: match g.get("crc")? {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(ProtoError::BadValue("crc")),
+                },
                 conn: g.num("conn")?,
                 isn: g.num("isn")?,
                 pdata: bytes("pdata")?,
@@ -1014,6 +1024,7 @@ mod v2_tests {
             ird: 16,
             ord: 8,
             datagram: 1472,
+            crc: true,
             conn: 0xdead_beef,
             isn: 7,
             pdata: vec![],
@@ -1127,6 +1138,8 @@ mod v2_tests {
             ("pkt=0001feff", "pkt=zz"),
             ("mac=02:", "mac=2:"),
             ("local=10.0.0.1:4791", "local=10.0.0.1"),
+            ("crc=1", "crc=2"),
+            ("crc=1", "crc=yes"),
         ] {
             let s = good.replacen(from, to, 1);
             assert_ne!(s, good);

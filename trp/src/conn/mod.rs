@@ -28,9 +28,9 @@ use crate::reliability::{Params, Receiver, Sender, SenderStats, Timeout};
 use crate::state::{self, QpState};
 use crate::time::Instant;
 use crate::verbs::{Completion, PostError, RecvWr, SendOp, SendWr, Sge, WcStatus};
-use crate::wire::predict;
 use crate::wire::rdmap::Terminate;
 use crate::wire::WireError;
+use crate::wire::{crc, predict, trp};
 use complete::Failure;
 use keepalive::KeepAlive;
 use rx::RecvSide;
@@ -73,6 +73,9 @@ pub struct Stats {
     /// Out-of-order untagged segments dropped because their receive was
     /// not posted yet (the sender retransmits them).
     pub rx_deferred: u64,
+    /// Datagrams dropped because their CRC32C trailer did not match, or
+    /// was missing where the connection uses it (the sender retransmits).
+    pub rx_crc_errors: u64,
     pub tx_acks: u64,
 }
 
@@ -92,6 +95,8 @@ pub(crate) struct Negotiated {
     pub peer_window: u16,
     pub peer_ird: u16,
     pub peer_max_datagram: u16,
+    /// Every datagram carries the CRC32C trailer (`wire::crc`).
+    pub crc: bool,
 }
 
 /// The next MSN of each untagged queue (RFC 5040 section 5.1: each
@@ -136,7 +141,12 @@ pub struct Connection {
     state: Phase,
     local_conn: u32,
     peer_conn: u32,
+    /// Largest datagram we send, trailer included...
     datagram: usize,
+    /// ...and the TRP packet inside it.
+    room: usize,
+    /// Our datagrams are sealed and the peer's must be (`wire::crc`).
+    crc: bool,
     accept: Option<PendingAccept>,
     tx: Sender<TxKind>,
     rx: Receiver,
@@ -180,6 +190,8 @@ impl Connection {
             local_conn: n.local_conn,
             peer_conn: n.peer_conn,
             datagram,
+            room: datagram - if n.crc { crc::TRAILER_LEN } else { 0 },
+            crc: n.crc,
             accept: accept.map(|body| PendingAccept {
                 body,
                 psn: n.snd_first,
@@ -401,10 +413,11 @@ impl Connection {
         if self.transmit_predictable() {
             let mut len = [0];
             if self.transmit_predicted(now, mem, &mut [&mut *buf], &mut len) == 1 {
-                return Some(len[0]);
+                return Some(self.seal(buf, len[0]));
             }
         }
-        self.transmit_general(now, mem, buf)
+        let len = self.transmit_general(now, mem, buf)?;
+        Some(self.seal(buf, len))
     }
 
     /// `poll_transmit` for up to `bufs.len()` datagrams at once, as a
@@ -430,6 +443,9 @@ impl Connection {
                 if k == 0 {
                     break;
                 }
+                for (b, len) in bufs[i..i + k].iter_mut().zip(&mut lens[i..i + k]) {
+                    *len = self.seal(b.as_mut(), *len);
+                }
                 i += k;
             }
         }
@@ -443,7 +459,8 @@ impl Connection {
         i
     }
 
-    /// Processes one received datagram (the UDP payload). Malformed or
+    /// Processes one received datagram (the UDP payload). Malformed,
+    /// corrupted (its CRC32C trailer wrong or missing, `rx_crc_errors`) or
     /// foreign datagrams are counted and dropped; they never panic.
     pub fn handle_datagram<M: Memory + ?Sized>(
         &mut self,
@@ -451,6 +468,7 @@ impl Connection {
         mem: &mut M,
         bytes: &[u8],
     ) -> Result<(), WireError> {
+        let bytes = self.open(bytes)?;
         if let Some(d) = predict::parse(bytes) {
             if self.receive_predicted(now, mem, &d, &mut None) {
                 return Ok(());
@@ -460,9 +478,9 @@ impl Connection {
     }
 
     /// `handle_datagram` for each of a burst of received datagrams, in
-    /// order, as a driver receiving bursts calls it. Malformed datagrams
-    /// are dropped and counted (`stats().rx_malformed`) as by
-    /// `handle_datagram`; returns how many there were.
+    /// order, as a driver receiving bursts calls it. Malformed and corrupted
+    /// datagrams are dropped and counted (`stats().rx_malformed`,
+    /// `rx_crc_errors`) as by `handle_datagram`; returns how many there were.
     pub fn handle_datagram_burst<M: Memory + ?Sized, B: AsRef<[u8]>>(
         &mut self,
         now: Instant,
@@ -475,7 +493,10 @@ impl Connection {
         // forgets it.
         let mut region = None;
         for d in datagrams {
-            let bytes = d.as_ref();
+            let Ok(bytes) = self.open(d.as_ref()) else {
+                malformed += 1;
+                continue;
+            };
             if let Some(d) = predict::parse(bytes) {
                 if self.receive_predicted(now, mem, &d, &mut region) {
                     continue;
@@ -485,5 +506,39 @@ impl Connection {
             malformed += usize::from(self.receive_general(now, mem, bytes).is_err());
         }
         malformed
+    }
+
+    /// A datagram we built (`len` bytes in `buf`), sealed if the connection
+    /// uses the trailer: the buffers hold `max_datagram()` bytes, and the
+    /// packets inside are built to leave room for it.
+    #[inline]
+    fn seal(&self, buf: &mut [u8], len: usize) -> usize {
+        if self.crc {
+            crc::seal(buf, len)
+        } else {
+            len
+        }
+    }
+
+    /// A received datagram without its trailer, or why it is dropped: the
+    /// trailer does not match, or it is missing where the connection uses
+    /// it. Only a repeated ConnectRequest may come unsealed then (the
+    /// requester seals only if it asked for the trailer itself); all it can
+    /// do is have our Accept sent again.
+    #[inline]
+    fn open<'a>(&mut self, bytes: &'a [u8]) -> Result<&'a [u8], WireError> {
+        let e = match crc::open(bytes) {
+            Ok((b, true)) => return Ok(b),
+            Ok((b, false))
+                if !self.crc
+                    || b.get(trp::field::OPCODE) == Some(&(trp::Opcode::ConnectRequest as u8)) =>
+            {
+                return Ok(b)
+            }
+            Ok(_) => WireError::Unsealed,
+            Err(e) => e,
+        };
+        self.stats.rx_crc_errors += 1;
+        Err(e)
     }
 }

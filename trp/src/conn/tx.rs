@@ -211,11 +211,11 @@ pub(super) struct ReadJob {
 impl Connection {
     #[inline]
     fn max_tagged(&self) -> u32 {
-        (self.datagram - trp::HEADER_LEN - ddp::TAGGED_HEADER_LEN) as u32
+        (self.room - trp::HEADER_LEN - ddp::TAGGED_HEADER_LEN) as u32
     }
     #[inline]
     fn max_untagged(&self) -> u32 {
-        (self.datagram - trp::HEADER_LEN - ddp::UNTAGGED_HEADER_LEN) as u32
+        (self.room - trp::HEADER_LEN - ddp::UNTAGGED_HEADER_LEN) as u32
     }
 
     /// Chooses what the next new PSN carries.
@@ -587,6 +587,7 @@ impl Connection {
                     src_conn: self.local_conn,
                     initial_psn: psn,
                     max_payload: self.cfg.max_datagram,
+                    flags: if self.crc { handshake::FLAG_CRC32C } else { 0 },
                     private_data: pd,
                 };
                 body.emit(&mut buf[at..]);

@@ -32,6 +32,10 @@ pub enum WireError {
     BodyLen { opcode: u8, len: usize },
     /// Terminate layer/etype combination or header flags make no sense.
     Terminate,
+    /// The CRC32C trailer does not match the datagram (corrupted on the way).
+    Crc,
+    /// The connection requires sealed datagrams (CRC32C) and this one is not.
+    Unsealed,
 }
 
 impl fmt::Display for WireError {
@@ -71,6 +75,8 @@ impl fmt::Display for WireError {
                 write!(f, "RDMAP opcode {opcode:#x} with body of wrong size {len}")
             }
             WireError::Terminate => write!(f, "malformed Terminate message"),
+            WireError::Crc => write!(f, "CRC32C trailer does not match"),
+            WireError::Unsealed => write!(f, "datagram without the CRC32C the connection requires"),
         }
     }
 }

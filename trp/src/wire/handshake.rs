@@ -5,8 +5,10 @@
 //! ```text
 //! 0..2 version  2..4 IRD  4..6 ORD  6..8 private data length
 //! 8..12 sender connection id  12..16 initial PSN
-//! 16..18 max segment payload  18..20 reserved  20.. private data
+//! 16..18 max segment payload  18..20 flags  20.. private data
 //! ```
+//!
+//! Flags: [`FLAG_CRC32C`]; the others are sent as 0 and ignored.
 
 use super::{be16, be32, need, put16, put32, WireError};
 
@@ -14,6 +16,9 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const FIXED_LEN: usize = 20;
 pub const MAX_PRIVATE_DATA: usize = 512;
 pub const MAX_LEN: usize = FIXED_LEN + MAX_PRIVATE_DATA;
+/// In a ConnectRequest: the requester asks for the CRC32C trailer; in an
+/// Accept: the connection uses it (asked by either end).
+pub const FLAG_CRC32C: u16 = 0x0001;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Repr<'a> {
@@ -23,6 +28,7 @@ pub struct Repr<'a> {
     pub src_conn: u32,
     pub initial_psn: u32,
     pub max_payload: u16,
+    pub flags: u16,
     pub private_data: &'a [u8],
 }
 
@@ -41,6 +47,7 @@ impl<'a> Repr<'a> {
             src_conn: be32(b, 8),
             initial_psn: be32(b, 12),
             max_payload: be16(b, 16),
+            flags: be16(b, 18),
             private_data: &b[FIXED_LEN..FIXED_LEN + len],
         })
     }
@@ -59,7 +66,7 @@ impl<'a> Repr<'a> {
         put32(b, 8, self.src_conn);
         put32(b, 12, self.initial_psn);
         put16(b, 16, self.max_payload);
-        put16(b, 18, 0);
+        put16(b, 18, self.flags);
         b[FIXED_LEN..FIXED_LEN + self.private_data.len()].copy_from_slice(self.private_data);
     }
 }
@@ -77,6 +84,7 @@ mod tests {
             src_conn: 77,
             initial_psn: 1000,
             max_payload: 1400,
+            flags: FLAG_CRC32C,
             private_data: b"hello",
         };
         let mut b = vec![0u8; r.buffer_len()];

@@ -5,6 +5,7 @@
 //! The byte layouts are specified in `docs/protocol.md`; the constants here
 //! are the single source of those offsets.
 
+pub mod crc;
 pub mod ddp;
 mod error;
 pub mod handshake;

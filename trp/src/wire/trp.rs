@@ -28,6 +28,8 @@ pub const MAX_HEADER_LEN: usize = HEADER_LEN + MAX_SACK_RANGES * SACK_RANGE_LEN;
 
 /// Ask the receiver to acknowledge this packet at once instead of delaying.
 pub const FLAG_ACK_REQUEST: u8 = 0x01;
+/// The datagram ends with a CRC32C trailer (`wire::crc`).
+pub const FLAG_CRC: u8 = 0x02;
 
 pub(crate) mod field {
     pub const VERSION: usize = 0;

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 use trp::setup::{ConnectOutcome, Connecting, Incoming};
+use trp::wire::crc;
 use trp::wire::trp as tw;
 
 /// Why a connected QP's flow was not handed to its process.
@@ -199,6 +200,9 @@ fn random_u32(nonzero: bool) -> u32 {
     }
 }
 
+/// An Abort for the peer's connection `peer_conn`, sealed with the CRC32C trailer: a sealed
+/// datagram says so itself, so every peer reads it, whether its connection uses the trailer
+/// or not.
 fn abort_packet(peer_conn: u32) -> Vec<u8> {
     let h = tw::Repr {
         opcode: tw::Opcode::Abort,
@@ -209,13 +213,15 @@ fn abort_packet(peer_conn: u32) -> Vec<u8> {
         window: 0,
         sack: tw::SackRanges::new(),
     };
-    let mut b = vec![0u8; h.buffer_len()];
+    let mut b = vec![0u8; h.buffer_len() + crc::TRAILER_LEN];
     h.emit(&mut b);
+    crc::seal(&mut b, h.buffer_len());
     b
 }
 
 /// The requester's connection id in an Accept.
 fn accept_src_conn(pkt: &[u8]) -> Option<u32> {
+    let (pkt, _) = crc::open(pkt).ok()?;
     let p = tw::Packet::new_checked(pkt).ok()?;
     let body = trp::wire::handshake::Repr::parse(p.payload()).ok()?;
     Some(body.src_conn)
@@ -351,7 +357,13 @@ impl Daemon {
     }
 
     fn trp_config(&self, port: usize, ird: u16, ord: u16) -> trp::Config {
-        crate::proto::connection_config(ird, ord, self.port_datagram(port))
+        let crc = self.port_crc(port);
+        crate::proto::connection_config(ird, ord, self.port_datagram(port), crc)
+    }
+
+    /// Whether connections through `port` ask for the CRC32C trailer.
+    fn port_crc(&self, port: usize) -> bool {
+        self.cfg.ports.get(port).is_none_or(|p| p.crc)
     }
 
     fn cm_kernel_msg(&mut self, m: Msg) {
@@ -588,6 +600,7 @@ impl Daemon {
         self.refresh_tap_ports();
         let peer_conn = accept_src_conn(pkt).unwrap_or(0);
         let datagram = self.port_datagram(h.port);
+        let crc = self.port_crc(h.port);
         let spec = FlowSpec {
             port: h.port as u16,
             local: h.local,
@@ -608,6 +621,7 @@ impl Daemon {
                 ird: h.ird,
                 ord: h.ord,
                 datagram,
+                crc,
                 conn: h.conn,
                 isn: h.isn,
                 pdata: h.pdata.clone(),
@@ -819,6 +833,7 @@ impl Daemon {
                 ird: m.ird,
                 ord: m.ord,
                 datagram,
+                crc: cfg.crc,
                 conn,
                 isn,
                 pdata,
@@ -1142,7 +1157,15 @@ mod tests {
     use super::*;
 
     fn established() -> (trp::Connection, trp::Connection) {
-        let cfg = trp::Config::default();
+        established_with(true)
+    }
+
+    /// A connection pair whose ends ask for the CRC32C trailer, or not.
+    fn established_with(crc: bool) -> (trp::Connection, trp::Connection) {
+        let cfg = trp::Config {
+            crc,
+            ..trp::Config::default()
+        };
         let now = trp::Instant::from_nanos(1);
         let mut c = Connecting::new(cfg, 11, 100, b"", now).unwrap();
         let mut buf = vec![0u8; 2048];
@@ -1174,6 +1197,13 @@ mod tests {
         let (mut a, _b) = established();
         let _ = a.handle_datagram(now, &mut mem, &abort_packet(12));
         assert_eq!(a.state(), trp::QpState::Rts);
+        // Sealed, it is read by a connection without the trailer as well.
+        let (mut a, _b) = established_with(false);
+        a.handle_datagram(now, &mut mem, &abort_packet(11)).unwrap();
+        assert_eq!(
+            a.poll_event(),
+            Some(trp::Event::Failed(trp::FailReason::PeerAborted))
+        );
     }
 
     fn frame(dst_mac: [u8; 6], dst_port: u16, payload: &[u8]) -> Vec<u8> {
