@@ -78,7 +78,7 @@ impl Bench {
             payload: u64::from(cfg.max_datagram)
                 - 20
                 - if send { 18 } else { 14 }
-                - if crc { 4 } else { 0 },
+                - trp::wire::crc::trailer_len(crc) as u64,
             send,
             crc,
             sink: if send { 0 } else { MIB },

@@ -77,7 +77,7 @@ fn emit_handshake(
     sealed: bool,
 ) -> Option<usize> {
     let len = trp::HEADER_LEN + body.buffer_len();
-    if buf.len() < len + if sealed { crc::TRAILER_LEN } else { 0 } {
+    if buf.len() < len + crc::trailer_len(sealed) {
         return None;
     }
     trp::Repr {
@@ -96,10 +96,7 @@ fn emit_handshake(
 
 /// Header, body and private data of a handshake datagram, sealed or not.
 fn handshake_len(private_data: usize, sealed: bool) -> usize {
-    trp::HEADER_LEN
-        + handshake::FIXED_LEN
-        + private_data
-        + if sealed { crc::TRAILER_LEN } else { 0 }
+    trp::HEADER_LEN + handshake::FIXED_LEN + private_data + crc::trailer_len(sealed)
 }
 
 /// Active side, waiting for Accept or Reject.
@@ -174,11 +171,7 @@ impl Connecting {
             src_conn: self.local_conn,
             initial_psn: self.isn,
             max_payload: self.cfg.max_datagram,
-            flags: if self.cfg.crc {
-                handshake::FLAG_CRC32C
-            } else {
-                0
-            },
+            flags: handshake::flags(self.cfg.crc),
             private_data: &self.private_data,
         };
         let n = emit_handshake(
@@ -243,7 +236,7 @@ impl Connecting {
                         peer_ird: body.ird,
                         peer_max_datagram: body.max_payload,
                         // The Accept says what the connection uses.
-                        crc: body.flags & handshake::FLAG_CRC32C != 0,
+                        crc: body.crc(),
                     },
                     None,
                     Some(now),
@@ -298,7 +291,7 @@ impl Incoming {
             ird: body.ird,
             ord: body.ord,
             max_datagram: body.max_payload,
-            crc: body.flags & handshake::FLAG_CRC32C != 0,
+            crc: body.crc(),
             private_data: body.private_data.to_vec(),
         })
     }
@@ -319,10 +312,6 @@ impl Incoming {
     /// repeated request for a connection already accepted.
     pub fn peer_conn(&self) -> u32 {
         self.peer_conn
-    }
-    /// Whether the requester asks for the CRC32C trailer.
-    pub fn crc(&self) -> bool {
-        self.crc
     }
 
     /// Accepts: the returned connection sends Accept first and repeats it

@@ -190,7 +190,7 @@ impl Connection {
             local_conn: n.local_conn,
             peer_conn: n.peer_conn,
             datagram,
-            room: datagram - if n.crc { crc::TRAILER_LEN } else { 0 },
+            room: datagram - crc::trailer_len(n.crc),
             crc: n.crc,
             accept: accept.map(|body| PendingAccept {
                 body,

@@ -587,7 +587,7 @@ impl Connection {
                     src_conn: self.local_conn,
                     initial_psn: psn,
                     max_payload: self.cfg.max_datagram,
-                    flags: if self.crc { handshake::FLAG_CRC32C } else { 0 },
+                    flags: handshake::flags(self.crc),
                     private_data: pd,
                 };
                 body.emit(&mut buf[at..]);

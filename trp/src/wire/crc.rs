@@ -17,6 +17,16 @@ pub use super::trp::FLAG_CRC;
 /// Bytes the trailer takes at the end of a sealed datagram.
 pub const TRAILER_LEN: usize = 4;
 
+/// What the trailer adds to a datagram that is `sealed`, or not.
+#[inline]
+pub fn trailer_len(sealed: bool) -> usize {
+    if sealed {
+        TRAILER_LEN
+    } else {
+        0
+    }
+}
+
 /// CRC32C of `b` (hardware-accelerated where the CPU has it).
 #[inline]
 pub fn crc32c(b: &[u8]) -> u32 {
@@ -81,13 +91,20 @@ mod tests {
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);
     }
 
+    /// `packet()`, sealed.
+    fn sealed() -> Vec<u8> {
+        let mut b = packet();
+        let len = b.len();
+        b.extend_from_slice(&[0; TRAILER_LEN]);
+        assert_eq!(seal(&mut b, len), len + TRAILER_LEN);
+        b
+    }
+
     #[test]
     fn sealed_datagram_opens_to_itself() {
         let p = packet();
-        let mut b = p.clone();
-        b.extend_from_slice(&[0; TRAILER_LEN]);
-        let n = seal(&mut b, p.len());
-        assert_eq!(n, p.len() + TRAILER_LEN);
+        let b = sealed();
+        let n = b.len();
         let (body, sealed) = open(&b[..n]).unwrap();
         assert!(sealed);
         assert_eq!(body.len(), p.len());
@@ -97,10 +114,8 @@ mod tests {
 
     #[test]
     fn any_flipped_bit_is_caught() {
-        let p = packet();
-        let mut b = p.clone();
-        b.extend_from_slice(&[0; TRAILER_LEN]);
-        let n = seal(&mut b, p.len());
+        let b = sealed();
+        let n = b.len();
         for bit in 0..n * 8 {
             let mut c = b[..n].to_vec();
             c[bit / 8] ^= 1 << (bit % 8);

@@ -20,6 +20,16 @@ pub const MAX_LEN: usize = FIXED_LEN + MAX_PRIVATE_DATA;
 /// Accept: the connection uses it (asked by either end).
 pub const FLAG_CRC32C: u16 = 0x0001;
 
+/// The flags of a handshake body that asks for (or, in an Accept, uses) the
+/// CRC32C trailer, or not.
+pub fn flags(crc: bool) -> u16 {
+    if crc {
+        FLAG_CRC32C
+    } else {
+        0
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Repr<'a> {
     pub version: u16,
@@ -54,6 +64,11 @@ impl<'a> Repr<'a> {
 
     pub fn buffer_len(&self) -> usize {
         FIXED_LEN + self.private_data.len()
+    }
+
+    /// Whether [`FLAG_CRC32C`] is set.
+    pub fn crc(&self) -> bool {
+        self.flags & FLAG_CRC32C != 0
     }
 
     /// Private data must already be at most `MAX_PRIVATE_DATA` bytes and
