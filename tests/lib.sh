@@ -7,6 +7,14 @@ STEP_TIMEOUT=${STEP_TIMEOUT:-120}
 
 # What in the kernel log means a test provoked a kernel bug, a warning or a task stuck in D state.
 KERNEL_TROUBLE='Oops|BUG:|WARNING:|general protection|Call Trace|KASAN|refcount_t:|hung_task|blocked for more than'
+# ... except a user-space program's own fault, which the kernel reports as
+# "traps: NAME[PID] general protection fault ip:ADDR ... in LIBRARY".
+USER_FAULT='traps: .*\[[0-9]+\] general protection fault ip:'
+
+# The kernel trouble in the log on standard input, one line each.
+kernel_trouble_in() {
+	grep -E "$KERNEL_TROUBLE" | grep -vE "$USER_FAULT"
+}
 
 fail() {
 	echo "FAIL: $*"
@@ -25,7 +33,7 @@ dmesg_mark() {
 
 dmesg_check() {
 	local bad
-	bad=$(dmesg | tail -n +"$((${DMESG_START:-0} + 1))" | grep -m1 -E "$KERNEL_TROUBLE")
+	bad=$(dmesg | tail -n +"$((${DMESG_START:-0} + 1))" | kernel_trouble_in | head -n1)
 	[ -z "$bad" ] || fail "kernel: $bad"
 }
 
