@@ -9,8 +9,10 @@
 
 use std::ffi::c_void;
 use std::path::Path;
+use std::sync::Arc;
 
 use dpdk_sys as sys;
+use urdmad::doorbell::Ringer;
 use urdmad::proto::Attachment;
 use urdmad::secondary;
 
@@ -91,6 +93,8 @@ pub struct Rings {
     pool: *mut sys::rte_mempool,
     tx: Vec<*mut sys::rte_ring>,
     macs: Vec<[u8; 6]>,
+    /// Wakes urdmad after frames are put on a TX ring while it sleeps.
+    ringer: Option<Arc<Ringer>>,
 }
 
 // SAFETY: the pointers name objects in urdmad's shared memory, valid while
@@ -105,16 +109,19 @@ impl Rings {
             pool: std::ptr::null_mut(),
             tx: Vec::new(),
             macs: Vec::new(),
+            ringer: None,
         }
     }
 
-    /// Looks up the pool and TX rings (after [`eal_init`]).
-    pub fn lookup(a: &Attachment) -> Result<Rings, String> {
+    /// Looks up the pool, the TX rings and the doorbell of the urdmad whose
+    /// control socket is `control` (after [`eal_init`]).
+    pub fn lookup(a: &Attachment, control: &Path) -> Result<Rings, String> {
         let (pool, tx) = secondary::lookup_attachment(a).map_err(|e| e.to_string())?;
         Ok(Rings {
             pool,
             tx,
             macs: a.ports.iter().map(|p| p.mac.0).collect(),
+            ringer: secondary::lookup_ringer(control).map(Arc::new),
         })
     }
 
@@ -138,6 +145,7 @@ impl Rings {
             rx: lookup_ring(rx_ring)?,
             tx,
             pool: self.pool,
+            ringer: self.ringer.clone(),
             spare: std::ptr::null_mut(),
             ep: Endpoints {
                 local_mac,
@@ -153,6 +161,7 @@ pub struct DpdkFlow {
     rx: *mut sys::rte_ring,
     tx: *mut sys::rte_ring,
     pool: *mut sys::rte_mempool,
+    ringer: Option<Arc<Ringer>>,
     /// An empty mbuf kept between calls.
     spare: *mut sys::rte_mbuf,
     ep: Endpoints,
@@ -186,6 +195,11 @@ impl DpdkFlow {
                 std::ptr::null_mut(),
             )
         } as usize;
+        if n > 0 {
+            if let Some(r) = &self.ringer {
+                r.ring();
+            }
+        }
         for &m in &pkts[n..] {
             // SAFETY: not handed over: still ours.
             unsafe { sys::rte_pktmbuf_free(m) };

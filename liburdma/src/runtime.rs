@@ -441,7 +441,7 @@ fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
         }
         Err(_) => return Err((libc::EIO, true)),
     }
-    let rings = Rings::lookup(&a).map_err(|e| {
+    let rings = Rings::lookup(&a, path).map_err(|e| {
         log::error(format_args!("{e}"));
         (libc::EIO, true)
     })?;

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// A greeted connection to urdmad.
@@ -36,6 +36,8 @@ pub struct Connection {
     /// The daemon's self-description from its `HELLO`.
     pub daemon: String,
     timeout: Duration,
+    /// The control socket's path.
+    path: PathBuf,
 }
 
 /// Why talking to urdmad failed, as one line for the user.
@@ -70,6 +72,7 @@ impl Connection {
             unanswered: 0,
             daemon: String::new(),
             timeout,
+            path: path.to_owned(),
         };
         match c.request(&Request::Hello {
             version: proto::VERSION,
@@ -250,6 +253,11 @@ impl Connection {
         !self.events.is_empty()
     }
 
+    /// The control socket's path, as connected to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Sends `SYNC` and waits for `OK`: every event urdmad pushed before is then queued.
     pub fn sync(&mut self) -> Result<(), Error> {
         match self.request(&Request::Sync)? {
@@ -302,6 +310,7 @@ mod tests {
             unanswered: 0,
             daemon: String::new(),
             timeout: Duration::from_secs(5),
+            path: PathBuf::new(),
         };
         (c, b)
     }

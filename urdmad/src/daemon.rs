@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 mod cm;
+mod idle;
 
 const BURST: usize = 32;
 /// How often the control socket is polled; bounds how late a dead process is noticed.
@@ -109,6 +110,19 @@ pub struct Daemon {
     started: Instant,
     /// Connection management (docs/connection.md).
     cm: cm::Cm,
+    /// What ends an idle sleep.
+    idle: idle::Idle,
+}
+
+/// What ended an idle sleep.
+enum Woken {
+    /// A control socket or the kernel's channel.
+    Request,
+    /// A process's doorbell, or frames found on a TX ring before sleeping.
+    Kick,
+    /// A port's descriptor.
+    Frame,
+    Timer,
 }
 
 /// A flow opened for a process.
@@ -245,9 +259,35 @@ impl Daemon {
         if allowed_gid.is_none() && !cfg.daemon.group.is_empty() {
             tracing::warn!(group = %cfg.daemon.group, "group does not exist: only root may attach");
         }
-        listener
-            .set_nonblocking(true)
-            .map_err(|error| StartupError::ControlSocket { error })?;
+        let close_all = |ports: &mut Vec<PortState>| {
+            for p in ports {
+                p.port.close();
+            }
+            // SAFETY: no port uses the pool any more.
+            unsafe { sys::rte_mempool_free(pool) };
+        };
+        if let Err(error) = listener.set_nonblocking(true) {
+            close_all(&mut ports);
+            return Err(StartupError::ControlSocket { error }.into());
+        }
+        let mut idle = match idle::Idle::new(&cfg.daemon.socket, cfg.socket_mode(), allowed_gid) {
+            Ok(i) => i,
+            Err(e) => {
+                close_all(&mut ports);
+                return Err(e.into());
+            }
+        };
+        let drivers: Vec<String> = ports.iter().map(|p| p.port.driver()).collect();
+        idle.watch_ports(drivers.iter().map(String::as_str));
+        tracing::info!(
+            frames_wake = idle.frames_wake(),
+            "idle sleeps end for frames {}",
+            if idle.frames_wake() {
+                "(the ports' sockets are polled)"
+            } else {
+                "only at the next look (a port has no descriptor to poll)"
+            }
+        );
         let mut d = Daemon {
             cfg,
             pool,
@@ -262,6 +302,7 @@ impl Daemon {
             rings: 0,
             started: Instant::now(),
             cm: cm::Cm::default(),
+            idle,
         };
         d.cm_open();
         Ok(d)
@@ -283,6 +324,8 @@ impl Daemon {
         ));
         let mut idle_since: Option<Instant> = None;
         let mut sleep = idle_sleep;
+        // The last sleep ended for a port's descriptor; the sweeps after say if it was real.
+        let mut port_woke = false;
         while !STOP.load(Ordering::Relaxed) {
             let mut work = 0usize;
             for (pi, p) in self.ports.iter_mut().enumerate() {
@@ -413,25 +456,51 @@ impl Daemon {
                 }
                 self.serve_control();
             }
+            if port_woke {
+                // The sweep after a sleep that a port's descriptor ended: one that found
+                // nothing makes the next sleep a timer's (idle.rs).
+                port_woke = false;
+                if work == 0 {
+                    self.idle.spurious = true;
+                    self.idle.spurious_wakes += 1;
+                }
+            }
             if work == 0 {
                 idle = idle.saturating_add(1);
                 if idle > IDLE_POLLS && !idle_sleep.is_zero() {
-                    // Idle: sleep idle_sleep between polls; idle for longer than
-                    // BACKOFF_AFTER, double the sleep up to idle_sleep_max. The control
-                    // socket, the processes' sockets and the kernel channel end a sleep at
-                    // once.
+                    // Idle. When frames end a sleep (idle.rs), sleep idle_sleep_max at
+                    // once; otherwise sleep idle_sleep between looks, and after
+                    // BACKOFF_AFTER double it up to idle_sleep_max.
                     let since = *idle_since.get_or_insert(now);
-                    let d = if now.saturating_duration_since(since) < BACKOFF_AFTER {
+                    let d = if self.idle.frames_wake() {
+                        idle_sleep_max
+                    } else if now.saturating_duration_since(since) < BACKOFF_AFTER {
                         idle_sleep
                     } else {
                         sleep = (sleep * 2).min(idle_sleep_max);
                         sleep
                     };
-                    if self.wait_readable(d) {
-                        next_control = Instant::now();
-                        idle_since = None;
-                        sleep = idle_sleep;
+                    match self.sleep(d) {
+                        Woken::Request => {
+                            next_control = Instant::now();
+                            idle_since = None;
+                            sleep = idle_sleep;
+                        }
+                        Woken::Frame => {
+                            port_woke = true;
+                            idle_since = None;
+                            sleep = idle_sleep;
+                        }
+                        Woken::Kick | Woken::Timer => {}
                     }
+                    if !port_woke {
+                        // A timer's sleep after a spurious wake-up: the ports may be
+                        // trusted again.
+                        self.idle.spurious = false;
+                    }
+                    // A sweep follows at once; it decides whether the next sleep can
+                    // trust the ports' descriptors.
+                    idle = IDLE_POLLS;
                 }
             } else {
                 idle = 0;
@@ -441,24 +510,37 @@ impl Daemon {
         }
     }
 
-    /// Sleeps up to `limit`, or until the control socket, a process's socket or the kernel
-    /// channel is readable (true then).
-    fn wait_readable(&self, limit: Duration) -> bool {
-        let mut fds = Vec::with_capacity(self.clients.len() + 2);
-        let mut add = |fd: std::os::fd::RawFd| {
-            fds.push(libc::pollfd {
+    /// Sleeps up to `limit`, or until a request, a process's kick or (when the ports can
+    /// say so) a frame comes; says which.
+    fn sleep(&mut self, limit: Duration) -> Woken {
+        let bell = self.idle.bell();
+        bell.going_to_sleep();
+        // The last look, after the flag is up: a frame put on a TX ring before a process
+        // could see the flag is found here (doorbell.rs).
+        if self.clients_tx_nonempty() {
+            self.idle.bell().awake();
+            return Woken::Kick;
+        }
+        let ports: &[std::os::fd::RawFd] = if self.idle.frames_wake() {
+            self.idle.port_fds()
+        } else {
+            &[]
+        };
+        let control: Vec<std::os::fd::RawFd> = std::iter::once(self.listener.as_raw_fd())
+            .chain(self.clients.iter().map(|c| c.stream.as_raw_fd()))
+            .chain(self.cm.chan.as_ref().map(|ch| ch.as_raw_fd()))
+            .collect();
+        let mut fds: Vec<libc::pollfd> = control
+            .iter()
+            .chain(std::iter::once(&self.idle.kick_fd()))
+            .chain(ports)
+            .map(|&fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
                 revents: 0,
             })
-        };
-        add(self.listener.as_raw_fd());
-        for c in &self.clients {
-            add(c.stream.as_raw_fd());
-        }
-        if let Some(ch) = &self.cm.chan {
-            add(ch.as_raw_fd());
-        }
+            .collect();
+        let control = control.len();
         let ts = libc::timespec {
             tv_sec: limit.as_secs() as libc::time_t,
             tv_nsec: limit.subsec_nanos() as libc::c_long,
@@ -472,7 +554,29 @@ impl Daemon {
                 std::ptr::null(),
             )
         };
-        n > 0
+        self.idle.bell().awake();
+        if n <= 0 {
+            return Woken::Timer;
+        }
+        if fds[..control].iter().any(|f| f.revents != 0) {
+            self.idle.drain_kicks();
+            return Woken::Request;
+        }
+        if fds[control].revents != 0 {
+            self.idle.drain_kicks();
+            return Woken::Kick;
+        }
+        Woken::Frame
+    }
+
+    /// Whether any process's TX ring holds frames.
+    fn clients_tx_nonempty(&self) -> bool {
+        self.clients
+            .iter()
+            .filter_map(|c| c.attached.as_ref())
+            .flat_map(|a| a.tx.iter())
+            // SAFETY: the ring lives while the process is attached.
+            .any(|t| unsafe { sys::rte_ring_count(t.ring) } > 0)
     }
 
     /// Writes `EVENT WAKE` to every armed process that has received frames since it armed.
@@ -966,14 +1070,16 @@ impl Daemon {
             .filter(|q| q.rule.is_some())
             .count();
         out.push(format!(
-            "daemon version={} pid={} prefix={} uptime_s={} processes={} flows={} rings={} flow_rules={rules}",
+            "daemon version={} pid={} prefix={} uptime_s={} processes={} flows={} rings={} flow_rules={rules} frames_wake={} spurious_wakes={}",
             env!("CARGO_PKG_VERSION"),
             std::process::id(),
             self.cfg.daemon.file_prefix,
             self.started.elapsed().as_secs(),
             attached,
             self.flows.len(),
-            self.rings
+            self.rings,
+            u8::from(!self.idle.port_fds().is_empty()),
+            self.idle.spurious_wakes,
         ));
         // SAFETY: the pool lives as long as the daemon.
         let (avail, size) = unsafe { (sys::rte_mempool_avail_count(self.pool), (*self.pool).size) };

@@ -4,7 +4,7 @@
 //! Ethernet/IPv4/UDP framing of TRP datagrams) need only `std` and are what other crates
 //! use: depend on `urdmad` with `default-features = false`. [`secondary`] (attaching to
 //! urdmad as a DPDK secondary process) needs DPDK and is behind the `secondary` feature,
-//! which the provider turns on. The daemon's modules are behind the `daemon` feature (on by
+//! which the provider turns on, and so is [`doorbell`] (waking an idle urdmad). The daemon's modules are behind the `daemon` feature (on by
 //! default).
 
 pub mod client;
@@ -21,6 +21,8 @@ pub mod config;
 pub mod daemon;
 #[cfg(feature = "daemon")]
 pub mod demux;
+#[cfg(feature = "secondary")]
+pub mod doorbell;
 #[cfg(feature = "daemon")]
 pub mod eal;
 #[cfg(feature = "daemon")]

@@ -555,6 +555,11 @@ impl Port {
     }
 
     /// Stops the port and removes its TAP.
+    /// The PMD's driver name ("net_af_packet", "net_ixgbe", ...).
+    pub fn driver(&self) -> String {
+        driver_name(self.id)
+    }
+
     pub fn close(&mut self) {
         if let Some(r) = self.default_rule.take() {
             if let Err((_, why)) = hwflow::destroy(self.id, r) {

@@ -4,6 +4,7 @@
 //! for `urdmad-testclient` and the daemon's tests. Frames are built by [`crate::frame`].
 
 use crate::client::{self, Connection};
+use crate::doorbell::{self, Bell, Ringer};
 use crate::proto::{Attachment, FlowSpec, Request, Response, Steering};
 use dpdk_sys as sys;
 use std::ffi::CString;
@@ -133,6 +134,24 @@ pub fn lookup_attachment(
     Ok((pool, tx))
 }
 
+/// The doorbell of the urdmad whose control socket is `control` (after [`eal_init`]);
+/// `None` when it has none, and then a frame put on a TX ring while urdmad sleeps waits for
+/// the end of its sleep.
+pub fn lookup_ringer(control: &std::path::Path) -> Option<Ringer> {
+    let name = CString::new(doorbell::MEMZONE).ok()?;
+    // SAFETY: valid C string; EAL is up.
+    let mz = unsafe { sys::rte_memzone_lookup(name.as_ptr()) };
+    if mz.is_null() {
+        return None;
+    }
+    // SAFETY: a memzone urdmad reserved for a Bell and keeps while it runs, mapped in this
+    // process for as long as EAL is up.
+    unsafe {
+        let bell = (*mz).__bindgen_anon_1.addr as *const Bell;
+        Ringer::new(bell, control).ok()
+    }
+}
+
 /// An open flow: its id and RX ring.
 pub struct Flow {
     pub id: u32,
@@ -149,6 +168,7 @@ pub struct Session {
     pub attachment: Attachment,
     pool: *mut sys::rte_mempool,
     tx: Vec<*mut sys::rte_ring>,
+    ringer: Option<Ringer>,
     pub flows: Vec<Flow>,
 }
 
@@ -162,11 +182,13 @@ impl Session {
         };
         eal_init(&attachment, "urdma-secondary")?;
         let (pool, tx) = lookup_attachment(&attachment)?;
+        let ringer = lookup_ringer(conn.path());
         Ok(Session {
             conn,
             attachment,
             pool,
             tx,
+            ringer,
             flows: Vec::new(),
         })
     }
@@ -269,14 +291,20 @@ impl Session {
             return 0;
         };
         // SAFETY: this process is the ring's only producer.
-        unsafe {
+        let n = unsafe {
             sys::rte_ring_sp_enqueue_burst(
                 ring,
                 pkts.as_ptr() as *const *mut std::ffi::c_void,
                 pkts.len() as u32,
                 std::ptr::null_mut(),
             ) as usize
+        };
+        if n > 0 {
+            if let Some(r) = &self.ringer {
+                r.ring();
+            }
         }
+        n
     }
 
     /// The pool to allocate frames to send from.

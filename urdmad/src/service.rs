@@ -32,6 +32,9 @@ pub enum StartupError {
     /// `reason` is `rte_strerror` of DPDK's error.
     #[error("cannot create a pool of {mbufs} mbufs: {reason} (raise memory_mb or lower mbufs)")]
     Pool { mbufs: u32, reason: String },
+    /// `reason` is `rte_strerror` of DPDK's error.
+    #[error("cannot reserve the doorbell's shared memory: {reason}")]
+    Doorbell { reason: String },
     /// The bound control socket could not be set up for polling.
     #[error("control socket: {error}")]
     ControlSocket { error: std::io::Error },

@@ -800,3 +800,86 @@ fn two_ports_each_with_its_exception_path_flows_and_tx() {
     );
     assert!(c.wait(Duration::from_secs(15)).success());
 }
+
+/// An idle urdmad on an af_packet port sleeps `idle_sleep_max_us` at once (here 10 s), and
+/// yet frames cross it at once both ways: its port's socket ends the sleep for a frame from
+/// the wire, the doorbell for a frame a process put on its TX ring. Three crossings each
+/// way, each after long enough for urdmad to be asleep again, each well under a second
+/// (a frame that waited for the timer would take seconds).
+#[test]
+fn an_idle_urdmad_wakes_for_a_frame_from_the_wire_and_for_a_process_doorbell() {
+    let bed = Bed::new("wk");
+    let cfg = bed.write_config(
+        "urdmad.toml",
+        &bed.config("idle_sleep_max_us = 10000000", None),
+    );
+    let d = bed.start_with(&cfg);
+    // The kernels' IPv6 chatter would wake urdmad too.
+    for ns in [&bed.ns_a, &bed.ns_b] {
+        for key in ["all", "default"] {
+            let kv = format!("net.ipv6.conf.{key}.disable_ipv6=1");
+            sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", &kv]);
+        }
+    }
+    let st = d.status();
+    assert_eq!(
+        field(&st, "daemon", "", "frames_wake").as_deref(),
+        Some("1"),
+        "{st:?}"
+    );
+    let quick = Duration::from_millis(900);
+    let asleep = Duration::from_millis(1500);
+
+    let mut rx = TestClient::spawn(
+        &bed.socket(),
+        &["--open", "10.99.0.1:5001", "--run-secs", "60"],
+    );
+    rx.wait_for("READY", Duration::from_secs(20));
+    for i in 0..3 {
+        std::thread::sleep(asleep);
+        let t = Instant::now();
+        send_from_peer(&bed, vec![(5001, format!("wire-{i}").into_bytes())]);
+        let line = rx.wait_for("RX ", Duration::from_secs(15));
+        let took = t.elapsed();
+        assert!(line.ends_with(&format!("payload=wire-{i}")), "{line}");
+        assert!(
+            took < quick,
+            "a frame from the wire waited {took:?} in an idle urdmad"
+        );
+    }
+
+    let peer = udp_in(&bed.ns_b, SocketAddrV4::new(PEER_IP, 6000));
+    let sends: Vec<String> = (0..3)
+        .map(|i| format!("{},{LOCAL_IP}:5002,{PEER_IP}:6000,bell-{i}", bed.peer_mac()))
+        .collect();
+    let mut args = vec!["--send-every-ms", "1500", "--run-secs", "1"];
+    for s in &sends {
+        args.extend(["--send", s.as_str()]);
+    }
+    let mut tx = TestClient::spawn(&bed.socket(), &args);
+    let mut buf = [0u8; 64];
+    for i in 0..3 {
+        tx.wait_for("SENT", Duration::from_secs(20));
+        let t = Instant::now();
+        let got = loop {
+            match peer.recv_from(&mut buf) {
+                Ok((n, _)) => break Some(buf[..n].to_vec()),
+                Err(_) if t.elapsed() < Duration::from_secs(15) => continue,
+                Err(_) => break None,
+            }
+        };
+        let took = t.elapsed();
+        assert_eq!(got.as_deref(), Some(format!("bell-{i}").as_bytes()));
+        assert!(
+            took < quick,
+            "a process's frame waited {took:?} in an idle urdmad"
+        );
+    }
+    assert!(tx.wait(Duration::from_secs(20)).success());
+    let st = d.status();
+    assert_eq!(
+        field(&st, "daemon", "", "spurious_wakes").as_deref(),
+        Some("0"),
+        "{st:?}"
+    );
+}

@@ -25,6 +25,9 @@ struct Args {
     /// Send one UDP datagram after the flows are open: DST_MAC,SRC_IP:PORT,DST_IP:PORT,PAYLOAD
     #[arg(long = "send")]
     sends: Vec<String>,
+    /// Wait this long before each --send (milliseconds).
+    #[arg(long, default_value_t = 0)]
+    send_every_ms: u64,
     /// Receive for this long, then detach.
     #[arg(long, default_value_t = 0.0)]
     run_secs: f64,
@@ -82,6 +85,7 @@ fn send_all(s: &Session, args: &Args) -> CliResult<()> {
         let mac: Mac = mac.parse().map_err(|e| format!("{e}"))?;
         let src: SocketAddrV4 = src.parse().map_err(|e| format!("{e}"))?;
         let dst: SocketAddrV4 = dst.parse().map_err(|e| format!("{e}"))?;
+        std::thread::sleep(Duration::from_millis(args.send_every_ms));
         s.send(
             usize::from(args.port),
             &udp_frame(mac.0, src_mac.0, src, dst, payload.as_bytes()),
