@@ -21,10 +21,14 @@
 //! memory, ...): while traffic flows it keeps going (yielding the CPU
 //! between rounds); after [`SPIN_ROUNDS`] idle rounds it posts `ARM` to
 //! urdmad (unless it is armed already) and sleeps in `poll()` on the
-//! control socket and its own eventfd until an event (`EVENT WAKE`,
-//! `EVENT CONNECTED`, `EVENT DISCONNECT`), the earliest trp timer, or a
-//! kick from an application call that made a timer earlier than the one
-//! it sleeps to.
+//! control socket, its own eventfd and its alarm (a timerfd) until an
+//! event (`EVENT WAKE`, `EVENT CONNECTED`, `EVENT DISCONNECT`), the
+//! earliest trp timer, or a kick. An application call that makes a timer
+//! due earlier than the helper's alarm moves the alarm forward (one system
+//! call) rather than waking the helper to go back to sleep with a shorter
+//! timeout: almost every message does that (the delayed ACK, the
+//! retransmission timer), and on a host whose cores are shared each of
+//! those wake-ups was a context switch on the message's path.
 //!
 //! `ARM`'s reply is not waited for: urdmad looks at the process's rings
 //! when it takes the `ARM` and sends `EVENT WAKE` at once if a frame is
@@ -92,6 +96,8 @@ struct Runtime {
     state: Mutex<Shared>,
     /// Wakes the helper out of its poll().
     kick: OnceLock<OwnedFd>,
+    /// The helper's alarm: a timerfd on the clock of [`now`].
+    alarm: OnceLock<OwnedFd>,
 }
 
 fn rt() -> &'static Runtime {
@@ -105,6 +111,7 @@ fn rt() -> &'static Runtime {
             armed: false,
         }),
         kick: OnceLock::new(),
+        alarm: OnceLock::new(),
     })
 }
 
@@ -128,6 +135,32 @@ pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
 /// Runs `f` under the lock for a control verb (no progress, no timers).
 pub fn with_engine<R>(f: impl FnOnce(&mut Engine) -> R) -> R {
     f(&mut lock().engine)
+}
+
+/// Sets the helper's alarm to `at` (None: no alarm).
+fn set_alarm(at: Option<Instant>) {
+    let Some(fd) = rt().alarm.get() else { return };
+    // An all-zero value disarms; a deadline of 0 ns is long past anyway.
+    let ns = at.map_or(0, |t| t.as_nanos().max(1));
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        },
+    };
+    // SAFETY: our timerfd; a valid itimerspec; no old value wanted.
+    unsafe {
+        libc::timerfd_settime(
+            fd.as_raw_fd(),
+            libc::TFD_TIMER_ABSTIME,
+            &spec,
+            std::ptr::null_mut(),
+        )
+    };
 }
 
 fn kick_helper() {
@@ -386,8 +419,8 @@ impl Shared {
                 _ => false,
             };
             if earlier {
-                self.helper_sleep = None;
-                kick_helper();
+                self.helper_sleep = Some(d);
+                set_alarm(d);
             }
         }
     }
@@ -418,6 +451,18 @@ fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
     }
     // SAFETY: a fresh descriptor we own.
     let _ = rt().kick.set(unsafe { OwnedFd::from_raw_fd(fd) });
+    // SAFETY: plain timerfd creation.
+    let fd = unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err((crate::guard::errno(), false));
+    }
+    // SAFETY: a fresh descriptor we own.
+    let _ = rt().alarm.set(unsafe { OwnedFd::from_raw_fd(fd) });
     let (tx, rx) = std::sync::mpsc::channel();
     let attachment = a.clone();
     let started = std::time::Instant::now();
@@ -480,6 +525,7 @@ fn spawn_blocking_signals(f: impl FnOnce() + Send + 'static) -> std::io::Result<
 
 fn helper_loop() {
     let kick = rt().kick.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
+    let alarm = rt().alarm.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
     let mut idle = 0u32;
     loop {
         let mut g = match rt().state.try_lock() {
@@ -521,12 +567,15 @@ fn helper_loop() {
         }
         let deadline = g.engine.deadline();
         g.helper_sleep = Some(deadline);
+        set_alarm(deadline);
         drop(g);
-        sleep_on(fd, kick, deadline.map(|d| d.saturating_duration_since(now)));
+        sleep_on(&[fd, kick, alarm]);
         lock().helper_sleep = None;
-        let mut v = 0u64;
-        // SAFETY: draining our non-blocking eventfd into a local.
-        unsafe { libc::read(kick, (&mut v as *mut u64).cast(), 8) };
+        for f in [kick, alarm] {
+            let mut v = 0u64;
+            // SAFETY: draining our non-blocking eventfd or timerfd into a local.
+            unsafe { libc::read(f, (&mut v as *mut u64).cast(), 8) };
+        }
         // One round to see what woke it: anything to do starts the spin
         // again, nothing (ARM's reply, a timer with nothing due) sleeps.
         idle = SPIN_ROUNDS - 1;
@@ -544,28 +593,25 @@ fn readable(fd: i32) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) > 0 }
 }
 
-fn sleep_on(ctl: i32, kick: i32, timeout: Option<Duration>) {
-    let mut fds = [
-        libc::pollfd {
-            fd: ctl,
+/// Sleeps until one of `fds` is readable.
+fn sleep_on(fds: &[i32]) {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        },
-        libc::pollfd {
-            fd: kick,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    let ts = timeout.map(|t| libc::timespec {
-        tv_sec: t.as_secs() as libc::time_t,
-        tv_nsec: t.subsec_nanos() as libc::c_long,
-    });
-    let tsp = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: fds and ts live across the call; no signal mask change.
-    unsafe { libc::ppoll(fds.as_mut_ptr(), 2, tsp, std::ptr::null()) };
+        })
+        .collect();
+    // SAFETY: a valid pollfd array; no timeout, no signal mask change.
+    unsafe {
+        libc::ppoll(
+            p.as_mut_ptr(),
+            p.len() as libc::nfds_t,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
 }
 
 #[cfg(test)]
