@@ -146,6 +146,7 @@ impl Rings {
             tx,
             pool: self.pool,
             ringer: self.ringer.clone(),
+            backlogged: false,
             spare: std::ptr::null_mut(),
             ep: Endpoints {
                 local_mac,
@@ -162,6 +163,8 @@ pub struct DpdkFlow {
     tx: *mut sys::rte_ring,
     pool: *mut sys::rte_mempool,
     ringer: Option<Arc<Ringer>>,
+    /// The last `transmit` stopped because the TX ring was full.
+    backlogged: bool,
     /// An empty mbuf kept between calls.
     spare: *mut sys::rte_mbuf,
     ep: Endpoints,
@@ -180,8 +183,8 @@ impl Drop for DpdkFlow {
 unsafe impl Send for DpdkFlow {}
 
 impl DpdkFlow {
-    /// Hands `pkts` to the port's TX ring; what does not fit is dropped
-    /// (trp retransmits it).
+    /// Hands `pkts` to the port's TX ring; `transmit` makes no more than
+    /// fit, and anything that did not would be dropped (trp retransmits it).
     fn enqueue(&self, pkts: &[*mut sys::rte_mbuf]) {
         if pkts.is_empty() {
             return;
@@ -264,7 +267,19 @@ impl Flow for DpdkFlow {
         let mut pkts = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
         let mut k = 0;
         let mut sent = 0;
+        // Only as many datagrams as the TX ring has room for leave trp: one
+        // made and then dropped at a full ring would count as sent, wait for
+        // its retransmission timer and, under load, be dropped again until
+        // the peer gave up. The process is the ring's only producer, so the
+        // room can only grow while we fill it.
+        // SAFETY: the ring lives while the process is attached.
+        let mut room = unsafe { sys::rte_ring_free_count(self.tx) } as usize;
+        self.backlogged = false;
         loop {
+            if room == 0 {
+                self.backlogged = true;
+                break;
+            }
             // The spare left by a call that had nothing to send, or a new
             // one from urdmad's pool (shared with this process).
             let m = match std::mem::replace(&mut self.spare, std::ptr::null_mut()) {
@@ -293,6 +308,7 @@ impl Flow for DpdkFlow {
                     pkts[k] = m;
                     k += 1;
                     sent += 1;
+                    room -= 1;
                     if k == BURST {
                         self.enqueue(&pkts[..k]);
                         k = 0;
@@ -310,6 +326,10 @@ impl Flow for DpdkFlow {
         }
         self.enqueue(&pkts[..k]);
         sent
+    }
+
+    fn backlogged(&self) -> bool {
+        self.backlogged
     }
 }
 

@@ -9,7 +9,7 @@
 //! everything here runs under it, which is what makes a deregistration
 //! unable to race a placement and an arm unable to miss a completion.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use trp::mr::check;
 use trp::{
@@ -39,6 +39,12 @@ pub trait Flow: Send {
         datagram: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
     ) -> usize;
+    /// Whether the last `transmit` stopped for want of room on the way out
+    /// (the process's TX ring full) rather than because nothing was left:
+    /// what is left waits in trp, and progress must come back soon.
+    fn backlogged(&self) -> bool {
+        false
+    }
 }
 
 /// What a QP was created with.
@@ -165,8 +171,11 @@ pub struct Progress {
 pub struct Engine {
     pub mrs: MrTable,
     cqs: HashMap<CqKey, Cq>,
-    qps: HashMap<QpKey, Qp>,
+    /// Ordered, so that [`Engine::progress`] can start each round elsewhere.
+    qps: BTreeMap<QpKey, Qp>,
     notices: Vec<Notice>,
+    /// Rounds of progress so far.
+    rounds: usize,
 }
 
 impl Engine {
@@ -471,20 +480,40 @@ impl Engine {
 
     /// One round over every QP: receive, timers, transmit, connection
     /// events, completions into their CQs.
+    ///
+    /// The QPs share their port's TX ring, and whoever goes first may fill
+    /// it: each round starts one QP further on, so that under load none of
+    /// them always finds the ring full (and its peer gives up on it).
     pub fn progress(&mut self, now: Instant) -> Progress {
         let mut p = Progress::default();
-        for (&key, qp) in self.qps.iter_mut() {
-            if progress_qp(&mut self.mrs, key, qp, now, &mut self.notices) {
-                p.busy = true;
-            }
-            if deliver(&mut self.cqs, key, qp) {
-                p.busy = true;
-            }
-            if let Some(t) = qp.conn.as_ref().and_then(|c| c.poll_timeout()) {
-                if qp.flow.is_some() {
-                    p.deadline = Some(p.deadline.map_or(t, |d| d.min(t)));
-                }
-            }
+        let first = match self.qps.len() {
+            0 => return p,
+            n => self.qps.keys().nth(self.rounds % n).copied(),
+        };
+        self.rounds = self.rounds.wrapping_add(1);
+        let Some(first) = first else { return p };
+        let (head, tail) = (first.., ..first);
+        for (&key, qp) in self.qps.range_mut(head) {
+            progress_one(
+                &mut self.mrs,
+                &mut self.cqs,
+                &mut self.notices,
+                key,
+                qp,
+                now,
+                &mut p,
+            );
+        }
+        for (&key, qp) in self.qps.range_mut(tail) {
+            progress_one(
+                &mut self.mrs,
+                &mut self.cqs,
+                &mut self.notices,
+                key,
+                qp,
+                now,
+                &mut p,
+            );
         }
         p
     }
@@ -496,6 +525,29 @@ impl Engine {
             .filter(|q| q.flow.is_some())
             .filter_map(|q| q.conn.as_ref()?.poll_timeout())
             .min()
+    }
+}
+
+/// One QP's share of a round of [`Engine::progress`].
+fn progress_one(
+    mrs: &mut MrTable,
+    cqs: &mut HashMap<CqKey, Cq>,
+    notices: &mut Vec<Notice>,
+    key: QpKey,
+    qp: &mut Qp,
+    now: Instant,
+    p: &mut Progress,
+) {
+    if progress_qp(mrs, key, qp, now, notices) {
+        p.busy = true;
+    }
+    if deliver(cqs, key, qp) {
+        p.busy = true;
+    }
+    if let Some(t) = qp.conn.as_ref().and_then(|c| c.poll_timeout()) {
+        if qp.flow.is_some() {
+            p.deadline = Some(p.deadline.map_or(t, |d| d.min(t)));
+        }
     }
 }
 
@@ -533,7 +585,7 @@ fn progress_qp(
         }
         let dg = conn.max_datagram();
         let m = flow.transmit(dg, &mut |buf| conn.poll_transmit(now, &mem, buf));
-        work = n + m > 0;
+        work = n + m > 0 || flow.backlogged();
     }
     let mut ended = None;
     while let Some(e) = conn.poll_event() {

@@ -905,3 +905,78 @@ fn losing_urdmad_flushes_every_qp_wakes_armed_cqs_and_drops_the_flows() {
     assert!(!later.is_empty());
     assert!(later.iter().all(|w| w.status == IBV_WC_WR_FLUSH_ERR));
 }
+
+/// A flow that says which QP transmitted, in order, and can claim a full TX ring.
+struct Recording {
+    flow: MemFlow,
+    key: QpKey,
+    log: Arc<Mutex<Vec<QpKey>>>,
+    full: bool,
+}
+
+impl Flow for Recording {
+    fn receive(&mut self, handle: &mut dyn FnMut(&[&[u8]])) -> usize {
+        self.flow.receive(handle)
+    }
+    fn transmit(
+        &mut self,
+        datagram: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> usize {
+        self.log.lock().unwrap().push(self.key);
+        if self.full {
+            return 0;
+        }
+        self.flow.transmit(datagram, fill)
+    }
+    fn backlogged(&self) -> bool {
+        self.full
+    }
+}
+
+/// Replaces A's and B's flows with recording ones (B's claiming a full ring when `b_full`).
+fn record(t: &mut Bed, b_full: bool) -> Arc<Mutex<Vec<QpKey>>> {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    for (key, rx, tx, full) in [
+        (A, t.ba.clone(), t.ab.clone(), false),
+        (B, t.ab.clone(), t.ba.clone(), b_full),
+    ] {
+        t.e.qps.get_mut(&key).unwrap().flow = Some(Box::new(Recording {
+            flow: MemFlow { rx, tx },
+            key,
+            log: log.clone(),
+            full,
+        }));
+    }
+    log
+}
+
+#[test]
+fn each_round_of_progress_starts_at_another_qp() {
+    // The QPs of a process share its TX ring: a fixed order would let the
+    // first ones fill it every round and starve the rest.
+    let mut t = Bed::new();
+    t.connect();
+    let log = record(&mut t, false);
+    for _ in 0..4 {
+        t.e.progress(t.now);
+    }
+    let order = log.lock().unwrap().clone();
+    let firsts: Vec<QpKey> = order.chunks(2).map(|c| c[0]).collect();
+    assert_eq!(firsts.len(), 4, "{order:?}");
+    assert!(firsts.contains(&A) && firsts.contains(&B), "{order:?}");
+}
+
+#[test]
+fn a_full_tx_ring_keeps_progress_coming_back() {
+    // What is left in trp for want of ring room has no timer of its own:
+    // the round must count as busy, or the helper would go to sleep on it.
+    let mut t = Bed::new();
+    t.connect();
+    for _ in 0..4 {
+        t.e.progress(t.now);
+    }
+    assert!(!t.e.progress(t.now).busy, "nothing to do yet");
+    record(&mut t, true);
+    assert!(t.e.progress(t.now).busy);
+}
