@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Overload: PROCS pairs of processes run the data-verifying workload (tests/e2e/verify.c) at
+# once, each pair with CONNS connections between a client on node A and a server on node B,
+# over flow and TX rings of only 16 frames (URDMA_BED_RING_SIZE) against trp's window of
+# 1,024 segments. Expected: every pair finishes with every byte and completion right, and
+# afterwards no QP, flow or ring is left on either node. (Before the provider kept to its TX
+# ring's room and took its QPs in turn, the last QPs of a process never got a frame out and
+# their peers gave up.)
+#
+# With OVERLOAD_STALL=SECONDS, the same work runs a second time with one receiver stopped
+# (SIGSTOP, nothing of it runs, not even the provider's progress thread) for that long once
+# all its connections carry traffic, while the others run. Its flow rings fill and node B's
+# urdmad drops and counts what comes for it. Expected then: the other pairs finish in about
+# the baseline's time, the stopped receiver's drops show in urdmad's status, and TRP
+# recovers them once it runs again (a stop stays below trp's give-up time, 10 s). Not yet
+# met, so not run by default: the stopped receiver's peer has given up (RETRY_EXC) after a
+# 5-s stop in some runs (docs/reliability.md).
+#
+# Reduced (the default): 4 pairs x 8 connections x 40 operations. The full case:
+#   OVERLOAD_PROCS=8 OVERLOAD_CONNS=32 OVERLOAD_OPS=100 scripts/test --vm-only 59-e2e-overload
+# vm-timeout: 2400
+set -u
+. tests/e2e/lib.sh
+
+PROCS=${OVERLOAD_PROCS:-4}
+CONNS=${OVERLOAD_CONNS:-8}
+OPS=${OVERLOAD_OPS:-40}
+STALL=${OVERLOAD_STALL:-0}
+LIMIT=${OVERLOAD_LIMIT:-1200}	# seconds a phase may take
+prog=$(build_e2e verify) || exit 1
+port=7800
+export URDMA_BED_RING_SIZE=${URDMA_BED_RING_SIZE:-16}
+
+# The drops node B's urdmad counts on the flows of the process with pid $1 (while it runs).
+flow_drops() {
+	"$BED" status B | awk -v pid="$1" '
+		{ delete f; for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] } }
+		$1 == "process" && f["pid"] == pid { client = f["client"] }
+		$1 == "flow" { drops[f["client"]] += f["drops"] }
+		END { print (client == "" ? 0 : drops[client] + 0) }'
+}
+
+# The flows node B's urdmad has open for the process with pid $1.
+proc_flows() {
+	"$BED" status B 2>/dev/null | awk -v pid="$1" '$1 == "process" {
+		delete f; for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+		if (f["pid"] == pid) print f["flows"] }'
+}
+
+# phase NAME STALLED: every pair at once; with STALLED=1 the first server stops for a while.
+# Sets OTHERS_S to the seconds until the last of the other pairs' clients finished.
+phase() {
+	local name=$1 stalled=$2 i spids=() cpids=() start t_conn slow_pid p ops
+	SLOW_DROPS=0
+	for i in $(seq "$PROCS"); do
+		start_server B "overload-$name-s$i" "listening" "$prog" server "$ADDR_B" "$((port + i))" \
+			-c "$CONNS" -s "$i" -t "$LIMIT"
+		spids+=("$SERVER_PID")
+	done
+	start=$SECONDS
+	for i in $(seq "$PROCS"); do
+		# the slow pair has more to do, so that it is still at it when it is stopped
+		ops=$OPS
+		[ "$i" = 1 ] && ops=$((OPS * 4))
+		ip netns exec urdmaA "$prog" client "$ADDR_B" "$((port + i))" -c "$CONNS" -n "$ops" \
+			-s "$i" -t "$LIMIT" >"$OUT/overload-$name-c$i.log" 2>&1 &
+		cpids+=("$!")
+	done
+	port=$((port + PROCS))
+	slow_pid=${spids[0]}
+	# The slow receiver stops once all of its connections carry traffic (one stopped while
+	# its connections are still being made is a case of its own).
+	if [ "$stalled" = 1 ]; then
+		until [ "$(proc_flows "$slow_pid")" -ge "$CONNS" ] 2>/dev/null; do
+			kill -0 "$slow_pid" 2>/dev/null || fail "$name: the slow receiver ended before it was stopped"
+			[ $((SECONDS - start)) -lt "$LIMIT" ] || fail "$name: the slow receiver's connections not made"
+			sleep 0.2
+		done
+		sleep 1
+		kill -STOP "$slow_pid"
+		sleep "$STALL"
+		SLOW_DROPS=$(flow_drops "$slow_pid")
+		kill -CONT "$slow_pid"
+	fi
+	while :; do
+		local running=0
+		for p in "${cpids[@]:1}"; do kill -0 "$p" 2>/dev/null && running=$((running + 1)); done
+		[ "$running" = 0 ] && break
+		[ $((SECONDS - start)) -lt "$LIMIT" ] || {
+			dump_stuck verify "${cpids[1]}"
+			fail "$name: $running client(s) still running after ${LIMIT}s (their state: stuck.log)"
+		}
+		sleep 0.2
+	done
+	OTHERS_S=$((SECONDS - start))
+	for i in $(seq "$PROCS"); do
+		p=${cpids[$((i - 1))]}
+		t_conn=$SECONDS
+		while kill -0 "$p" 2>/dev/null; do
+			[ $((SECONDS - t_conn)) -lt "$LIMIT" ] || fail "$name: client $i did not finish"
+			sleep 0.2
+		done
+		wait "$p" || fail "$name: client $i: $(grep -m1 FAIL "$OUT/overload-$name-c$i.log" || tail -n1 "$OUT/overload-$name-c$i.log")"
+		grep -q "verify: ok client $CONNS connections" "$OUT/overload-$name-c$i.log" ||
+			fail "$name: client $i did not report success"
+		SERVER_PID=${spids[$((i - 1))]}
+		wait_server "overload-$name-s$i" 120
+		grep -q "verify: ok server" "$OUT/overload-$name-s$i.log" || fail "$name: server $i did not finish"
+	done
+}
+
+bed_up
+before_a=$(res_counts urdmaA)
+before_b=$(res_counts urdmaB)
+echo "overload: $PROCS pairs of processes x $CONNS connections x $OPS operations, all at once"
+
+phase baseline 0
+base_s=$OTHERS_S
+echo "  pairs 2-$PROCS done in ${base_s}s, pair 1 too, every byte right"
+
+if [ "$STALL" -gt 0 ]; then
+	phase stalled 1
+	stall_s=$OTHERS_S
+	echo "  stalled: pairs 2-$PROCS done in ${stall_s}s, pair 1's receiver stopped for ${STALL}s;" \
+		"its flows' drops at node B: $SLOW_DROPS; pair 1 finished right after, every byte right"
+	# One stopped receiver must not hold the others up: they finish within twice the
+	# baseline (emulation's noise) plus the stall.
+	[ "$stall_s" -le $((2 * base_s + STALL + 1)) ] ||
+		fail "the other pairs took ${stall_s}s with a stalled receiver, ${base_s}s without"
+	[ "$SLOW_DROPS" -gt 0 ] || fail "no drops counted for the stalled receiver's flows"
+fi
+
+for n in A B; do
+	flows=$("$BED" status "$n" | awk '$1 == "daemon" {for (i = 2; i <= NF; i++) if ($i ~ /^flows=/) print substr($i, 7)}')
+	for _ in $(seq 150); do
+		[ "$flows" = 0 ] && break
+		sleep 0.2
+		flows=$("$BED" status "$n" | awk '$1 == "daemon" {for (i = 2; i <= NF; i++) if ($i ~ /^flows=/) print substr($i, 7)}')
+	done
+	[ "$flows" = 0 ] || fail "urdmad of node $n still has $flows flows"
+done
+wait_res urdmaA "$before_a" 60
+wait_res urdmaB "$before_b" 60
+dmesg_check
+echo "PASS"
