@@ -9,8 +9,9 @@
 # work). netem acts in both directions.
 #
 # FAULT_OPS operations per connection (default 150, two connections), FAULT_RPING rping
-# iterations (default 100): the full matrix is
-#   FAULT_OPS=2000 FAULT_RPING=1000 scripts/test --vm-only 57-e2e-faults
+# iterations (default 100): the full matrix is (the guest sees only the environment the
+# command gives it)
+#   scripts/vm -- env FAULT_OPS=2000 FAULT_RPING=1000 tests/vm/run-all 57-e2e-faults
 # vm-timeout: 3600
 set -u
 . tests/e2e/lib.sh

@@ -16,8 +16,9 @@
 # met, so not run by default: the stopped receiver's peer has given up (RETRY_EXC) after a
 # 5-s stop in some runs (docs/reliability.md).
 #
-# Reduced (the default): 4 pairs x 8 connections x 40 operations. The full case:
-#   OVERLOAD_PROCS=8 OVERLOAD_CONNS=32 OVERLOAD_OPS=100 scripts/test --vm-only 59-e2e-overload
+# Reduced (the default): 4 pairs x 8 connections x 40 operations. The full case (the guest
+# sees only the environment the command gives it):
+#   scripts/vm -- env OVERLOAD_PROCS=8 OVERLOAD_CONNS=32 OVERLOAD_OPS=100 tests/vm/run-all 59-e2e-overload
 # vm-timeout: 2400
 set -u
 . tests/e2e/lib.sh
