@@ -80,8 +80,10 @@ phase() {
 		sleep 1
 		kill -STOP "$slow_pid"
 		sleep "$STALL"
-		SLOW_DROPS=$(flow_drops "$slow_pid")
 		kill -CONT "$slow_pid"
+		# after the stop, not during it: a status request takes seconds here, which would
+		# lengthen the stop (the counters stay while the flows do)
+		SLOW_DROPS=$(flow_drops "$slow_pid")
 	fi
 	while :; do
 		local running=0
