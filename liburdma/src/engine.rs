@@ -10,6 +10,7 @@
 //! unable to race a placement and an arm unable to miss a completion.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound::{Excluded, Unbounded};
 
 use trp::mr::check;
 use trp::{
@@ -174,8 +175,8 @@ pub struct Engine {
     /// Ordered, so that [`Engine::progress`] can start each round elsewhere.
     qps: BTreeMap<QpKey, Qp>,
     notices: Vec<Notice>,
-    /// Rounds of progress so far.
-    rounds: usize,
+    /// The QP the last round of progress started at.
+    turn: Option<QpKey>,
 }
 
 impl Engine {
@@ -486,34 +487,26 @@ impl Engine {
     /// them always finds the ring full (and its peer gives up on it).
     pub fn progress(&mut self, now: Instant) -> Progress {
         let mut p = Progress::default();
-        let first = match self.qps.len() {
-            0 => return p,
-            n => self.qps.keys().nth(self.rounds % n).copied(),
+        // The QP after the one the last round started at, or the first.
+        let after = self.turn.map_or(Unbounded, Excluded);
+        let Some(first) = self
+            .qps
+            .range((after, Unbounded))
+            .chain(self.qps.iter())
+            .map(|(&k, _)| k)
+            .next()
+        else {
+            return p;
         };
-        self.rounds = self.rounds.wrapping_add(1);
-        let Some(first) = first else { return p };
-        let (head, tail) = (first.., ..first);
-        for (&key, qp) in self.qps.range_mut(head) {
-            progress_one(
-                &mut self.mrs,
-                &mut self.cqs,
-                &mut self.notices,
-                key,
-                qp,
-                now,
-                &mut p,
-            );
+        self.turn = Some(first);
+        let (mrs, cqs, notices) = (&mut self.mrs, &mut self.cqs, &mut self.notices);
+        let mut one =
+            |key: QpKey, qp: &mut Qp| progress_one(mrs, cqs, notices, key, qp, now, &mut p);
+        for (&key, qp) in self.qps.range_mut(first..) {
+            one(key, qp);
         }
-        for (&key, qp) in self.qps.range_mut(tail) {
-            progress_one(
-                &mut self.mrs,
-                &mut self.cqs,
-                &mut self.notices,
-                key,
-                qp,
-                now,
-                &mut p,
-            );
+        for (&key, qp) in self.qps.range_mut(..first) {
+            one(key, qp);
         }
         p
     }
