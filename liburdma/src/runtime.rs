@@ -569,7 +569,7 @@ fn helper_loop() {
         g.helper_sleep = Some(deadline);
         set_alarm(deadline);
         drop(g);
-        sleep_on(&[fd, kick, alarm]);
+        sleep_on([fd, kick, alarm]);
         lock().helper_sleep = None;
         for f in [kick, alarm] {
             let mut v = 0u64;
@@ -594,15 +594,12 @@ fn readable(fd: i32) -> bool {
 }
 
 /// Sleeps until one of `fds` is readable.
-fn sleep_on(fds: &[i32]) {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+fn sleep_on(fds: [i32; 3]) {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
     // SAFETY: a valid pollfd array; no timeout, no signal mask change.
     unsafe {
         libc::ppoll(
