@@ -183,6 +183,11 @@ impl Drop for DpdkFlow {
 unsafe impl Send for DpdkFlow {}
 
 impl DpdkFlow {
+    /// Both ends of the flow.
+    pub fn endpoints(&self) -> Endpoints {
+        self.ep
+    }
+
     /// Hands `pkts` to the port's TX ring; `transmit` makes no more than
     /// fit, and anything that did not would be dropped (trp retransmits it).
     fn enqueue(&self, pkts: &[*mut sys::rte_mbuf]) {

@@ -46,6 +46,11 @@ pub trait Flow: Send {
     fn backlogged(&self) -> bool {
         false
     }
+    /// Whether what arrives on the flow wakes the helper by itself (its own descriptor is in
+    /// the helper's poll set), so that urdmad need not be asked to (`ARM`).
+    fn wakes_itself(&self) -> bool {
+        false
+    }
 }
 
 /// What a QP was created with.
@@ -509,6 +514,13 @@ impl Engine {
             one(key, qp);
         }
         p
+    }
+
+    /// Whether a flow depends on urdmad to wake the helper when something arrives.
+    pub fn needs_arm(&self) -> bool {
+        self.qps
+            .values()
+            .any(|q| q.flow.as_ref().is_some_and(|f| !f.wakes_itself()))
     }
 
     /// The earliest timer of any connection that still has its flow.

@@ -110,6 +110,7 @@ impl Bed {
             ord: 16,
             datagram: 1472,
             crc: true,
+            direct: 0,
             conn: 0xB,
             isn: 500,
             pdata: b"ok".to_vec(),

@@ -6,6 +6,7 @@
 //! [`context`]. Control verbs go through the kernel with the `ibv_cmd_*`
 //! helpers ([`verbs`]); the data path runs in user space: the progress
 //! [`engine`] drives trp connections over DPDK rings shared with urdmad,
+//! or, on the direct path, over each connection's own packet socket,
 //! places data through the process's MR table ([`mem`]) and completes
 //! into user-space CQs ([`cq`]). Shared receive queues answer
 //! `EOPNOTSUPP` ([`unsupported`]).
@@ -17,6 +18,7 @@ pub mod context;
 pub mod cq;
 mod data;
 pub mod device;
+mod direct;
 mod dpdk;
 pub mod engine;
 mod guard;

@@ -50,12 +50,24 @@ use trp::Instant;
 use urdmad::client::Connection as Control;
 use urdmad::proto::{Event, Request, Response};
 
-use crate::dpdk::{self, Rings};
-use crate::engine::{Engine, Notice, PostFail, QpKey, SendReq};
+use crate::direct::SocketFlow;
+use crate::dpdk::{self, DpdkFlow, Rings};
+use crate::engine::{Engine, Flow, Notice, PostFail, QpKey, SendReq};
 use crate::log;
 
-/// Rounds the helper keeps going after the last useful one.
+/// Rounds the helper keeps going after the last useful one (`URDMA_SPIN_ROUNDS` overrides).
 const SPIN_ROUNDS: u32 = 64;
+
+fn spin_rounds() -> u32 {
+    static R: OnceLock<u32> = OnceLock::new();
+    *R.get_or_init(|| {
+        std::env::var("URDMA_SPIN_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(SPIN_ROUNDS)
+            .max(1)
+    })
+}
 /// How long urdmad may take to answer a request.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -98,6 +110,8 @@ struct Runtime {
     kick: OnceLock<OwnedFd>,
     /// The helper's alarm: a timerfd on the clock of [`now`].
     alarm: OnceLock<OwnedFd>,
+    /// The sockets of the connections on the direct path, which the helper sleeps on.
+    sockets: OnceLock<OwnedFd>,
 }
 
 fn rt() -> &'static Runtime {
@@ -112,6 +126,7 @@ fn rt() -> &'static Runtime {
         }),
         kick: OnceLock::new(),
         alarm: OnceLock::new(),
+        sockets: OnceLock::new(),
     })
 }
 
@@ -335,13 +350,15 @@ impl Shared {
             }
             Event::Connected(c) => {
                 let key = (c.dev, c.qpn);
-                let Some(a) = self.attached.as_ref() else {
+                let Some(a) = self.attached.as_mut() else {
                     return;
                 };
+                let sock = a.ctl.as_mut().and_then(|ctl| ctl.take_socket(c.dev, c.qpn));
                 let r = a
                     .rings
                     .flow(c.port, &c.rx_ring, c.local, c.remote, c.mac.0)
-                    .and_then(|flow| self.engine.connected(key, &c, Box::new(flow), now));
+                    .and_then(|flow| make_flow(flow, &c, sock))
+                    .and_then(|flow| self.engine.connected(key, &c, flow, now));
                 match r {
                     Ok(()) => log::debug(format_args!(
                         "QP {}/{} connected {} -> {} ({:?})",
@@ -426,6 +443,28 @@ impl Shared {
     }
 }
 
+/// The flow of a connection urdmad handed over: on the direct path when it passed the
+/// connection's socket, through urdmad's rings otherwise.
+fn make_flow(
+    ring: DpdkFlow,
+    c: &urdmad::proto::Connected,
+    sock: Option<OwnedFd>,
+) -> Result<Box<dyn Flow>, String> {
+    if c.direct == 0 {
+        return Ok(Box::new(ring));
+    }
+    // urdmad no longer takes the connection's frames: without the socket nothing arrives.
+    let sock = sock.ok_or("urdmad put the connection on the direct path but passed no socket")?;
+    let epoll = rt()
+        .sockets
+        .get()
+        .ok_or("no epoll set for the direct path")?
+        .as_raw_fd();
+    let ep = ring.endpoints();
+    let geo = urdmad::direct::Geometry::new(c.datagram, c.direct);
+    Ok(Box::new(SocketFlow::new(ring, sock, geo, ep, epoll)?))
+}
+
 /// Connects, attaches, starts the helper (which initialises EAL) and looks
 /// up the rings. The error says whether trying again is pointless.
 fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
@@ -463,6 +502,13 @@ fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
     }
     // SAFETY: a fresh descriptor we own.
     let _ = rt().alarm.set(unsafe { OwnedFd::from_raw_fd(fd) });
+    // SAFETY: plain epoll creation.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err((crate::guard::errno(), false));
+    }
+    // SAFETY: a fresh descriptor we own.
+    let _ = rt().sockets.set(unsafe { OwnedFd::from_raw_fd(fd) });
     let (tx, rx) = std::sync::mpsc::channel();
     let attachment = a.clone();
     let started = std::time::Instant::now();
@@ -526,6 +572,7 @@ fn spawn_blocking_signals(f: impl FnOnce() + Send + 'static) -> std::io::Result<
 fn helper_loop() {
     let kick = rt().kick.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
     let alarm = rt().alarm.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
+    let sockets = rt().sockets.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
     let mut idle = 0u32;
     loop {
         let mut g = match rt().state.try_lock() {
@@ -557,19 +604,19 @@ fn helper_loop() {
             continue;
         }
         idle += 1;
-        if idle < SPIN_ROUNDS {
+        if idle < spin_rounds() {
             drop(g);
             std::thread::yield_now();
             continue;
         }
-        if !g.armed {
+        if !g.armed && g.engine.needs_arm() {
             g.arm();
         }
         let deadline = g.engine.deadline();
         g.helper_sleep = Some(deadline);
         set_alarm(deadline);
         drop(g);
-        sleep_on([fd, kick, alarm]);
+        sleep_on([fd, kick, alarm, sockets]);
         lock().helper_sleep = None;
         for f in [kick, alarm] {
             let mut v = 0u64;
@@ -578,7 +625,7 @@ fn helper_loop() {
         }
         // One round to see what woke it: anything to do starts the spin
         // again, nothing (ARM's reply, a timer with nothing due) sleeps.
-        idle = SPIN_ROUNDS - 1;
+        idle = spin_rounds() - 1;
     }
 }
 
@@ -594,7 +641,7 @@ fn readable(fd: i32) -> bool {
 }
 
 /// Sleeps until one of `fds` is readable.
-fn sleep_on(fds: [i32; 3]) {
+fn sleep_on(fds: [i32; 4]) {
     let mut p = fds.map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,

@@ -9,15 +9,20 @@
 //! `poll_events`; after any request it calls `poll_events` too (a request may have queued
 //! events that the socket no longer shows as readable), or checks [`Connection::has_events`].
 //!
+//! An `EVENT CONNECTED` whose connection takes the direct path (`direct=` frames, not 0)
+//! comes with the connection's packet socket attached (`SCM_RIGHTS`, [`crate::direct`]):
+//! [`Connection::take_socket`] hands it over.
+//!
 //! [`Connection::post`] sends a request without waiting for its reply: the reply is read and
 //! dropped later, by `poll_events` or before the reply of the next request (replies come in
 //! the order of the requests). A provider posts `ARM`, so that it need not hold its lock, or
 //! block, while the daemon gets round to answering.
 
+use crate::direct;
 use crate::proto::{self, Event, Request, Response, MAX_LINE};
-use std::collections::VecDeque;
-use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -31,6 +36,10 @@ pub struct Connection {
     events: VecDeque<Event>,
     /// The daemon closed the connection (seen by a non-blocking read).
     closed: bool,
+    /// Descriptors received and not yet matched with their event.
+    fds: VecDeque<OwnedFd>,
+    /// The packet sockets of direct connections, by (dev, qpn), until taken.
+    sockets: HashMap<(u32, u32), OwnedFd>,
     /// Replies still to come for posted requests, each one line.
     unanswered: usize,
     /// The daemon's self-description from its `HELLO`.
@@ -69,6 +78,8 @@ impl Connection {
             buf: Vec::new(),
             events: VecDeque::new(),
             closed: false,
+            fds: VecDeque::new(),
+            sockets: HashMap::new(),
             unanswered: 0,
             daemon: String::new(),
             timeout,
@@ -112,7 +123,7 @@ impl Connection {
                 self.stream
                     .set_nonblocking(true)
                     .map_err(|e| format!("socket setup: {e}"))?;
-                let r = self.stream.read(&mut chunk);
+                let r = direct::recv_with_fds(&self.stream, &mut chunk, &mut self.fds);
                 self.stream
                     .set_nonblocking(false)
                     .map_err(|e| format!("socket setup: {e}"))?;
@@ -126,7 +137,7 @@ impl Connection {
                 self.stream
                     .set_read_timeout(Some(left))
                     .map_err(|e| format!("socket setup: {e}"))?;
-                self.stream.read(&mut chunk)
+                direct::recv_with_fds(&self.stream, &mut chunk, &mut self.fds)
             }
         };
         match r {
@@ -176,8 +187,21 @@ impl Connection {
     fn queue_event(&mut self, line: &str) {
         // An event this client cannot decode (a newer daemon's) is skipped.
         if let Ok(e) = Event::decode(line) {
+            if let Event::Connected(c) = &e {
+                // Its socket came with the line's first bytes, so it is queued by now.
+                if c.direct > 0 {
+                    if let Some(fd) = self.fds.pop_front() {
+                        self.sockets.insert((c.dev, c.qpn), fd);
+                    }
+                }
+            }
             self.events.push_back(e);
         }
+    }
+
+    /// The packet socket that came with the `EVENT CONNECTED` of QP (dev, qpn), if one did.
+    pub fn take_socket(&mut self, dev: u32, qpn: u32) -> Option<OwnedFd> {
+        self.sockets.remove(&(dev, qpn))
     }
 
     /// Sends one request whose reply is not waited for; it is dropped when it comes. Only for
@@ -299,6 +323,7 @@ pub fn refusal(resp: Response) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     fn pair() -> (Connection, UnixStream) {
         let (a, b) = UnixStream::pair().unwrap();
@@ -307,6 +332,8 @@ mod tests {
             buf: Vec::new(),
             events: VecDeque::new(),
             closed: false,
+            fds: VecDeque::new(),
+            sockets: HashMap::new(),
             unanswered: 0,
             daemon: String::new(),
             timeout: Duration::from_secs(5),

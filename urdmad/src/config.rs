@@ -35,6 +35,9 @@ pub struct Daemon {
     pub mbufs: u32,
     /// Entries in each flow's RX ring and each process's TX ring (power of two).
     pub ring_size: u32,
+    /// Frames in each direction of a direct connection's socket rings (af_packet ports
+    /// with `direct`; `direct::Geometry`).
+    pub direct_frames: u32,
     pub log_level: String,
     /// Sleep between polls once nothing has arrived for a while, microseconds; 0 polls
     /// without pause (a dedicated core).
@@ -60,6 +63,7 @@ impl Default for Daemon {
             memory_mb: 128,
             mbufs: 8191,
             ring_size: 1024,
+            direct_frames: 256,
             log_level: "info".into(),
             idle_sleep_us: 100,
             idle_sleep_max_us: 4000,
@@ -107,6 +111,14 @@ pub struct Port {
     /// enough for a connection to use it).
     #[serde(default = "default_crc")]
     pub crc: bool,
+    /// Hand each connection its own packet socket on the port's interface (af_packet ports
+    /// only: `direct`), so that its frames bypass urdmad.
+    #[serde(default = "default_direct")]
+    pub direct: bool,
+}
+
+fn default_direct() -> bool {
+    true
 }
 
 fn default_crc() -> bool {
@@ -167,6 +179,8 @@ pub enum ValidationError {
     NoPorts,
     #[error("ring_size {ring_size} is not a power of two >= 16")]
     RingSize { ring_size: u32 },
+    #[error("direct_frames {direct_frames} is not between 16 and 65536")]
+    DirectFrames { direct_frames: u32 },
     #[error("mbufs {mbufs} is below 1024")]
     Mbufs { mbufs: u32 },
     #[error("file_prefix {file_prefix:?} must be letters, digits, - or _")]
@@ -236,6 +250,11 @@ impl Config {
         if !d.ring_size.is_power_of_two() || d.ring_size < 16 {
             return Err(ValidationError::RingSize {
                 ring_size: d.ring_size,
+            });
+        }
+        if !(16..=65536).contains(&d.direct_frames) {
+            return Err(ValidationError::DirectFrames {
+                direct_frames: d.direct_frames,
             });
         }
         if d.mbufs < 1024 {

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 mod cm;
+mod direct;
 mod idle;
 
 const BURST: usize = 32;
@@ -25,6 +26,9 @@ const BURST: usize = 32;
 const CONTROL_PERIOD: Duration = Duration::from_millis(2);
 /// Empty polls before the loop starts sleeping between polls (small machines share cores).
 const IDLE_POLLS: u32 = 256;
+/// How long an idle urdmad sleeps when every port's frames end a sleep and no handshake is
+/// under way: it then has nothing a timer must start (a few request expiries of seconds).
+const QUIET_SLEEP: Duration = Duration::from_millis(100);
 /// Idle this long, the sleep between polls starts doubling (up to `idle_sleep_max_us`).
 const BACKOFF_AFTER: Duration = Duration::from_millis(100);
 pub const POOL_NAME: &str = "urd_mbufs";
@@ -56,6 +60,10 @@ struct PortState {
     echoes: u64,
     /// Whether the port can hand us back our own frames ([`port::may_echo`]).
     may_echo: bool,
+    /// The direct path ([`crate::direct`]), where the port offers it.
+    direct: Option<direct::DirectPort>,
+    /// Why it does not (status).
+    direct_off: String,
 }
 
 struct FlowRec {
@@ -67,6 +75,8 @@ struct FlowRec {
     queue: Option<u16>,
     /// Why a flow on a hardware-steered port is steered in software.
     fallback: Option<String>,
+    /// The connection's own socket, when it is on the direct path.
+    direct: Option<direct::DirectSock>,
 }
 
 struct TxRing {
@@ -240,6 +250,8 @@ impl Daemon {
                     loopback: 0,
                     echoes: 0,
                     may_echo: port::may_echo(&pc.device),
+                    direct: None,
+                    direct_off: String::new(),
                 }),
                 Err(e) => {
                     for p in &mut ports {
@@ -248,6 +260,19 @@ impl Daemon {
                     // SAFETY: no port uses the pool any more.
                     unsafe { sys::rte_mempool_free(pool) };
                     return Err(e.into());
+                }
+            }
+        }
+        // Once the ports' sockets exist.
+        for (p, pc) in ports.iter_mut().zip(&cfg.ports) {
+            match direct::DirectPort::new(&pc.device, pc.direct) {
+                Ok(d) => {
+                    tracing::info!(port = %pc.name, "connections take the direct path");
+                    p.direct = Some(d);
+                }
+                Err(why) => {
+                    tracing::info!(port = %pc.name, "no direct path: {why}");
+                    p.direct_off = why;
                 }
             }
         }
@@ -472,7 +497,11 @@ impl Daemon {
                     // once; otherwise sleep idle_sleep between looks, and after
                     // BACKOFF_AFTER double it up to idle_sleep_max.
                     let since = *idle_since.get_or_insert(now);
-                    let d = if self.idle.frames_wake() {
+                    let d = if self.idle.frames_wake() && self.cm.handshakes.is_empty() {
+                        // Nothing but a frame, a request or a kick can give it work,
+                        // and each of those ends the sleep.
+                        QUIET_SLEEP.max(idle_sleep_max)
+                    } else if self.idle.frames_wake() {
                         idle_sleep_max
                     } else if now.saturating_duration_since(since) < BACKOFF_AFTER {
                         idle_sleep
@@ -769,12 +798,20 @@ impl Daemon {
     }
 
     fn send(&mut self, i: usize, text: &str) -> bool {
+        self.send_with(i, text, None)
+    }
+
+    /// [`Daemon::send`], with `fd` passed along with the text's first byte.
+    fn send_with(&mut self, i: usize, text: &str, fd: Option<std::os::fd::RawFd>) -> bool {
         let s = &mut self.clients[i].stream;
         // A reply is small except a status report; a client that does not read it within
         // the timeout is dropped rather than stalling the data path longer.
         let _ = s.set_nonblocking(false);
         let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
-        let ok = s.write_all(text.as_bytes()).is_ok();
+        let ok = match fd {
+            Some(fd) => crate::direct::send_with_fd(s, text.as_bytes(), fd).is_ok(),
+            None => s.write_all(text.as_bytes()).is_ok(),
+        };
         let _ = s.set_nonblocking(true);
         ok
     }
@@ -992,6 +1029,7 @@ impl Daemon {
                 ring_name: name.clone(),
                 queue,
                 fallback,
+                direct: None,
             },
         );
         self.clients[i].flows.push(flow);
@@ -1014,6 +1052,7 @@ impl Daemon {
         let Some(rec) = self.flows.remove(&flow) else {
             return;
         };
+        self.direct_close(flow, &rec);
         let p = &mut self.ports[usize::from(rec.port)];
         if let Some(q) = rec.queue {
             unsteer_queue(p, q, flow);
@@ -1105,11 +1144,15 @@ impl Daemon {
                 p.port.steering_reason.replace(' ', "_")
             };
             out.push(format!(
-                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={} loopback={} echoes={}",
+                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={} loopback={} echoes={} {}",
                 p.port.index, p.port.name, p.port.device, p.port.mac, p.port.steering.as_str(),
                 p.queues.len(), c.rx_packets, c.rx_bytes, c.rx_missed, c.rx_errors,
                 c.tx_packets, c.tx_bytes, c.tx_errors, p.from_processes, p.from_processes_drops,
-                p.loopback, p.echoes
+                p.loopback, p.echoes,
+                match &p.direct {
+                    Some(d) => format!("direct=1 direct_flows={}", d.len()),
+                    None => format!("direct=0 direct_off={}", p.direct_off.replace(' ', "_")),
+                }
             ));
             for q in &p.queues {
                 let flow = match q.state {
@@ -1163,9 +1206,20 @@ impl Daemon {
                     }
                     (None, None) => "steering=software".to_string(),
                 };
+                // A direct connection's frames arrive on its socket, but for those urdmad
+                // took before the hand-over (`via_urdmad`); its socket ring's drops are the
+                // process's as much as its flow ring's.
+                let (path, sock_rx, sock_drops) = match &rec.direct {
+                    Some(d) => {
+                        let (rx, drops) = d.counters();
+                        ("direct", rx, drops)
+                    }
+                    None => ("urdmad", 0, 0),
+                };
                 out.push(format!(
-                    "flow id={id} client={} port={} local={} remote={remote} ring={} {steering} rx_packets={} rx_bytes={} drops={} queued={queued}",
-                    rec.client, p.port.name, f.local, rec.ring_name, f.rx_packets, f.rx_bytes, f.drops
+                    "flow id={id} client={} port={} local={} remote={remote} ring={} {steering} path={path} rx_packets={} via_urdmad={} rx_bytes={} drops={} queued={queued}",
+                    rec.client, p.port.name, f.local, rec.ring_name, f.rx_packets + sock_rx,
+                    f.rx_packets, f.rx_bytes, f.drops + sock_drops
                 ));
             }
         }

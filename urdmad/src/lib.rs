@@ -1,13 +1,15 @@
 //! urdmad, the DPDK primary process of urdma, as a library.
 //!
-//! [`proto`] (the control protocol), [`client`] (its client side) and [`frame`] (the
-//! Ethernet/IPv4/UDP framing of TRP datagrams) need only `std` and are what other crates
-//! use: depend on `urdmad` with `default-features = false`. [`secondary`] (attaching to
-//! urdmad as a DPDK secondary process) needs DPDK and is behind the `secondary` feature,
-//! which the provider turns on, and so is [`doorbell`] (waking an idle urdmad). The daemon's modules are behind the `daemon` feature (on by
-//! default).
+//! [`proto`] (the control protocol), [`client`] (its client side), [`frame`] (the
+//! Ethernet/IPv4/UDP framing of TRP datagrams) and [`direct`] (a connection's own packet
+//! socket) need only `std` and `libc` and are what other crates use: depend on `urdmad` with
+//! `default-features = false`. [`secondary`] (attaching to urdmad as a DPDK secondary
+//! process) needs DPDK and is behind the `secondary` feature, which the provider turns on,
+//! and so is [`doorbell`] (waking an idle urdmad). The daemon's modules are behind the
+//! `daemon` feature (on by default).
 
 pub mod client;
+pub mod direct;
 pub mod frame;
 pub mod proto;
 

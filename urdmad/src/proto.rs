@@ -1,8 +1,8 @@
 //! The control protocol between urdmad and the processes that use it (the verbs provider,
 //! test clients, `urdmad status`).
 //!
-//! This module is the single definition of that protocol. It depends on nothing but `std`,
-//! so the provider can use it with `default-features = false` and pull in neither DPDK nor
+//! This module is the single definition of that protocol. It depends on nothing but `std`
+//! (and trp for the connection's configuration), so the provider can use it with `default-features = false` and pull in neither DPDK nor
 //! the daemon's other dependencies.
 //!
 //! # Wire format
@@ -13,7 +13,7 @@
 //! status reply announces how many report lines follow it.
 //!
 //! ```text
-//! HELLO version=2 pid=4242                 -> HELLO version=2 daemon=0.1.0
+//! HELLO version=3 pid=4242                 -> HELLO version=3 daemon=0.1.0
 //! ATTACH                                   -> ATTACHED client=3 prefix=urdma lcore=3 pool=urd_mbufs ports=1
 //!                                             PORT index=0 name=port0 mac=02:00:00:00:00:01 tx=urd_tx_3_0 steering=software
 //! OPEN port=0 local=10.0.0.1:4791 remote=10.0.0.2:4791 mac=02:..   (remote and mac optional)
@@ -37,6 +37,11 @@
 //! ([`crate::client::Connection`] does). Byte strings (`pdata`, `pkt`) are lowercase hex,
 //! empty for none (`pdata=`).
 //!
+//! Version 3 adds the direct path ([`crate::direct`]): `EVENT CONNECTED ... direct=N` with N
+//! not 0 carries the connection's packet socket as `SCM_RIGHTS` on its first byte, and its
+//! rings hold N frames each way; the process then moves the connection's frames through
+//! that socket, and urdmad no longer sees them.
+//!
 //! The first request on a connection must be `HELLO`; a daemon refuses other versions with
 //! `ERROR code=EVERSION`. After `ATTACH` the process is a DPDK secondary of the daemon: it
 //! initialises EAL with [`Attachment::eal_args`], looks up the mempool and rings by name and
@@ -59,8 +64,9 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::str::FromStr;
 
 /// The protocol version this module speaks. Version 2 added the connection lines (`QP`,
-/// `UNQP`, `QPCLOSED`, `PEERCLOSED`, `ARM`, `SYNC`, `OK` and the unsolicited `EVENT` lines).
-pub const VERSION: u32 = 2;
+/// `UNQP`, `QPCLOSED`, `PEERCLOSED`, `ARM`, `SYNC`, `OK` and the unsolicited `EVENT` lines);
+/// version 3 the direct path (`EVENT CONNECTED ... direct=` with the connection's socket).
+pub const VERSION: u32 = 3;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -380,6 +386,10 @@ pub struct Connected {
     pub datagram: u16,
     /// Whether this side asks for the CRC32C trailer (the port's `crc`).
     pub crc: bool,
+    /// 0, or the connection takes the direct path: its packet socket comes with this event
+    /// and its rings hold this many frames each way (`direct::Geometry::new(datagram,
+    /// direct)`).
+    pub direct: u32,
     /// Our connection id.
     pub conn: u32,
     /// Our initial PSN.
@@ -459,7 +469,7 @@ impl Event {
     pub fn encode(&self) -> String {
         match self {
             Event::Connected(c) => format!(
-                "EVENT CONNECTED dev={} qpn={} role={} port={} local={} remote={} mac={} flow={} rx={} ird={} ord={} datagram={} crc={} conn={} isn={} pdata={} pkt={}\n",
+                "EVENT CONNECTED dev={} qpn={} role={} port={} local={} remote={} mac={} flow={} rx={} ird={} ord={} datagram={} crc={} direct={} conn={} isn={} pdata={} pkt={}\n",
                 c.dev,
                 c.qpn,
                 c.role.as_str(),
@@ -473,6 +483,7 @@ impl Event {
                 c.ord,
                 c.datagram,
                 u8::from(c.crc),
+                c.direct,
                 c.conn,
                 c.isn,
                 hex(&c.pdata),
@@ -521,6 +532,7 @@ impl Event {
                     "1" => true,
                     _ => return Err(ProtoError::BadValue("crc")),
                 },
+                direct: g.num("direct")?,
                 conn: g.num("conn")?,
                 isn: g.num("isn")?,
                 pdata: bytes("pdata")?,
@@ -1025,6 +1037,7 @@ mod v2_tests {
             ord: 8,
             datagram: 1472,
             crc: true,
+            direct: 0,
             conn: 0xdead_beef,
             isn: 7,
             pdata: vec![],

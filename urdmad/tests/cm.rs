@@ -81,15 +81,17 @@ impl Drop for Side {
     }
 }
 
-/// Starts urdmad in `ns` on `iface` with a fake kernel; waits for its REGISTER.
-fn start_side(bed: &Bed, ns: &str, iface: &str, tag: &str) -> Side {
+/// Starts urdmad in `ns` on `iface` with a fake kernel; waits for its REGISTER. With
+/// `direct` false the port's connections stay on urdmad's flow rings (the tests of ARM and
+/// of what urdmad forwards need that).
+fn start_side(bed: &Bed, ns: &str, iface: &str, tag: &str, direct: bool) -> Side {
     let socket = bed.dir.join(format!("urdmad-{tag}.sock"));
     let cm = bed.dir.join(format!("cm-{tag}"));
     let tap = format!("{}{tag}", bed.tap);
     let fake = FakeKernel::bind(&cm).unwrap();
     let cfg = format!(
         "[daemon]\nsocket = {socket:?}\ngroup = \"\"\nfile_prefix = \"{}{tag}\"\nmemory_mb = 48\nmbufs = 2047\nring_size = 256\nlog_level = \"debug\"\ncm_device = {cm:?}\n\
-         [[port]]\nname = \"p0\"\ndevice = \"net_af_packet0,iface={iface}\"\nexception = {tap:?}\nsteering = \"software\"\n",
+         [[port]]\nname = \"p0\"\ndevice = \"net_af_packet0,iface={iface}\"\nexception = {tap:?}\nsteering = \"software\"\ndirect = {direct}\n",
         bed.prefix
     );
     let path = bed.write_config(&format!("urdmad-{tag}.toml"), &cfg);
@@ -235,8 +237,8 @@ fn exchange(
 #[test]
 fn connections_through_two_urdmads_with_fake_kernels() {
     let bed = Bed::new("cm");
-    let a = start_side(&bed, &bed.ns_a, &bed.veth_a, "a");
-    let b = start_side(&bed, &bed.ns_b, &bed.veth_b, "b");
+    let a = start_side(&bed, &bed.ns_a, &bed.veth_a, "a", false);
+    let b = start_side(&bed, &bed.ns_b, &bed.veth_b, "b", false);
     let b_addr = SocketAddrV4::new(B_IP, 7000);
 
     // --- Listen on B, connect from A, accept on B.
@@ -773,4 +775,265 @@ fn a_connect_goes_out_on_the_port_holding_its_local_address() {
         (f.op, f.id, f.status, f.pdata.as_slice()),
         (Op::ConnectFailed, 21, -111, &b"via p1"[..])
     );
+}
+
+/// A connection's socket on the direct path, driven as the provider drives it.
+struct DirectEnd {
+    rings: urdmad::direct::Rings,
+    ep: urdmad::frame::Endpoints,
+}
+
+impl DirectEnd {
+    /// The socket that came with `ev` on `c`, mapped; `local_mac` is the port's.
+    fn of(c: &mut Connection, ev: &Connected, local_mac: Mac) -> DirectEnd {
+        assert!(ev.direct > 0, "connection not on the direct path: {ev:?}");
+        let sock = c
+            .take_socket(ev.dev, ev.qpn)
+            .expect("the connection's socket with its event");
+        let geo = urdmad::direct::Geometry::new(ev.datagram, ev.direct);
+        DirectEnd {
+            rings: urdmad::direct::Rings::map(sock, geo).expect("mapping its rings"),
+            ep: urdmad::frame::Endpoints {
+                local_mac: local_mac.0,
+                remote_mac: ev.mac.0,
+                local: ev.local,
+                remote: ev.remote,
+            },
+        }
+    }
+
+    /// Sends `payload` to `to` (the connection's peer unless said otherwise).
+    fn send_to(&mut self, payload: &[u8], to: SocketAddrV4) {
+        let ep = urdmad::frame::Endpoints {
+            remote: to,
+            ..self.ep
+        };
+        let buf = self.rings.tx_slot().expect("a free transmit slot");
+        let h = urdmad::frame::HEADERS;
+        buf[h..h + payload.len()].copy_from_slice(payload);
+        let n = urdmad::frame::write_headers(buf, &ep, payload.len());
+        self.rings.tx_commit(n);
+        self.rings.kick().unwrap();
+    }
+
+    fn send(&mut self, payload: &[u8]) {
+        self.send_to(payload, self.ep.remote);
+    }
+
+    /// The datagrams that arrive within `wait` (returns as soon as some did).
+    fn recv(&mut self, wait: Duration) -> Vec<Vec<u8>> {
+        let end = Instant::now() + wait;
+        loop {
+            let mut out = Vec::new();
+            let mut i = 0;
+            while let Some(f) = self.rings.received(i) {
+                out.push(
+                    urdmad::frame::payload(f, &self.ep)
+                        .expect("only the connection's frames, checksums right")
+                        .to_vec(),
+                );
+                i += 1;
+            }
+            self.rings.release(i);
+            if !out.is_empty() || Instant::now() >= end {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn port_rx(s: &Side) -> u64 {
+    field(&s.status(), "port", "", "rx_packets")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
+    let bed = Bed::new("dp");
+    let a = start_side(&bed, &bed.ns_a, &bed.veth_a, "a", true);
+    let b = start_side(&bed, &bed.ns_b, &bed.veth_b, "b", true);
+    let b_addr = SocketAddrV4::new(B_IP, 7000);
+    assert_eq!(
+        field(&b.status(), "port", "", "direct").as_deref(),
+        Some("1")
+    );
+
+    let mut pa = a.process(5);
+    let mut pb = b.process(9);
+    listen(&b, 1, 7000);
+    a.send(connect_msg(11, 5, 40000, b_addr, b.mac, b"hello"));
+    let req = b.expect(Op::Request);
+    let mut acc = Msg::new(Op::Accept);
+    acc.req = req.req;
+    acc.qpn = 9;
+    b.send(acc);
+    let ev_b = connected(&mut pb);
+    assert_eq!(b.expect(Op::Accepted).status, 0);
+    let mut db = DirectEnd::of(&mut pb, &ev_b, b.mac);
+    let st = b.status();
+    assert_eq!(
+        field(&st, "flow", "", "path").as_deref(),
+        Some("direct"),
+        "{st:?}"
+    );
+    assert_eq!(field(&st, "port", "", "direct_flows").as_deref(), Some("1"));
+
+    // The process cannot widen what its socket receives.
+    let zero: libc::c_int = 0;
+    // SAFETY: a setsockopt on a descriptor we own, with a valid int.
+    let r = unsafe {
+        libc::setsockopt(
+            db.rings.fd(),
+            libc::SOL_SOCKET,
+            libc::SO_DETACH_FILTER,
+            (&zero as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        (r, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(libc::EPERM)),
+        "the connection's filter is locked"
+    );
+
+    // B's process sends its Accept itself; A's urdmad finishes the handshake and hands A's
+    // process its own socket too.
+    let now = trp::Instant::from_nanos(1);
+    let mut conn_b = trp::Incoming::parse(&ev_b.pkt)
+        .unwrap()
+        .accept(cfg_of(&ev_b), ev_b.conn, ev_b.isn, &ev_b.pdata)
+        .unwrap();
+    let (mut mem_a, mut mem_b) = (memory(), memory());
+    let mut buf = vec![0u8; 2048];
+    let n = conn_b.poll_transmit(now, &mem_b, &mut buf).unwrap();
+    db.send(&buf[..n]);
+    let ev_a = connected(&mut pa);
+    assert_eq!(a.expect(Op::Connected).id, 11);
+    let mut da = DirectEnd::of(&mut pa, &ev_a, a.mac);
+    let mut conn_a =
+        match trp::Connecting::new(cfg_of(&ev_a), ev_a.conn, ev_a.isn, &ev_a.pdata, now)
+            .unwrap()
+            .handle_datagram(now, &ev_a.pkt)
+        {
+            trp::ConnectOutcome::Established { conn, .. } => conn,
+            o => panic!("rebuild on A: {o:?}"),
+        };
+
+    // A Send from A to B, every datagram through the two sockets, none through urdmad.
+    let rx_b = port_rx(&b);
+    mem_a.bytes[..5].copy_from_slice(b"ping!");
+    let sge = |addr| trp::Sge {
+        addr,
+        len: 5,
+        lkey: 1,
+    };
+    conn_b
+        .post_recv(
+            &mem_b,
+            &trp::RecvWr {
+                wr_id: 7,
+                sges: &[sge(100)],
+            },
+        )
+        .unwrap();
+    conn_a
+        .post_send(
+            &mem_a,
+            &trp::SendWr {
+                wr_id: 3,
+                op: trp::SendOp::Send {
+                    invalidate: None,
+                    solicited: false,
+                },
+                sges: &[sge(0)],
+                signaled: true,
+            },
+        )
+        .unwrap();
+    let end = Instant::now() + WAIT;
+    let (mut done_a, mut done_b) = (None, None);
+    while done_a.is_none() || done_b.is_none() {
+        assert!(
+            Instant::now() < end,
+            "the Send did not complete over the sockets"
+        );
+        while let Some(n) = conn_a.poll_transmit(now, &mem_a, &mut buf) {
+            da.send(&buf[..n]);
+        }
+        for d in db.recv(Duration::from_millis(20)) {
+            conn_b.handle_datagram(now, &mut mem_b, &d).unwrap();
+        }
+        while let Some(n) = conn_b.poll_transmit(now, &mem_b, &mut buf) {
+            db.send(&buf[..n]);
+        }
+        for d in da.recv(Duration::from_millis(20)) {
+            conn_a.handle_datagram(now, &mut mem_a, &d).unwrap();
+        }
+        done_a = done_a.or(conn_a.poll_completion());
+        done_b = done_b.or(conn_b.poll_completion());
+    }
+    let wc = done_b.unwrap();
+    assert_eq!((wc.wr_id, wc.status), (7, trp::WcStatus::Success));
+    assert_eq!(&mem_b.bytes[100..105], b"ping!");
+    assert_eq!(done_a.unwrap().status, trp::WcStatus::Success);
+    for (s, side) in [(&a, "A"), (&b, "B")] {
+        let st = s.status();
+        let rx: u64 = field(&st, "flow", "path=direct", "rx_packets")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            rx >= 1,
+            "{side}'s flow counts what its socket received: {st:?}"
+        );
+        assert_eq!(
+            field(&st, "flow", "path=direct", "via_urdmad").as_deref(),
+            Some("0"),
+            "urdmad {side} forwarded none of the connection's frames: {st:?}"
+        );
+    }
+
+    // Another port of B's address is not the connection's: urdmad takes it, the socket
+    // does not.
+    da.send_to(b"stray", SocketAddrV4::new(B_IP, 7001));
+    assert!(db.recv(Duration::from_millis(300)).is_empty());
+    let end = Instant::now() + WAIT;
+    while port_rx(&b) == rx_b {
+        assert!(
+            Instant::now() < end,
+            "urdmad B did not receive the stray frame"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Once B's connection is closed, urdmad takes its address again.
+    assert_eq!(
+        pb.request(&Request::QpClosed {
+            dev: 0,
+            qpn: 9,
+            status: 0
+        })
+        .unwrap(),
+        Response::Ok
+    );
+    assert_eq!(b.expect(Op::PeerClosed).qpn, 9);
+    assert_eq!(b.expect(Op::Closed).status, 0);
+    let st = b.status();
+    assert_eq!(count(&st, "flow"), 0);
+    assert_eq!(field(&st, "port", "", "direct_flows").as_deref(), Some("0"));
+    // (The process closes its copy when its connection ends.)
+    drop(db);
+    let before = port_rx(&b);
+    da.send(b"late");
+    let end = Instant::now() + WAIT;
+    while port_rx(&b) == before {
+        assert!(
+            Instant::now() < end,
+            "urdmad B did not take the closed connection's frame"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -622,6 +622,7 @@ impl Daemon {
                 ord: h.ord,
                 datagram,
                 crc,
+                direct: 0,
                 conn: h.conn,
                 isn: h.isn,
                 pdata: h.pdata.clone(),
@@ -697,8 +698,15 @@ impl Daemon {
         let opened = self
             .open_flow(i, spec)
             .map_err(|reply| HandOverError::FlowNotOpened { reply })?;
-        let text = ev(&opened).encode();
-        if !self.send(i, &text) {
+        let mut event = ev(&opened);
+        let mut direct = None;
+        if let Event::Connected(c) = &mut event {
+            // The rings are sized for the datagram the event announces.
+            direct = self.direct_open(opened.flow, spec, c.datagram);
+            c.direct = direct.map_or(0, |(_, frames)| frames);
+        }
+        let text = event.encode();
+        if !self.send_with(i, &text, direct.map(|(fd, _)| fd)) {
             self.close_flow(opened.flow);
             self.clients[i].flows.retain(|&f| f != opened.flow);
             return Err(HandOverError::NotReading);
@@ -834,6 +842,7 @@ impl Daemon {
                 ord: m.ord,
                 datagram,
                 crc: cfg.crc,
+                direct: 0,
                 conn,
                 isn,
                 pdata,

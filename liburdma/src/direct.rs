@@ -1,0 +1,146 @@
+//! A connected QP's [`Flow`] on the direct path (`urdmad::direct`): its frames come and go
+//! through the connection's own packet socket, whose rings are mapped here, instead of
+//! through urdmad.
+//!
+//! The flow's ring from urdmad is read as well: frames that urdmad received before it
+//! stopped taking the connection's frames land there, and the socket takes every later one.
+
+use std::os::fd::{OwnedFd, RawFd};
+
+use urdmad::direct::{Geometry, Rings};
+use urdmad::frame::{self, Endpoints, HEADERS};
+
+use crate::dpdk::DpdkFlow;
+use crate::engine::Flow;
+use crate::log;
+
+const BURST: u32 = 32;
+
+pub struct SocketFlow {
+    /// The flow's ring from urdmad (what came before the hand-over).
+    ring: DpdkFlow,
+    rings: Rings,
+    ep: Endpoints,
+    /// The helper's epoll set, which holds the socket while the flow lives.
+    epoll: RawFd,
+    backlogged: bool,
+}
+
+impl SocketFlow {
+    /// Maps the rings of `sock` (laid out as `geo`) and adds it to the helper's `epoll` set.
+    pub fn new(
+        ring: DpdkFlow,
+        sock: OwnedFd,
+        geo: Geometry,
+        ep: Endpoints,
+        epoll: RawFd,
+    ) -> Result<SocketFlow, String> {
+        let rings = Rings::map(sock, geo).map_err(|e| format!("cannot map its socket: {e}"))?;
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: rings.fd() as u64,
+        };
+        // SAFETY: valid descriptors and event.
+        if unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, rings.fd(), &mut ev) } != 0 {
+            return Err(format!(
+                "cannot watch its socket: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(SocketFlow {
+            ring,
+            rings,
+            ep,
+            epoll,
+            backlogged: false,
+        })
+    }
+}
+
+impl Drop for SocketFlow {
+    fn drop(&mut self) {
+        // urdmad holds the same open socket, so closing ours would not take it out of the
+        // set.
+        // SAFETY: valid descriptors; DEL ignores the event.
+        unsafe {
+            libc::epoll_ctl(
+                self.epoll,
+                libc::EPOLL_CTL_DEL,
+                self.rings.fd(),
+                std::ptr::null_mut(),
+            )
+        };
+    }
+}
+
+impl Flow for SocketFlow {
+    fn receive(&mut self, handle: &mut dyn FnMut(&[&[u8]])) -> usize {
+        let from_ring = self.ring.receive(handle);
+        let mut taken = 0;
+        {
+            let mut payloads: [&[u8]; BURST as usize] = [&[]; BURST as usize];
+            let mut k = 0;
+            while taken < BURST {
+                let Some(f) = self.rings.received(taken) else {
+                    break;
+                };
+                taken += 1;
+                // The filter admitted only this connection's addresses; the checksums and
+                // the addresses are checked again here all the same.
+                if let Some(p) = frame::payload(f, &self.ep) {
+                    payloads[k] = p;
+                    k += 1;
+                }
+            }
+            if k > 0 {
+                handle(&payloads[..k]);
+            }
+        }
+        self.rings.release(taken);
+        from_ring + taken as usize
+    }
+
+    fn transmit(
+        &mut self,
+        datagram: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> usize {
+        let full = HEADERS + datagram;
+        let mut sent = 0;
+        // Only as many datagrams leave trp as the transmit ring has free slots for (see
+        // DpdkFlow::transmit).
+        self.backlogged = false;
+        loop {
+            let Some(buf) = self.rings.tx_slot() else {
+                self.backlogged = true;
+                break;
+            };
+            let Some(buf) = buf.get_mut(..full) else {
+                break;
+            };
+            match fill(&mut buf[HEADERS..]) {
+                Some(n) => {
+                    let len = frame::write_headers(buf, &self.ep, n);
+                    self.rings.tx_commit(len);
+                    sent += 1;
+                }
+                None => break,
+            }
+        }
+        if sent > 0 {
+            if let Err(e) = self.rings.kick() {
+                // As a NIC that drops: trp retransmits.
+                log::debug(format_args!("sending on a connection's socket: {e}"));
+            }
+        }
+        sent
+    }
+
+    fn backlogged(&self) -> bool {
+        self.backlogged
+    }
+
+    fn wakes_itself(&self) -> bool {
+        true
+    }
+}

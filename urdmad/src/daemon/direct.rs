@@ -1,0 +1,193 @@
+//! urdmad's half of the direct path ([`crate::direct`]): which ports offer it, the sockets
+//! of the connections on it, and the filter that keeps their frames off urdmad's own
+//! sockets.
+
+use super::{Daemon, FlowRec};
+use crate::direct::{self, Geometry};
+use crate::proto::FlowSpec;
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+/// A port on which connections may take the direct path.
+pub(super) struct DirectPort {
+    ifindex: i32,
+    /// The af_packet PMD's sockets on the interface: urdmad's own.
+    own: Vec<RawFd>,
+    /// The connections on the direct path, by flow: (local, remote).
+    flows: BTreeMap<u32, (SocketAddrV4, SocketAddrV4)>,
+}
+
+/// A direct connection's socket, as urdmad keeps it (for its counters).
+pub(super) struct DirectSock {
+    fd: OwnedFd,
+    /// Frames it received and frames its receive ring had no room for, so far.
+    rx_packets: Cell<u64>,
+    rx_drops: Cell<u64>,
+}
+
+impl DirectSock {
+    /// (received, dropped) since the connection began.
+    pub(super) fn counters(&self) -> (u64, u64) {
+        let (p, d) = direct::take_stats(self.fd.as_raw_fd());
+        self.rx_packets.set(self.rx_packets.get() + p);
+        self.rx_drops.set(self.rx_drops.get() + d);
+        (self.rx_packets.get(), self.rx_drops.get())
+    }
+}
+
+/// The `iface=` of an af_packet device string.
+fn af_packet_iface(device: &str) -> Option<&str> {
+    if !crate::port::may_echo(device) {
+        return None;
+    }
+    device.split(',').find_map(|kv| kv.strip_prefix("iface="))
+}
+
+impl DirectPort {
+    /// The direct path of a port whose device is `device`, once the port is up; why not,
+    /// when it has none.
+    pub(super) fn new(device: &str, enabled: bool) -> Result<DirectPort, String> {
+        if !enabled {
+            return Err("direct = false".into());
+        }
+        let Some(iface) = af_packet_iface(device) else {
+            return Err("not an af_packet port".into());
+        };
+        let ifindex = direct::ifindex(iface).map_err(|e| format!("interface {iface}: {e}"))?;
+        let own: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+            .map_err(|e| format!("/proc/self/fd: {e}"))?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+            .filter(|&fd| direct::bound_ifindex(fd) == ifindex)
+            .collect();
+        if own.is_empty() {
+            return Err(format!("no socket of the port on {iface} found"));
+        }
+        let d = DirectPort {
+            ifindex,
+            own,
+            flows: BTreeMap::new(),
+        };
+        d.refilter()
+            .map_err(|e| format!("cannot filter the port's sockets: {e}"))?;
+        Ok(d)
+    }
+
+    /// Puts the filter for the current set of direct connections on urdmad's sockets.
+    fn refilter(&self) -> std::io::Result<()> {
+        let set: Vec<_> = self.flows.values().copied().collect();
+        let prog = direct::port_filter(&set).ok_or(std::io::ErrorKind::OutOfMemory)?;
+        for &fd in &self.own {
+            direct::attach_filter(fd, &prog)?;
+        }
+        Ok(())
+    }
+
+    /// Opens the socket of connection `flow`, then stops urdmad's sockets taking its frames.
+    /// Until then urdmad still receives them (onto the flow's ring, which the process
+    /// drains too), so none is lost in between.
+    fn open(
+        &mut self,
+        flow: u32,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        geo: Geometry,
+    ) -> Result<OwnedFd, String> {
+        if self.flows.len() >= direct::MAX_FLOWS_PER_PORT {
+            return Err(format!(
+                "{} connections on the direct path already",
+                direct::MAX_FLOWS_PER_PORT
+            ));
+        }
+        let fd = direct::open_socket(self.ifindex, &local, &remote, geo)
+            .map_err(|e| format!("cannot open its socket: {e}"))?;
+        self.flows.insert(flow, (local, remote));
+        if let Err(e) = self.refilter() {
+            self.flows.remove(&flow);
+            let _ = self.refilter();
+            return Err(format!("cannot filter the port's sockets: {e}"));
+        }
+        Ok(fd)
+    }
+
+    fn close(&mut self, flow: u32) {
+        if self.flows.remove(&flow).is_some() {
+            if let Err(e) = self.refilter() {
+                tracing::warn!(flow, "cannot filter the port's sockets: {e}");
+            }
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.flows.len()
+    }
+}
+
+impl Daemon {
+    /// Puts the connection of the just opened `flow` on the direct path if its port offers
+    /// it and the peer is on the wire (not this node): the socket to pass to its process and
+    /// the frames of each ring. None: the process uses the flow's ring.
+    pub(super) fn direct_open(
+        &mut self,
+        flow: u32,
+        spec: &FlowSpec,
+        datagram: u16,
+    ) -> Option<(RawFd, u32)> {
+        let frames = self.cfg.daemon.direct_frames;
+        let p = self.ports.get_mut(usize::from(spec.port))?;
+        let dp = p.direct.as_mut()?;
+        let (remote, mac) = (spec.remote?, spec.remote_mac?);
+        if mac == p.port.mac {
+            return None;
+        }
+        let rec = self.flows.get_mut(&flow)?;
+        let geo = Geometry::new(datagram, frames);
+        match dp.open(flow, spec.local, remote, geo) {
+            Ok(fd) => {
+                let raw = fd.as_raw_fd();
+                rec.direct = Some(DirectSock {
+                    fd,
+                    rx_packets: Cell::new(0),
+                    rx_drops: Cell::new(0),
+                });
+                Some((raw, geo.frames))
+            }
+            Err(why) => {
+                tracing::warn!(flow, local = %spec.local, %remote, "not on the direct path: {why}");
+                None
+            }
+        }
+    }
+
+    /// Takes a closing flow off the direct path.
+    pub(super) fn direct_close(&mut self, flow: u32, rec: &FlowRec) {
+        if rec.direct.is_some() {
+            if let Some(dp) = self
+                .ports
+                .get_mut(usize::from(rec.port))
+                .and_then(|p| p.direct.as_mut())
+            {
+                dp.close(flow);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_af_packet_devices_name_an_interface() {
+        assert_eq!(
+            af_packet_iface("net_af_packet0,iface=veth0,qdisc_bypass=0"),
+            Some("veth0")
+        );
+        assert_eq!(af_packet_iface("net_af_packet1,qdisc_bypass=0"), None);
+        assert_eq!(af_packet_iface("net_tap0,iface=dtap0"), None);
+        assert_eq!(af_packet_iface("0000:03:00.0"), None);
+        assert!(DirectPort::new("net_af_packet0,iface=veth0", false).is_err());
+    }
+}

@@ -1,0 +1,733 @@
+//! A connection's own packet socket: the direct path.
+//!
+//! Where a port is a kernel interface that urdmad reads through DPDK's af_packet PMD (the
+//! test bed's veth, a host whose NIC has no DPDK driver), every frame passes the kernel
+//! anyway, and the hop through urdmad adds two threads that must be scheduled on each
+//! frame's way: urdmad, woken to forward it, and then the process's helper, woken for the
+//! flow ring. On a host whose cores are shared those wake-ups are the latency.
+//!
+//! So for each connection it hands over, urdmad opens an AF_PACKET socket on the port's
+//! interface ([`open_socket`]) whose classic BPF filter admits only that connection's
+//! frames ([`flow_filter`]), locks the filter, gives the socket a receive and a transmit
+//! ring (TPACKET_V2, [`Geometry`]) and passes it to the process with the connection's
+//! `EVENT CONNECTED` ([`send_with_fd`]). The process maps the rings ([`Rings`]) and moves
+//! the connection's frames itself: a frame sent by the peer lands in the process's receive
+//! ring in the softirq of its arrival, where a thread polling the CQ finds it without any
+//! other thread running, and a frame the process sends leaves in its own system call. urdmad's
+//! own sockets get a filter that leaves those connections' frames out ([`port_filter`]), so
+//! it is not woken for them.
+//!
+//! What the process can do with the socket: receive nothing but its connection's frames (the
+//! filter is locked: `SO_LOCK_FILTER`), and send any frame on the interface, which it can
+//! through its TX ring too.
+//!
+//! Only `std` and `libc`: the provider uses [`Rings`] and [`recv_with_fds`] without the
+//! daemon.
+
+use crate::frame;
+use std::collections::VecDeque;
+use std::io;
+use std::net::SocketAddrV4;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Bytes in front of a received frame in its ring slot: the TPACKET_V2 header and the
+/// `sockaddr_ll` the kernel writes, aligned (the kernel puts the frame at 66 for an Ethernet
+/// header of 14), with room to spare.
+const RX_HEADROOM: usize = 128;
+/// Where the frame starts in a transmit slot (TPACKET_V2 without `PACKET_TX_HAS_OFF`): the
+/// header's aligned length.
+const TX_DATA: usize = libc::TPACKET2_HDRLEN - std::mem::size_of::<libc::sockaddr_ll>();
+/// Most connections of one port on the direct path: each costs [`PER_FLOW`] instructions of
+/// the port's filter, which may have at most `BPF_MAXINSNS` (4096).
+pub const MAX_FLOWS_PER_PORT: usize = 512;
+const PER_FLOW: usize = 7;
+const ETH_P_IP: u16 = 0x0800;
+const ACCEPT: u32 = 0x0004_0000;
+
+/// The rings of a connection's socket: `frames` slots of `frame_size` bytes each way.
+/// Both sides compute it from what `EVENT CONNECTED` says (the datagram size and the frame
+/// count), so it is stated once, here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub frames: u32,
+    pub frame_size: u32,
+    block_size: u32,
+}
+
+impl Geometry {
+    /// Rings of at least `frames` slots, each large enough for a frame carrying `datagram`
+    /// bytes of UDP payload.
+    pub fn new(datagram: u16, frames: u32) -> Geometry {
+        let frame_size = (usize::from(datagram) + frame::HEADERS + RX_HEADROOM).next_power_of_two();
+        let page = page_size();
+        let block_size = frame_size.max(page);
+        let per_block = (block_size / frame_size) as u32;
+        let frames = frames.max(1).div_ceil(per_block) * per_block;
+        Geometry {
+            frames,
+            frame_size: frame_size as u32,
+            block_size: block_size as u32,
+        }
+    }
+
+    fn ring_bytes(&self) -> usize {
+        self.frames as usize * self.frame_size as usize
+    }
+
+    /// Bytes of the mapping: the receive ring, then the transmit ring.
+    pub fn map_len(&self) -> usize {
+        2 * self.ring_bytes()
+    }
+
+    fn req(&self) -> libc::tpacket_req {
+        libc::tpacket_req {
+            tp_block_size: self.block_size,
+            tp_block_nr: (self.ring_bytes() / self.block_size as usize) as u32,
+            tp_frame_size: self.frame_size,
+            tp_frame_nr: self.frames,
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+fn stmt(code: u32, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter {
+        code: (libc::BPF_JMP | code | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    }
+}
+
+const LD_W: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+const LD_H: u32 = libc::BPF_LD | libc::BPF_H | libc::BPF_ABS;
+const LD_B: u32 = libc::BPF_LD | libc::BPF_B | libc::BPF_ABS;
+const LD_IND_W: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_IND;
+const LDX_MSH: u32 = libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH;
+const LD_MEM: u32 = libc::BPF_LD | libc::BPF_MEM;
+const RET: u32 = libc::BPF_RET | libc::BPF_K;
+const PKTTYPE: u32 = (libc::SKF_AD_OFF + libc::SKF_AD_PKTTYPE) as u32;
+/// Offsets in an Ethernet frame with an IPv4 header.
+const ETHERTYPE_AT: u32 = 12;
+const PROTO_AT: u32 = 23;
+const FRAG_AT: u32 = 20;
+const SADDR_AT: u32 = 26;
+const DADDR_AT: u32 = 30;
+const IHL_AT: u32 = 14;
+/// The UDP ports, as one word, after `X` = the IP header's length.
+const PORTS_AT_X: u32 = 14;
+
+fn ports_word(src: u16, dst: u16) -> u32 {
+    u32::from(src) << 16 | u32::from(dst)
+}
+
+fn ip_word(a: &SocketAddrV4) -> u32 {
+    u32::from(*a.ip())
+}
+
+/// The first instructions of both filters: frames this host sends out are dropped, and
+/// anything that is not an unfragmented IPv4/UDP frame ends in `other`. Leaves the source
+/// address in M[0], the destination in M[1] and the ports in M[2].
+fn classify(other: u32) -> Vec<libc::sock_filter> {
+    vec![
+        stmt(LD_W, PKTTYPE),
+        jump(libc::BPF_JEQ, u32::from(libc::PACKET_OUTGOING), 0, 1),
+        stmt(RET, 0),
+        stmt(LD_H, ETHERTYPE_AT),
+        jump(libc::BPF_JEQ, u32::from(ETH_P_IP), 1, 0),
+        stmt(RET, other),
+        stmt(LD_B, PROTO_AT),
+        jump(libc::BPF_JEQ, 17, 1, 0),
+        stmt(RET, other),
+        stmt(LD_H, FRAG_AT),
+        jump(libc::BPF_JSET, 0x3fff, 0, 1),
+        stmt(RET, other),
+        stmt(LD_W, SADDR_AT),
+        stmt(libc::BPF_ST, 0),
+        stmt(LD_W, DADDR_AT),
+        stmt(libc::BPF_ST, 1),
+        stmt(LDX_MSH, IHL_AT),
+        stmt(LD_IND_W, PORTS_AT_X),
+        stmt(libc::BPF_ST, 2),
+    ]
+}
+
+/// Instructions that end in `verdict` when the frame saved by [`classify`] is the one from
+/// `remote` to `local`, and fall through otherwise.
+fn match_flow(
+    local: &SocketAddrV4,
+    remote: &SocketAddrV4,
+    verdict: u32,
+) -> [libc::sock_filter; PER_FLOW] {
+    [
+        stmt(LD_MEM, 1),
+        jump(libc::BPF_JEQ, ip_word(local), 0, 5),
+        stmt(LD_MEM, 0),
+        jump(libc::BPF_JEQ, ip_word(remote), 0, 3),
+        stmt(LD_MEM, 2),
+        jump(libc::BPF_JEQ, ports_word(remote.port(), local.port()), 0, 1),
+        stmt(RET, verdict),
+    ]
+}
+
+/// The filter of a connection's socket: the frames from `remote` to `local`, nothing else.
+pub fn flow_filter(local: &SocketAddrV4, remote: &SocketAddrV4) -> Vec<libc::sock_filter> {
+    let mut f = classify(0);
+    f.extend(match_flow(local, remote, ACCEPT));
+    f.push(stmt(RET, 0));
+    f
+}
+
+/// The filter of urdmad's own sockets on a port: everything but what this host sends and
+/// the frames of the connections in `direct` (local, remote), which their processes' own
+/// sockets receive. `None` beyond [`MAX_FLOWS_PER_PORT`].
+pub fn port_filter(direct: &[(SocketAddrV4, SocketAddrV4)]) -> Option<Vec<libc::sock_filter>> {
+    if direct.len() > MAX_FLOWS_PER_PORT {
+        return None;
+    }
+    let mut f = classify(ACCEPT);
+    for (local, remote) in direct {
+        f.extend(match_flow(local, remote, 0));
+    }
+    f.push(stmt(RET, ACCEPT));
+    Some(f)
+}
+
+fn setsockopt<T>(fd: RawFd, level: i32, name: i32, v: &T) -> io::Result<()> {
+    // SAFETY: v points to a T of the given size for the duration of the call.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (v as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Puts `prog` on the socket `fd`, replacing its filter (atomically, for a socket that
+/// already has one).
+pub fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+}
+
+/// The interface an AF_PACKET socket is bound to (0: none, or not such a socket).
+pub fn bound_ifindex(fd: RawFd) -> i32 {
+    // SAFETY: all-zero is a valid sockaddr_ll.
+    let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    // SAFETY: valid out-pointers of the given size.
+    let r = unsafe { libc::getsockname(fd, (&mut sa as *mut libc::sockaddr_ll).cast(), &mut len) };
+    if r == 0 && i32::from(sa.sll_family) == libc::AF_PACKET {
+        sa.sll_ifindex
+    } else {
+        0
+    }
+}
+
+/// The index of the interface `name` in the calling thread's network namespace.
+pub fn ifindex(name: &str) -> io::Result<i32> {
+    let c = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: a valid C string.
+    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
+        0 => Err(io::Error::last_os_error()),
+        i => Ok(i as i32),
+    }
+}
+
+/// urdmad's side: the socket of the connection from `local` to `remote` on interface
+/// `ifindex`, filter locked and rings set up, bound last so that nothing unfiltered ever
+/// reaches it. Needs `CAP_NET_RAW`.
+pub fn open_socket(
+    ifindex: i32,
+    local: &SocketAddrV4,
+    remote: &SocketAddrV4,
+    geo: Geometry,
+) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket creation; protocol 0 receives nothing until bound.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    attach_filter(fd, &flow_filter(local, remote))?;
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_LOCK_FILTER, &1i32)?;
+    setsockopt(
+        fd,
+        libc::SOL_PACKET,
+        libc::PACKET_VERSION,
+        &(libc::tpacket_versions::TPACKET_V2 as i32),
+    )?;
+    let req = geo.req();
+    setsockopt(fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
+    setsockopt(fd, libc::SOL_PACKET, libc::PACKET_TX_RING, &req)?;
+    // Room in the socket's send budget for a full transmit ring (best effort: root may
+    // exceed wmem_max, anyone else gets what the system allows).
+    let budget = i32::try_from(2 * geo.ring_bytes()).unwrap_or(i32::MAX);
+    if setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &budget).is_err() {
+        let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &budget);
+    }
+    // SAFETY: all-zero is a valid sockaddr_ll.
+    let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sa.sll_family = libc::AF_PACKET as u16;
+    sa.sll_protocol = ETH_P_IP.to_be();
+    sa.sll_ifindex = ifindex;
+    // SAFETY: a valid sockaddr_ll of the given size.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            (&sa as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sock)
+}
+
+/// Frames the socket received and frames it dropped for want of ring room since the last
+/// call (the kernel resets its counters when read).
+pub fn take_stats(fd: RawFd) -> (u64, u64) {
+    let mut s = libc::tpacket_stats {
+        tp_packets: 0,
+        tp_drops: 0,
+    };
+    let mut len = std::mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
+    // SAFETY: valid out-pointers of the given size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_PACKET,
+            libc::PACKET_STATISTICS,
+            (&mut s as *mut libc::tpacket_stats).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        (u64::from(s.tp_packets), u64::from(s.tp_drops))
+    } else {
+        (0, 0)
+    }
+}
+
+/// Writes all of `data` to `sock`, with `fd` attached to its first byte (`SCM_RIGHTS`).
+pub fn send_with_fd(sock: &UnixStream, data: &[u8], fd: RawFd) -> io::Result<()> {
+    let mut space = [0u64; 4];
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: all-zero is a valid msghdr; the pointers set below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = space.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is arithmetic.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    // SAFETY: msg_control has room for one header and one descriptor (CMSG_SPACE(4) = 24
+    // bytes of the 32).
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+    }
+    // SAFETY: a valid msghdr; MSG_NOSIGNAL: a gone peer is an error, not SIGPIPE.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let rest = &data[n as usize..];
+    if !rest.is_empty() {
+        use std::io::Write;
+        (&*sock).write_all(rest)?;
+    }
+    Ok(())
+}
+
+/// Reads what `sock` has into `buf` like `read`, and queues the descriptors that came with
+/// it on `fds`.
+pub fn recv_with_fds(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut VecDeque<OwnedFd>,
+) -> io::Result<usize> {
+    const MAX_FDS: usize = 8;
+    let mut space = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: all-zero is a valid msghdr; the pointers set below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = space.as_mut_ptr().cast();
+    // SAFETY: arithmetic; 64 bytes hold a header and eight descriptors.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE((MAX_FDS * 4) as u32) } as usize;
+    // SAFETY: a valid msghdr; descriptors received are close-on-exec.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: walking the control messages the kernel wrote, within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..count {
+                    let fd = std::ptr::read_unaligned(data.add(i));
+                    fds.push_back(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(n as usize)
+}
+
+/// The process's side: a connection's socket with its rings mapped.
+///
+/// Receive slots are taken in order ([`Rings::received`], [`Rings::release`]); transmit
+/// slots are filled in order ([`Rings::tx_slot`], [`Rings::tx_commit`]) and handed to the
+/// kernel by [`Rings::kick`]. One user at a time (the provider's engine lock).
+pub struct Rings {
+    sock: OwnedFd,
+    map: *mut u8,
+    geo: Geometry,
+    rx_next: u32,
+    tx_next: u32,
+}
+
+// SAFETY: the mapping belongs to the socket, which any thread may use; callers serialise.
+unsafe impl Send for Rings {}
+
+impl Drop for Rings {
+    fn drop(&mut self) {
+        // SAFETY: our mapping of this length; nothing refers into it once self is dropped.
+        unsafe { libc::munmap(self.map.cast(), self.geo.map_len()) };
+    }
+}
+
+impl Rings {
+    /// Maps the rings of `sock`, which urdmad set up as `geo` says.
+    pub fn map(sock: OwnedFd, geo: Geometry) -> io::Result<Rings> {
+        // SAFETY: mapping a packet socket's rings: the kernel checks the length against
+        // what the socket has.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                geo.map_len(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                sock.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Rings {
+            sock,
+            map: p.cast(),
+            geo,
+            rx_next: 0,
+            tx_next: 0,
+        })
+    }
+
+    /// The socket, to wait on for `POLLIN`.
+    pub fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    fn slot(&self, ring: usize, i: u32) -> *mut u8 {
+        let off = ring * self.geo.ring_bytes() + i as usize * self.geo.frame_size as usize;
+        // SAFETY: within the mapping: ring < 2, i < frames.
+        unsafe { self.map.add(off) }
+    }
+
+    fn status(&self, slot: *mut u8) -> &AtomicU32 {
+        // SAFETY: every slot starts with a 16-byte aligned tpacket2_hdr whose first field is
+        // the status word the kernel and we hand the slot over with.
+        unsafe { &*(slot as *const AtomicU32) }
+    }
+
+    /// The `i`-th received frame not yet released, if the kernel has filled it. Frames the
+    /// ring could not hold whole are returned empty (to be released like the others).
+    pub fn received(&self, i: u32) -> Option<&[u8]> {
+        if i >= self.geo.frames {
+            return None;
+        }
+        let s = self.slot(0, (self.rx_next + i) % self.geo.frames);
+        if self.status(s).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+            return None;
+        }
+        // SAFETY: the slot is ours until released; its header is a tpacket2_hdr.
+        let h = unsafe { &*(s as *const libc::tpacket2_hdr) };
+        let (mac, len) = (usize::from(h.tp_mac), h.tp_snaplen as usize);
+        if h.tp_snaplen != h.tp_len || mac + len > self.geo.frame_size as usize {
+            return Some(&[]);
+        }
+        // SAFETY: the kernel wrote `len` bytes at `mac` within the slot.
+        Some(unsafe { std::slice::from_raw_parts(s.add(mac), len) })
+    }
+
+    /// Gives the first `n` received frames back to the kernel.
+    pub fn release(&mut self, n: u32) {
+        for _ in 0..n {
+            let s = self.slot(0, self.rx_next);
+            self.status(s)
+                .store(libc::TP_STATUS_KERNEL, Ordering::Release);
+            self.rx_next = (self.rx_next + 1) % self.geo.frames;
+        }
+    }
+
+    /// The next transmit slot's frame buffer, if the kernel is done with it.
+    pub fn tx_slot(&mut self) -> Option<&mut [u8]> {
+        let s = self.slot(1, self.tx_next);
+        let st = self.status(s).load(Ordering::Acquire);
+        if st == libc::TP_STATUS_WRONG_FORMAT {
+            // The kernel refused what was there (it never is, for our frames): the slot is
+            // free again.
+            self.status(s)
+                .store(libc::TP_STATUS_AVAILABLE, Ordering::Relaxed);
+        } else if st != libc::TP_STATUS_AVAILABLE {
+            return None;
+        }
+        let room = self.geo.frame_size as usize - TX_DATA;
+        // SAFETY: the slot is ours while its status says available.
+        Some(unsafe { std::slice::from_raw_parts_mut(s.add(TX_DATA), room) })
+    }
+
+    /// Hands the slot [`Rings::tx_slot`] gave, holding a frame of `len` bytes, to the kernel
+    /// (sent at the next [`Rings::kick`]).
+    pub fn tx_commit(&mut self, len: usize) {
+        let s = self.slot(1, self.tx_next);
+        // SAFETY: the slot is ours; a tpacket2_hdr.
+        unsafe { (*(s as *mut libc::tpacket2_hdr)).tp_len = len as u32 };
+        self.status(s)
+            .store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
+        self.tx_next = (self.tx_next + 1) % self.geo.frames;
+    }
+
+    /// Sends the committed frames (one system call, not waiting).
+    pub fn kick(&self) -> io::Result<()> {
+        // SAFETY: a send of nothing on our socket: the kernel walks the transmit ring.
+        let r = unsafe {
+            libc::send(
+                self.sock.as_raw_fd(),
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // A full send budget leaves the frames requested; the next kick sends them.
+            if e.kind() != io::ErrorKind::WouldBlock {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny classic-BPF interpreter for the instructions the filters use, so that their
+    /// verdicts are tested without a kernel.
+    fn run(prog: &[libc::sock_filter], frame: &[u8], pkttype: u8) -> u32 {
+        let (mut a, mut x, mut m) = (0u32, 0u32, [0u32; 16]);
+        let mut pc = 0usize;
+        let load = |off: usize, n: usize| -> Option<u32> {
+            let b = frame.get(off..off + n)?;
+            Some(b.iter().fold(0u32, |acc, &v| acc << 8 | u32::from(v)))
+        };
+        loop {
+            let i = prog[pc];
+            let code = u32::from(i.code);
+            pc += 1;
+            match code {
+                LD_W if i.k == PKTTYPE => a = u32::from(pkttype),
+                LD_W => match load(i.k as usize, 4) {
+                    Some(v) => a = v,
+                    None => return 0,
+                },
+                LD_H => match load(i.k as usize, 2) {
+                    Some(v) => a = v,
+                    None => return 0,
+                },
+                LD_B => match load(i.k as usize, 1) {
+                    Some(v) => a = v,
+                    None => return 0,
+                },
+                LD_IND_W => match load((x + i.k) as usize, 4) {
+                    Some(v) => a = v,
+                    None => return 0,
+                },
+                LDX_MSH => match load(i.k as usize, 1) {
+                    Some(v) => x = (v & 0xf) * 4,
+                    None => return 0,
+                },
+                LD_MEM => a = m[i.k as usize],
+                c if c == libc::BPF_ST => m[i.k as usize] = a,
+                RET => return i.k,
+                c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => {
+                    pc += usize::from(if a == i.k { i.jt } else { i.jf })
+                }
+                c if c == libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K => {
+                    pc += usize::from(if a & i.k != 0 { i.jt } else { i.jf })
+                }
+                c => panic!("unexpected instruction {c:#x}"),
+            }
+        }
+    }
+
+    fn sa(s: &str) -> SocketAddrV4 {
+        s.parse().unwrap()
+    }
+
+    fn udp(src: &str, dst: &str) -> Vec<u8> {
+        frame::udp_frame([2; 6], [4; 6], sa(src), sa(dst), b"payload")
+    }
+
+    #[test]
+    fn a_connections_filter_admits_its_frames_only() {
+        let (local, remote) = (sa("10.0.0.1:4000"), sa("10.0.0.2:5000"));
+        let f = flow_filter(&local, &remote);
+        assert_eq!(run(&f, &udp("10.0.0.2:5000", "10.0.0.1:4000"), 0), ACCEPT);
+        // Our own frame going out, and every other tuple.
+        assert_eq!(run(&f, &udp("10.0.0.2:5000", "10.0.0.1:4000"), 4), 0);
+        for (s, d) in [
+            ("10.0.0.1:4000", "10.0.0.2:5000"),
+            ("10.0.0.3:5000", "10.0.0.1:4000"),
+            ("10.0.0.2:5001", "10.0.0.1:4000"),
+            ("10.0.0.2:5000", "10.0.0.1:4001"),
+            ("10.0.0.2:5000", "10.0.0.9:4000"),
+        ] {
+            assert_eq!(run(&f, &udp(s, d), 0), 0, "{s} -> {d}");
+        }
+        // Not UDP, a fragment, a runt, ARP.
+        let mut tcp = udp("10.0.0.2:5000", "10.0.0.1:4000");
+        tcp[23] = 6;
+        assert_eq!(run(&f, &tcp, 0), 0);
+        let mut frag = udp("10.0.0.2:5000", "10.0.0.1:4000");
+        frag[21] = 1;
+        assert_eq!(run(&f, &frag, 0), 0);
+        assert_eq!(run(&f, &[0u8; 10], 0), 0);
+        let mut arp = udp("10.0.0.2:5000", "10.0.0.1:4000");
+        arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+        assert_eq!(run(&f, &arp, 0), 0);
+        // An IP header with options moves the ports.
+        let mut opts = udp("10.0.0.2:5000", "10.0.0.1:4000");
+        opts[14] = 0x46;
+        opts.splice(34..34, [1u8, 1, 1, 1]);
+        assert_eq!(run(&f, &opts, 0), ACCEPT);
+    }
+
+    #[test]
+    fn the_ports_filter_leaves_out_direct_connections_and_our_own_frames() {
+        let a = (sa("10.0.0.1:4000"), sa("10.0.0.2:5000"));
+        let b = (sa("10.0.0.1:4000"), sa("10.0.0.3:5000"));
+        let f = port_filter(&[a, b]).unwrap();
+        assert_eq!(run(&f, &udp("10.0.0.2:5000", "10.0.0.1:4000"), 0), 0);
+        assert_eq!(run(&f, &udp("10.0.0.3:5000", "10.0.0.1:4000"), 0), 0);
+        // A ConnectRequest from a new peer to the same listening port is urdmad's.
+        assert_eq!(run(&f, &udp("10.0.0.4:5000", "10.0.0.1:4000"), 0), ACCEPT);
+        assert_eq!(run(&f, &udp("10.0.0.2:5001", "10.0.0.1:4000"), 0), ACCEPT);
+        let mut arp = udp("10.0.0.2:5000", "10.0.0.1:4000");
+        arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+        assert_eq!(run(&f, &arp, 0), ACCEPT);
+        assert_eq!(run(&f, &udp("10.0.0.9:1", "10.0.0.1:2"), 4), 0);
+        let none = port_filter(&[]).unwrap();
+        assert_eq!(
+            run(&none, &udp("10.0.0.2:5000", "10.0.0.1:4000"), 0),
+            ACCEPT
+        );
+        let many = vec![a; MAX_FLOWS_PER_PORT];
+        assert!(port_filter(&many).unwrap().len() <= 4096);
+        assert!(port_filter(&vec![a; MAX_FLOWS_PER_PORT + 1]).is_none());
+    }
+
+    #[test]
+    fn geometry_fits_a_frame_of_the_datagram_and_whole_blocks() {
+        let g = Geometry::new(1472, 100);
+        assert_eq!(g.frame_size, 2048);
+        assert!(g.frames >= 100 && g.ring_bytes().is_multiple_of(g.block_size as usize));
+        assert!(g.frame_size as usize - TX_DATA >= 1472 + frame::HEADERS);
+        let j = Geometry::new(8972, 16);
+        assert_eq!(j.frame_size, 16384);
+        assert_eq!(j.frames, 16);
+        assert!(Geometry::new(1472, 0).frames >= 1);
+    }
+
+    #[test]
+    fn descriptors_travel_with_the_bytes_they_were_sent_with() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (r, _w) = UnixStream::pair().unwrap();
+        send_with_fd(&a, b"EVENT ONE\n", r.as_raw_fd()).unwrap();
+        use std::io::Write;
+        (&a).write_all(b"EVENT TWO\n").unwrap();
+        let mut fds = VecDeque::new();
+        let mut buf = [0u8; 64];
+        let n = recv_with_fds(&b, &mut buf, &mut fds).unwrap();
+        assert_eq!(
+            &buf[..n],
+            b"EVENT ONE\n",
+            "a read stops after the bytes with a descriptor"
+        );
+        assert_eq!(fds.len(), 1);
+        let n = recv_with_fds(&b, &mut buf, &mut fds).unwrap();
+        assert_eq!(&buf[..n], b"EVENT TWO\n");
+        assert_eq!(fds.len(), 1);
+        // The descriptor is a new one for the same socket.
+        let got = fds.pop_front().unwrap();
+        assert_ne!(got.as_raw_fd(), r.as_raw_fd());
+        let mut s = UnixStream::from(got);
+        s.write_all(b"x").unwrap();
+    }
+}
