@@ -233,6 +233,7 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
         // SAFETY: cq is ours.
         let key = unsafe { cq_key(cq) };
         runtime::with(|sh, _| {
+            sh.app_going_to_sleep();
             if sh.engine.arm_cq(key, solicited_only != 0) {
                 0
             } else {

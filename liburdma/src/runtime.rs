@@ -18,12 +18,18 @@
 //! and `poll_cq` receive, run timers and transmit for every connection).
 //! The helper thread covers the time the application spends elsewhere
 //! (blocked in `ibv_get_cq_event`, `rdma_get_cm_event`, polling its own
-//! memory, ...): while traffic flows it keeps going (yielding the CPU
-//! between rounds); after [`SPIN_ROUNDS`] idle rounds it posts `ARM` to
-//! urdmad (unless it is armed already) and sleeps in `poll()` on the
-//! control socket, its own eventfd and its alarm (a timerfd) until an
-//! event (`EVENT WAKE`, `EVENT CONNECTED`, `EVENT DISCONNECT`), the
-//! earliest trp timer, or a kick. An application call that makes a timer
+//! memory, ...). While an application thread polls (a data verb within
+//! [`APP_ACTIVE`]; `ibv_req_notify_cq` ends that at once) the helper stays
+//! out of its way: it sleeps without watching for frames and looks again
+//! when the application may have stopped. Otherwise, while traffic flows it
+//! keeps going (yielding the CPU between rounds); after [`SPIN_ROUNDS`] idle
+//! rounds it posts `ARM` to
+//! urdmad (unless it is armed already, or every connection is on the direct
+//! path, whose socket wakes it by itself) and sleeps in `poll()` on the
+//! control socket, its own eventfd, its alarm (a timerfd) and the epoll set
+//! of the direct connections' sockets until an event (`EVENT WAKE`,
+//! `EVENT CONNECTED`, `EVENT DISCONNECT`), a frame on a direct connection,
+//! the earliest trp timer, or a kick. An application call that makes a timer
 //! due earlier than the helper's alarm moves the alarm forward (one system
 //! call) rather than waking the helper to go back to sleep with a shorter
 //! timeout: almost every message does that (the delayed ACK, the
@@ -55,8 +61,24 @@ use crate::dpdk::{self, DpdkFlow, Rings};
 use crate::engine::{Engine, Flow, Notice, PostFail, QpKey, SendReq};
 use crate::log;
 
-/// Rounds the helper keeps going after the last useful one (`URDMA_SPIN_ROUNDS` overrides).
+/// Rounds the helper keeps going after the last useful one (`URDMA_SPIN_ROUNDS` overrides),
+/// as long as the CPU is its own to spin on: see [`YIELD_FREE`].
 const SPIN_ROUNDS: u32 = 64;
+/// A yield that returns within this found no other thread wanting the CPU. One that took
+/// longer gave the CPU to another thread, the application's very likely: the helper then
+/// stops spinning and sleeps until a frame or a timer wakes it. A helper that spins on a
+/// shared CPU delays the application it serves, and by using CPU time it loses the
+/// scheduler's preference for threads that wake after sleeping, so that its next wake-up
+/// waits for a time slice to end (measured in the emulated two-vCPU bed: `ib_write_lat`
+/// 2.9 ms with a 64-round spin, 0.8 ms without; docs/performance.md).
+const YIELD_FREE: Duration = Duration::from_micros(100);
+
+/// Gives up the CPU; whether nobody else took it ([`YIELD_FREE`]).
+fn yield_cpu() -> bool {
+    let t = std::time::Instant::now();
+    std::thread::yield_now();
+    t.elapsed() < YIELD_FREE
+}
 
 fn spin_rounds() -> u32 {
     static R: OnceLock<u32> = OnceLock::new();
@@ -66,6 +88,24 @@ fn spin_rounds() -> u32 {
             .and_then(|v| v.parse().ok())
             .unwrap_or(SPIN_ROUNDS)
             .max(1)
+    })
+}
+/// An application thread that made a data verb call this recently is taken to be polling
+/// (its own calls make progress), and the helper stays out of its way: it neither spins
+/// nor wakes for frames, only for this long at a time to see whether the application has
+/// stopped. On a host whose cores are shared, a helper woken for every frame the
+/// application is about to take itself costs a context switch per message, and a helper
+/// preempted while it holds the engine lock stalls the application's next call for a time
+/// slice.
+const APP_ACTIVE: Duration = Duration::from_micros(200);
+
+fn app_active() -> Duration {
+    static D: OnceLock<Duration> = OnceLock::new();
+    *D.get_or_init(|| {
+        std::env::var("URDMA_APP_ACTIVE_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(APP_ACTIVE, Duration::from_micros)
     })
 }
 /// How long urdmad may take to answer a request.
@@ -102,6 +142,8 @@ pub struct Shared {
     /// `ARM` was posted and no `EVENT WAKE` has come since: urdmad will
     /// send one when a frame comes.
     armed: bool,
+    /// Until when an application thread is taken to be polling ([`APP_ACTIVE`]).
+    app_until: Instant,
 }
 
 struct Runtime {
@@ -123,6 +165,7 @@ fn rt() -> &'static Runtime {
             attach_failed: None,
             helper_sleep: None,
             armed: false,
+            app_until: Instant(0),
         }),
         kick: OnceLock::new(),
         alarm: OnceLock::new(),
@@ -142,6 +185,7 @@ fn lock() -> MutexGuard<'static, Shared> {
 pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     let mut g = lock();
     let now = now();
+    g.app_until = now + app_active();
     let r = f(&mut g, now);
     g.after_app_call();
     r
@@ -425,11 +469,31 @@ impl Shared {
         }
     }
 
+    /// The application is about to block (`ibv_req_notify_cq`, then
+    /// `ibv_get_cq_event`): the helper must watch for frames from now on.
+    pub fn app_going_to_sleep(&mut self) {
+        self.app_until = Instant(0);
+        if self.helper_sleep.is_some() {
+            self.helper_sleep = None;
+            kick_helper();
+        }
+    }
+
+    /// When the helper must wake: at the earliest trp timer, or, while the
+    /// application polls (its calls run the timers), when it may have stopped.
+    fn helper_wake_at(&self, now: Instant) -> Option<Instant> {
+        if now < self.app_until {
+            Some(self.app_until)
+        } else {
+            self.engine.deadline()
+        }
+    }
+
     fn after_app_call(&mut self) {
         let now = now();
         self.deliver_notices(now);
         if let Some(sleep) = self.helper_sleep {
-            let d = self.engine.deadline();
+            let d = self.helper_wake_at(now);
             let earlier = match (d, sleep) {
                 (Some(d), Some(s)) => d < s,
                 (Some(_), None) => true,
@@ -574,7 +638,23 @@ fn helper_loop() {
     let alarm = rt().alarm.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
     let sockets = rt().sockets.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
     let mut idle = 0u32;
+    // The last yield found the CPU free: spinning costs nobody.
+    let mut free = true;
+    // Spinning without the lock: every flow has a descriptor that says when
+    // something comes, and the alarm is set to the earliest timer.
+    let mut quiet = false;
+    let mut ctl = -1;
     loop {
+        if quiet {
+            let woken = readable_any([ctl, kick, alarm, sockets]);
+            if !woken && idle < spin_rounds() && free {
+                idle += 1;
+                free = yield_cpu();
+                continue;
+            }
+            quiet = false;
+            drain([kick, alarm]);
+        }
         let mut g = match rt().state.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
@@ -593,40 +673,69 @@ fn helper_loop() {
             // urdmad is gone: nothing more will arrive.
             return;
         };
+        ctl = fd;
         let now = now();
         let events = readable(fd) && g.pump(now);
         let p = g.engine.progress(now);
         g.deliver_notices(now);
+        // While the application polls, its own calls carry on from here.
+        let app_polling = now < g.app_until;
         if p.busy || events {
             idle = 0;
-            drop(g);
-            std::thread::yield_now();
-            continue;
+            if !app_polling {
+                drop(g);
+                free = yield_cpu();
+                continue;
+            }
         }
         idle += 1;
-        if idle < spin_rounds() {
+        if idle < spin_rounds() && !app_polling && free {
+            // Rounds under the lock would hold off the application's calls (and a
+            // helper preempted while holding it stalls them for a time slice): where
+            // the descriptors can tell, spin on them instead.
+            quiet = !g.engine.needs_arm();
+            if quiet {
+                set_alarm(g.helper_wake_at(now));
+            }
             drop(g);
-            std::thread::yield_now();
+            free = yield_cpu();
             continue;
         }
-        if !g.armed && g.engine.needs_arm() {
+        if !g.armed && !app_polling && g.engine.needs_arm() {
             g.arm();
         }
-        let deadline = g.engine.deadline();
-        g.helper_sleep = Some(deadline);
-        set_alarm(deadline);
+        let wake_at = g.helper_wake_at(now);
+        g.helper_sleep = Some(wake_at);
+        set_alarm(wake_at);
         drop(g);
-        sleep_on([fd, kick, alarm, sockets]);
+        sleep_on([fd, kick, alarm, if app_polling { -1 } else { sockets }]);
         lock().helper_sleep = None;
-        for f in [kick, alarm] {
-            let mut v = 0u64;
-            // SAFETY: draining our non-blocking eventfd or timerfd into a local.
-            unsafe { libc::read(f, (&mut v as *mut u64).cast(), 8) };
-        }
+        drain([kick, alarm]);
         // One round to see what woke it: anything to do starts the spin
         // again, nothing (ARM's reply, a timer with nothing due) sleeps.
         idle = spin_rounds() - 1;
+        free = true;
     }
+}
+
+/// Empties the helper's eventfd and timerfd.
+fn drain(fds: [i32; 2]) {
+    for f in fds {
+        let mut v = 0u64;
+        // SAFETY: reading our non-blocking eventfd or timerfd into a local.
+        unsafe { libc::read(f, (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+/// Whether any of `fds` (-1: none) has something to read, without waiting.
+fn readable_any(fds: [i32; 4]) -> bool {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    // SAFETY: a valid pollfd array, no wait.
+    unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, 0) > 0 }
 }
 
 /// Whether `fd` has something to read (one poll() that does not wait).
@@ -745,6 +854,7 @@ mod tests {
             attach_failed: None,
             helper_sleep: None,
             armed: false,
+            app_until: Instant(0),
         };
         let key = (1, 7);
         sh.engine.create_cq((1, 1), 8, None);
