@@ -22,8 +22,9 @@
 //! [`APP_ACTIVE`]; `ibv_req_notify_cq` ends that at once) the helper stays
 //! out of its way: it sleeps without watching for frames and looks again
 //! when the application may have stopped. Otherwise, while traffic flows it
-//! keeps going (yielding the CPU between rounds); after [`SPIN_ROUNDS`] idle
-//! rounds it posts `ARM` to
+//! keeps going (yielding the CPU between rounds); once the application has
+//! been away for [`APP_QUIET`] it may spin on for [`SPIN_ROUNDS`] idle rounds
+//! while its yields find the CPU free ([`YIELD_FREE`]); then it posts `ARM` to
 //! urdmad (unless it is armed already, or every connection is on the direct
 //! path, whose socket wakes it by itself) and sleeps in `poll()` on the
 //! control socket, its own eventfd, its alarm (a timerfd) and the epoll set
@@ -49,6 +50,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::Duration;
 
@@ -99,6 +101,28 @@ fn spin_rounds() -> u32 {
 /// slice.
 const APP_ACTIVE: Duration = Duration::from_micros(200);
 
+/// The helper spins only after the application has made no data verb call for this long:
+/// it is then the only one making progress (a bandwidth test's passive side, a server
+/// blocked elsewhere). An application that calls now and then (a latency test polling its
+/// CQ between waits on its memory) gains nothing from it: the spin takes the CPU it runs
+/// on, and the helper that used CPU time loses the scheduler's preference for threads that
+/// wake after sleeping, so its next wake-up waits for a time slice to end.
+const APP_QUIET: Duration = Duration::from_millis(10);
+
+/// When an application thread last made a data verb call (ns on [`now`]'s clock; 0 after
+/// `ibv_req_notify_cq`). Read by the helper without the lock.
+static APP_LAST: AtomicU64 = AtomicU64::new(0);
+
+/// Whether an application thread is taken to be polling ([`APP_ACTIVE`]).
+fn app_polling(now: Instant) -> bool {
+    now < Instant(APP_LAST.load(Ordering::Relaxed)) + app_active()
+}
+
+/// Whether the application has been away long enough for the helper to spin ([`APP_QUIET`]).
+fn app_quiet(now: Instant) -> bool {
+    now >= Instant(APP_LAST.load(Ordering::Relaxed)) + APP_QUIET
+}
+
 fn app_active() -> Duration {
     static D: OnceLock<Duration> = OnceLock::new();
     *D.get_or_init(|| {
@@ -142,8 +166,6 @@ pub struct Shared {
     /// `ARM` was posted and no `EVENT WAKE` has come since: urdmad will
     /// send one when a frame comes.
     armed: bool,
-    /// Until when an application thread is taken to be polling ([`APP_ACTIVE`]).
-    app_until: Instant,
 }
 
 struct Runtime {
@@ -165,7 +187,6 @@ fn rt() -> &'static Runtime {
             attach_failed: None,
             helper_sleep: None,
             armed: false,
-            app_until: Instant(0),
         }),
         kick: OnceLock::new(),
         alarm: OnceLock::new(),
@@ -185,7 +206,7 @@ fn lock() -> MutexGuard<'static, Shared> {
 pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     let mut g = lock();
     let now = now();
-    g.app_until = now + app_active();
+    APP_LAST.store(now.as_nanos(), Ordering::Relaxed);
     let r = f(&mut g, now);
     g.after_app_call();
     r
@@ -472,7 +493,7 @@ impl Shared {
     /// The application is about to block (`ibv_req_notify_cq`, then
     /// `ibv_get_cq_event`): the helper must watch for frames from now on.
     pub fn app_going_to_sleep(&mut self) {
-        self.app_until = Instant(0);
+        APP_LAST.store(0, Ordering::Relaxed);
         if self.helper_sleep.is_some() {
             self.helper_sleep = None;
             kick_helper();
@@ -482,8 +503,8 @@ impl Shared {
     /// When the helper must wake: at the earliest trp timer, or, while the
     /// application polls (its calls run the timers), when it may have stopped.
     fn helper_wake_at(&self, now: Instant) -> Option<Instant> {
-        if now < self.app_until {
-            Some(self.app_until)
+        if app_polling(now) {
+            Some(Instant(APP_LAST.load(Ordering::Relaxed)) + app_active())
         } else {
             self.engine.deadline()
         }
@@ -647,7 +668,7 @@ fn helper_loop() {
     loop {
         if quiet {
             let woken = readable_any([ctl, kick, alarm, sockets]);
-            if !woken && idle < spin_rounds() && free {
+            if !woken && idle < spin_rounds() && free && app_quiet(now()) {
                 idle += 1;
                 free = yield_cpu();
                 continue;
@@ -679,7 +700,7 @@ fn helper_loop() {
         let p = g.engine.progress(now);
         g.deliver_notices(now);
         // While the application polls, its own calls carry on from here.
-        let app_polling = now < g.app_until;
+        let app_polling = app_polling(now);
         if p.busy || events {
             idle = 0;
             if !app_polling {
@@ -689,7 +710,7 @@ fn helper_loop() {
             }
         }
         idle += 1;
-        if idle < spin_rounds() && !app_polling && free {
+        if idle < spin_rounds() && free && app_quiet(now) {
             // Rounds under the lock would hold off the application's calls (and a
             // helper preempted while holding it stalls them for a time slice): where
             // the descriptors can tell, spin on them instead.
@@ -854,7 +875,6 @@ mod tests {
             attach_failed: None,
             helper_sleep: None,
             armed: false,
-            app_until: Instant(0),
         };
         let key = (1, 7);
         sh.engine.create_cq((1, 1), 8, None);

@@ -5,12 +5,11 @@
 #
 # Bound: 25 % of one CPU for the four processes together, in this emulated VM.  The
 # applications' helper threads sleep armed on an idle connection, woken only by trp's
-# keep-alive (a probe or its answer every 2 s; measured: 0 ticks before the keep-alive).  Each urdmad still polls its port, with a back-off of up to 4 ms (about 250
-# wake-ups a second; its DPDK ports give it nothing to sleep on): measured ~10 % of one CPU
-# each under TCG, where a wake-up costs ~0.4 ms (natively far less; not measured here).  A design that
-# spins costs 100 % per spinning thread, one that polls at 1 kHz per process ~40 % each
-# here, so the bound still tells them apart.  Removing urdmad's idle polling (sleeping on
-# its ports' file descriptors) is left for the performance work.
+# keep-alive (a probe or its answer every 2 s; measured: 0 ticks before the keep-alive).  Each
+# urdmad sleeps on its af_packet ports' sockets and, with no handshake under way, wakes about
+# ten times a second (docs/urdmad.md, "Idle cost"); under TCG a wake-up costs ~0.4 ms.  A
+# design that spins costs 100 % per spinning thread, one that polls at 1 kHz per process
+# ~40 % each here, so the bound still tells them apart.
 set -u
 . tests/e2e/lib.sh
 

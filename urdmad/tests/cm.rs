@@ -209,6 +209,50 @@ fn memory() -> trp::VecMemory {
     m
 }
 
+/// The kernel's part on B when a request comes: accept it for `qpn`; the process's event.
+fn accept(b: &Side, pb: &mut Connection, qpn: u32) -> Connected {
+    let req = b.expect(Op::Request);
+    let mut acc = Msg::new(Op::Accept);
+    acc.req = req.req;
+    acc.qpn = qpn;
+    b.send(acc);
+    let ev = connected(pb);
+    assert_eq!(b.expect(Op::Accepted).status, 0);
+    ev
+}
+
+/// Posts a receive (wr_id 7, at 100) on B and a Send of "ping!" (wr_id 3, from 0) on A.
+fn post_ping(
+    a: &mut trp::Connection,
+    b: &mut trp::Connection,
+    ma: &mut trp::VecMemory,
+    mb: &trp::VecMemory,
+) {
+    ma.bytes[..5].copy_from_slice(b"ping!");
+    let sge = |addr, len| trp::Sge { addr, len, lkey: 1 };
+    b.post_recv(
+        mb,
+        &trp::RecvWr {
+            wr_id: 7,
+            sges: &[sge(100, 64)],
+        },
+    )
+    .unwrap();
+    a.post_send(
+        ma,
+        &trp::SendWr {
+            wr_id: 3,
+            op: trp::SendOp::Send {
+                invalidate: None,
+                solicited: false,
+            },
+            sges: &[sge(0, 5)],
+            signaled: true,
+        },
+    )
+    .unwrap();
+}
+
 /// Moves datagrams between two connections until neither has anything to send.
 fn exchange(
     a: &mut trp::Connection,
@@ -362,38 +406,7 @@ fn connections_through_two_urdmads_with_fake_kernels() {
             o => panic!("rebuild on A: {o:?}"),
         };
     // The two rebuilt connections talk: a Send from A lands in B's receive.
-    mem_a.bytes[..5].copy_from_slice(b"ping!");
-    conn_b
-        .post_recv(
-            &mem_b,
-            &trp::RecvWr {
-                wr_id: 7,
-                sges: &[trp::Sge {
-                    addr: 100,
-                    len: 64,
-                    lkey: 1,
-                }],
-            },
-        )
-        .unwrap();
-    conn_a
-        .post_send(
-            &mem_a,
-            &trp::SendWr {
-                wr_id: 3,
-                op: trp::SendOp::Send {
-                    invalidate: None,
-                    solicited: false,
-                },
-                sges: &[trp::Sge {
-                    addr: 0,
-                    len: 5,
-                    lkey: 1,
-                }],
-                signaled: true,
-            },
-        )
-        .unwrap();
+    post_ping(&mut conn_a, &mut conn_b, &mut mem_a, &mem_b);
     exchange(&mut conn_a, &mut conn_b, &mut mem_a, &mut mem_b, now);
     let wc = conn_b.poll_completion().expect("B received");
     assert_eq!(
@@ -479,13 +492,7 @@ fn connections_through_two_urdmads_with_fake_kernels() {
         Response::Ok
     );
     a.send(connect_msg(17, 7, 40010, b_addr, b.mac, b""));
-    let req = b.expect(Op::Request);
-    let mut acc = Msg::new(Op::Accept);
-    acc.req = req.req;
-    acc.qpn = 10;
-    b.send(acc);
-    let ev_b = connected(&mut pb);
-    assert_eq!(b.expect(Op::Accepted).status, 0);
+    let ev_b = accept(&b, &mut pb, 10);
     let mut conn_b = trp::Incoming::parse(&ev_b.pkt)
         .unwrap()
         .accept(cfg_of(&ev_b), ev_b.conn, ev_b.isn, &ev_b.pdata)
@@ -850,6 +857,15 @@ fn port_rx(s: &Side) -> u64 {
         .unwrap()
 }
 
+/// Waits until urdmad's port has received more than `before` frames (`what` came).
+fn port_rx_grows(s: &Side, before: u64, what: &str) {
+    let end = Instant::now() + WAIT;
+    while port_rx(s) == before {
+        assert!(Instant::now() < end, "urdmad did not receive {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     let bed = Bed::new("dp");
@@ -865,13 +881,7 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     let mut pb = b.process(9);
     listen(&b, 1, 7000);
     a.send(connect_msg(11, 5, 40000, b_addr, b.mac, b"hello"));
-    let req = b.expect(Op::Request);
-    let mut acc = Msg::new(Op::Accept);
-    acc.req = req.req;
-    acc.qpn = 9;
-    b.send(acc);
-    let ev_b = connected(&mut pb);
-    assert_eq!(b.expect(Op::Accepted).status, 0);
+    let ev_b = accept(&b, &mut pb, 9);
     let mut db = DirectEnd::of(&mut pb, &ev_b, b.mac);
     let st = b.status();
     assert_eq!(
@@ -924,35 +934,7 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
 
     // A Send from A to B, every datagram through the two sockets, none through urdmad.
     let rx_b = port_rx(&b);
-    mem_a.bytes[..5].copy_from_slice(b"ping!");
-    let sge = |addr| trp::Sge {
-        addr,
-        len: 5,
-        lkey: 1,
-    };
-    conn_b
-        .post_recv(
-            &mem_b,
-            &trp::RecvWr {
-                wr_id: 7,
-                sges: &[sge(100)],
-            },
-        )
-        .unwrap();
-    conn_a
-        .post_send(
-            &mem_a,
-            &trp::SendWr {
-                wr_id: 3,
-                op: trp::SendOp::Send {
-                    invalidate: None,
-                    solicited: false,
-                },
-                sges: &[sge(0)],
-                signaled: true,
-            },
-        )
-        .unwrap();
+    post_ping(&mut conn_a, &mut conn_b, &mut mem_a, &mem_b);
     let end = Instant::now() + WAIT;
     let (mut done_a, mut done_b) = (None, None);
     while done_a.is_none() || done_b.is_none() {
@@ -1000,14 +982,7 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     // does not.
     da.send_to(b"stray", SocketAddrV4::new(B_IP, 7001));
     assert!(db.recv(Duration::from_millis(300)).is_empty());
-    let end = Instant::now() + WAIT;
-    while port_rx(&b) == rx_b {
-        assert!(
-            Instant::now() < end,
-            "urdmad B did not receive the stray frame"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    port_rx_grows(&b, rx_b, "the stray frame");
 
     // Once B's connection is closed, urdmad takes its address again.
     assert_eq!(
@@ -1028,12 +1003,5 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     drop(db);
     let before = port_rx(&b);
     da.send(b"late");
-    let end = Instant::now() + WAIT;
-    while port_rx(&b) == before {
-        assert!(
-            Instant::now() < end,
-            "urdmad B did not take the closed connection's frame"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    port_rx_grows(&b, before, "the closed connection's frame");
 }
