@@ -82,14 +82,25 @@ fn yield_cpu() -> bool {
     t.elapsed() < YIELD_FREE
 }
 
+/// A whole number from the environment variable `name`; `default` when it is unset, and,
+/// with one logged line, when it is not a number.
+fn env_number(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Err(_) => default,
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            log::error(format_args!(
+                "{name}={v:?} is not a whole number: using {default}"
+            ));
+            default
+        }),
+    }
+}
+
 fn spin_rounds() -> u32 {
     static R: OnceLock<u32> = OnceLock::new();
     *R.get_or_init(|| {
-        std::env::var("URDMA_SPIN_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(SPIN_ROUNDS)
-            .max(1)
+        let r = env_number("URDMA_SPIN_ROUNDS", u64::from(SPIN_ROUNDS));
+        u32::try_from(r).unwrap_or(u32::MAX).max(1)
     })
 }
 /// An application thread that made a data verb call this recently is taken to be polling
@@ -126,10 +137,10 @@ fn app_quiet(now: Instant) -> bool {
 fn app_active() -> Duration {
     static D: OnceLock<Duration> = OnceLock::new();
     *D.get_or_init(|| {
-        std::env::var("URDMA_APP_ACTIVE_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(APP_ACTIVE, Duration::from_micros)
+        Duration::from_micros(env_number(
+            "URDMA_APP_ACTIVE_US",
+            APP_ACTIVE.as_micros() as u64,
+        ))
     })
 }
 /// How long urdmad may take to answer a request.
@@ -761,13 +772,7 @@ fn readable_any(fds: [i32; 4]) -> bool {
 
 /// Whether `fd` has something to read (one poll() that does not wait).
 fn readable(fd: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, no wait.
-    unsafe { libc::poll(&mut p, 1, 0) > 0 }
+    readable_any([fd, -1, -1, -1])
 }
 
 /// Sleeps until one of `fds` is readable.
