@@ -370,18 +370,21 @@ static uint64_t recv_sges_seed(struct conn *c, unsigned slot)
 
 static void post_recv_slot(struct conn *c, unsigned slot)
 {
+	int ret;
 	struct ibv_recv_wr wr = { .wr_id = slot, .sg_list = c->rsge[slot] }, *bad;
 	uint64_t s = recv_sges_seed(c, slot);
 
 	c->rsge_n[slot] = scatter(c, c->buf + slot * c->slot, maxsize + HDR_LEN,
 				  &s, MAX_SGE, c->rsge[slot]);
 	wr.num_sge = c->rsge_n[slot];
-	if (ibv_post_recv(c->id->qp, &wr, &bad))
-		fail("ibv_post_recv: %s", strerror(errno));
+	ret = ibv_post_recv(c->id->qp, &wr, &bad);
+	if (ret)
+		fail("ibv_post_recv: %s", strerror(ret));
 }
 
 static void send_ack(struct conn *c)
 {
+	int ret;
 	/* The last slot is the server's send slot: ACKs go one at a time. */
 	uint8_t *p = c->buf + (c->nslots - 1) * c->slot;
 	struct hdr h = { MAGIC, MSG_ACK, 0, HDR_LEN };
@@ -394,8 +397,9 @@ static void send_ack(struct conn *c)
 	if (c->acks_posted != c->acks_done)
 		fail("conn %u: a batch ended before the last ACK completed", c->index);
 	memcpy(p, &h, sizeof(h));
-	if (ibv_post_send(c->id->qp, &wr, &bad))
-		fail("ibv_post_send (ack): %s", strerror(errno));
+	ret = ibv_post_send(c->id->qp, &wr, &bad);
+	if (ret)
+		fail("ibv_post_send (ack): %s", strerror(ret));
 	c->acks_posted++;
 }
 
@@ -592,6 +596,7 @@ struct posted {
 
 static void client_batch(struct conn *c, unsigned n, uint64_t *s)
 {
+	int ret;
 	struct posted p[MAX_BATCH + 1];
 	uint8_t used[2 * MAX_BATCH] = { 0 };
 	uint64_t blk = maxsize, nblk = c->rlen / maxsize;
@@ -734,9 +739,10 @@ static void client_batch(struct conn *c, unsigned n, uint64_t *s)
 		for (k = first; k + 1 < first + len; k++)
 			wr[k].next = &wr[k + 1];
 		wr[first + len - 1].next = NULL;
-		if (ibv_post_send(c->id->qp, &wr[first], &bad))
+		ret = ibv_post_send(c->id->qp, &wr[first], &bad);
+		if (ret)
 			fail("conn %u: ibv_post_send: %s (bad_wr %" PRIu64 ")", c->index,
-			     strerror(errno), bad ? bad->wr_id : 0);
+			     strerror(ret), bad ? bad->wr_id : 0);
 		first += len;
 	}
 	/* Signalled completions in posting order, then the server's ACK. */
@@ -797,12 +803,14 @@ static void client_batch(struct conn *c, unsigned n, uint64_t *s)
 
 static void post_ack_recv(struct conn *c)
 {
+	int ret;
 	struct ibv_sge sge = { (uintptr_t)(c->buf + (c->nslots - 1) * c->slot),
 			       HDR_LEN, c->mr->lkey };
 	struct ibv_recv_wr wr = { .wr_id = 1000000, .sg_list = &sge, .num_sge = 1 }, *bad;
 
-	if (ibv_post_recv(c->id->qp, &wr, &bad))
-		fail("ibv_post_recv: %s", strerror(errno));
+	ret = ibv_post_recv(c->id->qp, &wr, &bad);
+	if (ret)
+		fail("ibv_post_recv: %s", strerror(ret));
 }
 
 struct client_arg {
@@ -813,6 +821,7 @@ struct client_arg {
 
 static void *client_conn(void *arg)
 {
+	int ret;
 	struct client_arg *a = arg;
 	struct conn *c = a->c;
 	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP }, *ai;
@@ -878,8 +887,9 @@ static void *client_conn(void *arg)
 
 		post_ack_recv(c);
 		memcpy(slot, &h, sizeof(h));
-		if (ibv_post_send(c->id->qp, &wr, &bad))
-			fail("ibv_post_send (done): %s", strerror(errno));
+		ret = ibv_post_send(c->id->qp, &wr, &bad);
+		if (ret)
+			fail("ibv_post_send (done): %s", strerror(ret));
 		while (seen < 2) {
 			next_wc(c, &wc, "the final exchange");
 			seen++;

@@ -122,6 +122,10 @@ pub struct Daemon {
     cm: cm::Cm,
     /// What ends an idle sleep.
     idle: idle::Idle,
+    /// Processes released while still alive (a zombie not yet reaped, one that detached and
+    /// lives on): their DPDK runtime files go once they are gone ([`Daemon::sweep`]).
+    departed: Vec<u32>,
+    swept_at: Instant,
 }
 
 /// What ended an idle sleep.
@@ -328,6 +332,8 @@ impl Daemon {
             started: Instant::now(),
             cm: cm::Cm::default(),
             idle,
+            departed: Vec::new(),
+            swept_at: Instant::now(),
         };
         d.cm_open();
         Ok(d)
@@ -684,6 +690,9 @@ impl Daemon {
         if self.cm.chan.is_some() {
             self.cm_read_kernel();
             self.cm_tick();
+        }
+        if !self.departed.is_empty() && self.swept_at.elapsed() >= Duration::from_millis(500) {
+            self.sweep();
         }
         let mut fds = Vec::with_capacity(self.clients.len() + 1);
         fds.push(libc::pollfd {
@@ -1095,7 +1104,28 @@ impl Daemon {
             self.rings -= a.tx.len();
             self.lcores_used[a.lcore as usize] = false;
             tracing::info!(client = id, pid, flows = nflows, "process released: {why}");
+            self.departed.push(pid);
+            self.sweep();
         }
+    }
+
+    /// Removes the DPDK runtime files of released processes that no longer exist (a live
+    /// secondary still uses its multi-process socket). Cheap: a `stat` per departed process.
+    fn sweep(&mut self) {
+        self.swept_at = Instant::now();
+        let dir = crate::eal::runtime_dir(&self.cfg.daemon.file_prefix);
+        self.departed.retain(|&pid| {
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return true;
+            }
+            let n = crate::eal::remove_secondary_files(&dir, pid);
+            tracing::debug!(
+                pid,
+                files = n,
+                "runtime files of a departed process removed"
+            );
+            false
+        });
     }
 
     /// The status report: one `kind key=value...` line per object.

@@ -175,9 +175,76 @@ pub fn remove_files(prefix: &str) {
     let _ = std::fs::remove_dir_all(runtime_dir(prefix));
 }
 
+/// Whether `name`, a file of a DPDK runtime directory, was made by the secondary process
+/// `pid`: its multi-process socket (`mp_socket_<pid>_<tsc>`) or its local copy of a memory
+/// segment list (`fbarray_<list>_<pid>`). A secondary removes them in `rte_eal_cleanup`,
+/// which the provider never calls (EAL cannot start again in that process) and a process
+/// killed with SIGKILL never gets to: left alone they pile up in /var/run, a tmpfs, with
+/// every process that ever attached.
+fn made_by_secondary(name: &str, pid: u32) -> bool {
+    let pid = pid.to_string();
+    if let Some(rest) = name.strip_prefix("mp_socket_") {
+        return rest.strip_prefix(&pid).is_some_and(|r| r.starts_with('_'));
+    }
+    name.starts_with("fbarray_") && name.strip_suffix(&pid).is_some_and(|r| r.ends_with('_'))
+}
+
+/// Removes from `dir` (a prefix's runtime directory) the files of the secondary process
+/// `pid` ([`made_by_secondary`]); returns how many went.
+pub fn remove_secondary_files(dir: &Path, pid: u32) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| made_by_secondary(&e.file_name().to_string_lossy(), pid))
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_secondary_s_files_go_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("urdmad-eal-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let names = [
+            // the primary's
+            "config",
+            "mp_socket",
+            "fbarray_memzone",
+            "fbarray_memseg-2048k-0-0",
+            "hugepage_info",
+            // process 42's
+            "mp_socket_42_1f3a9c",
+            "fbarray_memseg-2048k-0-0_42",
+            "fbarray_memseg-2048k-0-1_42",
+            // other processes' (420, 4, 142)
+            "mp_socket_420_77",
+            "mp_socket_4_2a",
+            "fbarray_memseg-2048k-0-0_142",
+            "fbarray_memseg-2048k-0-0_4",
+        ];
+        for n in names {
+            std::fs::write(dir.join(n), b"").unwrap();
+        }
+        assert_eq!(remove_secondary_files(&dir, 42), 3);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut want: Vec<String> = names[..5]
+            .iter()
+            .chain(&names[8..])
+            .map(|n| n.to_string())
+            .collect();
+        want.sort();
+        assert_eq!(left, want);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn messages_are_pinned() {
