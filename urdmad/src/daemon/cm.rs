@@ -52,6 +52,13 @@ fn handshake_timing(cfg: trp::Config) -> trp::Config {
 /// Answered (accepted or rejected) requests are remembered this long after their last
 /// repetition, so that a repeated ConnectRequest is not a new request.
 const REQUEST_MEMORY: Duration = Duration::from_secs(60);
+/// Requests remembered at most. A ConnectRequest is one datagram whose source anyone can
+/// forge, so a flood of them would otherwise grow the table by its rate times
+/// [`REQUEST_MEMORY`]. At the bound a new request takes the place of the answered one
+/// heard from longest ago (its requester, if it repeats, is then asked about afresh); when
+/// every entry still waits for the kernel (which bounds those by each listener's backlog),
+/// the new request is dropped unanswered and counted, and a real requester repeats it.
+pub(super) const MAX_REQUESTS: usize = 1024;
 const ECONNREFUSED: i32 = -111;
 const ETIMEDOUT: i32 = -110;
 const ECONNRESET: i32 = -104;
@@ -176,6 +183,8 @@ pub(super) struct Cm {
     pub rejects_sent: u64,
     pub aborts_sent: u64,
     pub strays: u64,
+    /// ConnectRequests dropped because [`MAX_REQUESTS`] were pending.
+    pub requests_dropped: u64,
     pub clock0: Option<Instant>,
 }
 
@@ -759,6 +768,25 @@ impl Daemon {
             }
             return;
         };
+        if self.cm.requests.len() >= MAX_REQUESTS {
+            let oldest_answered = self
+                .cm
+                .requests
+                .iter()
+                .filter(|(_, r)| r.state != ReqState::Pending)
+                .min_by_key(|(_, r)| r.last_seen)
+                .map(|(&k, _)| k);
+            match oldest_answered {
+                Some(k) => {
+                    self.cm.requests.remove(&k);
+                }
+                None => {
+                    self.cm.requests_dropped += 1;
+                    tracing::debug!(%local, %remote, "request table full: ConnectRequest dropped");
+                    return;
+                }
+            }
+        }
         self.cm.next_req += 1;
         let req = self.cm.next_req;
         tracing::info!(req, listener = lid, %local, %remote, "connection request");
@@ -1096,10 +1124,11 @@ impl Daemon {
     /// Status lines of connection management.
     pub(super) fn cm_status(&self, out: &mut Vec<String>) {
         out.push(format!(
-            "cm channel={} listeners={} requests={} connecting={} connected={} qps={} rejects_sent={} aborts_sent={} strays={}",
+            "cm channel={} listeners={} requests={} max_requests={MAX_REQUESTS} requests_dropped={} connecting={} connected={} qps={} rejects_sent={} aborts_sent={} strays={}",
             if self.cm.chan.is_some() { "open" } else { "none" },
             self.cm.listeners.len(),
             self.cm.requests.len(),
+            self.cm.requests_dropped,
             self.cm.handshakes.len(),
             self.cm.conns.len(),
             self.cm.qps.len(),
