@@ -528,3 +528,104 @@ fn main() {
     );
     println!("{}", answer(&tap, a, b, wait_ms()));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(sealed: bool) -> Seen {
+        Seen {
+            a_mac: [1; 6],
+            b_mac: [2; 6],
+            conn: 0x1234_5678,
+            next_psn: 1000,
+            ack_psn: 77,
+            window: 512,
+            sealed,
+        }
+    }
+
+    /// The TRP header and DDP segment of a forged datagram, read back with trp's parsers.
+    fn read_back(d: &[u8]) -> (Header, Option<(segment::Repr, Body<'_>)>) {
+        let (h, rest, _) = trp_of(d).expect("a TRP datagram");
+        let seg = (h.opcode == TrpOp::Data).then(|| segment::Repr::parse(rest).expect("a segment"));
+        (h, seg)
+    }
+
+    #[test]
+    fn forgeries_are_what_they_claim_to_be() {
+        for sealed in [false, true] {
+            let s = seen(sealed);
+            let one = |a: Attack| {
+                let v = forge(&s, &a);
+                assert_eq!(v.len(), 1);
+                v.into_iter().next().unwrap()
+            };
+            let w = one(Attack::Write {
+                stag: 9,
+                to: 0x1000,
+                len: 100,
+            });
+            let (h, seg) = read_back(&w);
+            assert_eq!((h.dst_conn, h.psn, h.ack_psn), (s.conn, 1000, 77));
+            let (r, body) = seg.unwrap();
+            assert_eq!(
+                r.buffer,
+                BufferRef::Tagged {
+                    stag: 9,
+                    to: 0x1000
+                }
+            );
+            assert_eq!(body, Body::Data(&[0xee; 100][..]));
+
+            let rr = one(Attack::Read {
+                stag: 5,
+                to: 8,
+                len: 100_000,
+            });
+            let Some((_, Body::ReadRequest(q))) = read_back(&rr).1 else {
+                panic!("not a Read Request")
+            };
+            assert_eq!((q.src_stag, q.src_to, q.size), (5, 8, 100_000));
+
+            let t = one(Attack::Terminate);
+            assert!(matches!(read_back(&t).1, Some((_, Body::Terminate(_)))));
+
+            let (h, _) = read_back(&one(Attack::Ack));
+            assert_eq!((h.opcode, h.ack_psn), (TrpOp::Ack, 77 + 1_000_000));
+            let (h, _) = read_back(&one(Attack::Sack));
+            assert_eq!(h.opcode, TrpOp::Sack);
+            let (h, _) = read_back(&one(Attack::Fin));
+            assert_eq!((h.opcode, h.psn), (TrpOp::Fin, 1000));
+
+            // the malformed one is a good TRP datagram whose segment does not parse
+            let m = one(Attack::Malformed);
+            let (_, rest, _) = trp_of(&m).unwrap();
+            assert!(segment::Repr::parse(rest).is_err());
+        }
+    }
+
+    #[test]
+    fn junk_never_reads_as_a_datagram_of_the_connection() {
+        for sealed in [false, true] {
+            let s = seen(sealed);
+            for d in junk(&s, 600) {
+                assert!(d.len() <= 1472);
+                // either TRP refuses it outright, or it is not a sealed datagram of a
+                // connection that seals (the connection drops those), or its segment is not
+                // one: never a segment that would be placed
+                if let Some((h, rest, was_sealed)) = trp_of(&d) {
+                    let placeable = h.dst_conn == s.conn
+                        && (was_sealed || !s.sealed)
+                        && h.opcode == TrpOp::Data
+                        && segment::Repr::parse(rest).is_ok();
+                    assert!(
+                        !placeable,
+                        "junk that would be taken: {:02x?}",
+                        &d[..20.min(d.len())]
+                    );
+                }
+            }
+        }
+    }
+}
