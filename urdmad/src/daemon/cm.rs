@@ -31,9 +31,12 @@ enum HandOverError {
 }
 
 /// A pending request whose requester has not repeated its ConnectRequest for this long is
-/// taken as abandoned (`REQUEST_GONE`): longer than the widest gap between two
-/// ConnectRequests of [`handshake_timing`].
-const REQUEST_IDLE: Duration = Duration::from_secs(5);
+/// taken as abandoned (`REQUEST_GONE`, and the application's accept fails). Far longer than
+/// the widest gap between two ConnectRequests of [`handshake_timing`] (2 s): a link down
+/// for a few seconds while a connection is being made must not end it, any more than it
+/// ends a TCP handshake (tests/vm/62-e2e-chaos.sh takes links down for up to 4 s; with 5 s
+/// here a 4-s outage plus the requester's back-off made the server's accept fail).
+const REQUEST_IDLE: Duration = Duration::from_secs(15);
 
 /// How patiently a ConnectRequest is repeated: 50 ms, doubling up to 2 s, 34 repeats, so
 /// about a minute before the connect fails with `-ETIMEDOUT` (urdma.ko's own limit is 90 s). The peer's application must
