@@ -3,7 +3,8 @@
 # (mixed Sends, Writes, Writes with Immediate and Reads, every byte checked) and, after a
 # random delay that may fall in connection setup, in the transfer or in its close, does one
 # of: kill -9 of the client or the server, kill -9 of either node's urdmad (restarted
-# afterwards), or either node's link taken down for 1-4 s.  After each round:
+# afterwards), or either node's link taken down for 1-4 s. The moments take turns between
+# setup, transfer and close, as a clean run first measured them.  After each round:
 # - both applications have ended within BOUND seconds of the fault (a killed urdmad is
 #   restarted at once, as a service manager would);
 # - neither reports wrong data or a wrong completion: an application either succeeds with
@@ -24,7 +25,7 @@ set -u
 BOUND=${KILL_BOUND:-30}	# seconds both applications may take to end after a fault
 ROUNDS=${CHAOS_ROUNDS:-6}
 SEED=${CHAOS_SEED:-$(date +%s)}
-OPS=${CHAOS_OPS:-300}
+OPS=${CHAOS_OPS:-1500}	# operations per run: long enough that many faults fall in the transfer
 prog=$(build_e2e verify) || exit 1
 port=7800
 RANDOM=$SEED
@@ -102,24 +103,39 @@ base_b=$(holdings B)
 echo "node A holds: $base_a"
 echo "node B holds: $base_b"
 
-# A clean run first: it must succeed, and its length sets the range of the fault moments.
+# A clean run first: it must succeed, and its phases set the range of the fault moments:
+# setup until node A's urdmad has handed the connection over, then the transfer and close.
 port=$((port + 1))
 start_server B chaos-clean-server "listening" "$prog" server "$ADDR_B" "$port" -m 16384 -t 300
-began=$SECONDS
-out=$(t ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n "$OPS" -m 16384 -t 300 2>&1) ||
-	fail "the clean run: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
+began=$(date +%s%3N)
+ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n "$OPS" -m 16384 -t 300 >"$OUT/chaos-clean-client.log" 2>&1 &
+cpid=$!
+setup_ms=
+while kill -0 "$cpid" 2>/dev/null; do
+	[ -z "$setup_ms" ] && [ "$(status_field A daemon flows)" != 0 ] && setup_ms=$(($(date +%s%3N) - began))
+	sleep 0.2
+done
+wait "$cpid" || fail "the clean run: $(grep -m1 FAIL "$OUT/chaos-clean-client.log" || tail -n1 "$OUT/chaos-clean-client.log")"
+clean_ms=$(($(date +%s%3N) - began))
 wait_server chaos-clean-server 60
-clean=$((SECONDS - began))
-[ "$clean" -ge 1 ] || clean=1
-echo "clean run: $clean s (start, connection, $OPS operations, close)"
+[ -n "$setup_ms" ] || setup_ms=$((clean_ms / 2))
+[ "$setup_ms" -ge 1 ] || setup_ms=1
+echo "clean run: $((clean_ms / 1000)) s, the first $((setup_ms / 1000)) s of it setup ($OPS operations)"
 
 declare -A count=()
 faults=(kill-client kill-server kill-urdmad-A kill-urdmad-B link-A link-B)
 for round in $(seq "$ROUNDS"); do
 	# every fault in turn, each at a random moment
 	fault=${faults[(round - 1) % ${#faults[@]}]}
-	# anywhere from the client's start to a little past a clean run's end (ms)
-	delay=$((RANDOM % (clean * 1200)))
+	# a random moment (ms) in setup, in the transfer or around the close, in turn (each
+	# fault in each over three cycles of the faults): most of
+	# a run under emulation is setup (DPDK's start), so uniform moments would seldom fall
+	# in the transfer
+	case $(( ((round - 1) / ${#faults[@]} + round) % 3 )) in
+	1) delay=$(((RANDOM * 32768 + RANDOM) % setup_ms)) ;;
+	2) delay=$((setup_ms + (RANDOM * 32768 + RANDOM) % (clean_ms - setup_ms + 1))) ;;
+	0) delay=$((clean_ms * 8 / 10 + (RANDOM * 32768 + RANDOM) % (clean_ms * 4 / 10 + 1))) ;;
+	esac
 	port=$((port + 1))
 	sname=chaos-$round-server
 	cname=chaos-$round-client
