@@ -20,6 +20,9 @@ const B_IP: Ipv4Addr = Ipv4Addr::new(10, 98, 0, 2);
 const WAIT: Duration = Duration::from_secs(5);
 /// Longer than urdmad's handshake repeats (about a minute) plus the forgetting of a request.
 const HANDSHAKE_GIVES_UP: Duration = Duration::from_secs(80);
+/// How long urdmad keeps a pending request whose requester has gone quiet (`REQUEST_IDLE`,
+/// daemon/cm.rs).
+const REQUEST_IDLE: Duration = Duration::from_secs(15);
 
 struct Side {
     _daemon: Urdmad,
@@ -619,7 +622,7 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     let g = loop {
         let m = b
             .kernel
-            .recv_timeout(2 * WAIT)
+            .recv_timeout(REQUEST_IDLE + 2 * WAIT)
             .unwrap()
             .expect("REQUEST_GONE");
         if m.op == Op::RequestGone {
