@@ -95,8 +95,8 @@ value() {
 		k=${k%"$rest"}
 		case $k in
 		stag) field "$r" stag ;;
-		addr) printf '0x%x\n' $(($(field "$r" addr) $rest)) ;;
-		end) printf '0x%x\n' $(($(field "$r" addr) + $(field "$r" len) $rest)) ;;
+		addr) printf '0x%x\n' "$(($(field "$r" addr) + ${rest:-0}))" ;;
+		end) printf '0x%x\n' "$(($(field "$r" addr) + $(field "$r" len) + ${rest:-0}))" ;;
 		esac
 		;;
 	*) echo "$w" ;;
