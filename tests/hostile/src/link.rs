@@ -119,6 +119,29 @@ impl Tap {
         Ok(Some(&buf[..n as usize]))
     }
 
+    /// The next datagram from `src` to `dst` that crosses the link before `until` (frames of
+    /// anything else are passed over), or `None` once `until` has passed.
+    pub fn next_between<'b>(
+        &self,
+        buf: &'b mut [u8],
+        src: SocketAddrV4,
+        dst: SocketAddrV4,
+        until: std::time::Instant,
+    ) -> io::Result<Option<Datagram<'b>>> {
+        let mut len = None;
+        while len.is_none() {
+            let Some(left) = until.checked_duration_since(std::time::Instant::now()) else {
+                return Ok(None);
+            };
+            if let Some(f) = self.recv(buf, left.min(Duration::from_millis(100)))? {
+                len = parse(f)
+                    .filter(|d| d.src == src && d.dst == dst)
+                    .map(|_| f.len());
+            }
+        }
+        Ok(len.and_then(|n| parse(&buf[..n])))
+    }
+
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
         // SAFETY: sockaddr_ll is plain data.
         let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };

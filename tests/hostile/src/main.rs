@@ -26,7 +26,7 @@ mod link;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
-use link::{Datagram, Mac, Tap};
+use link::{Mac, Tap};
 use trp::wire::crc;
 use trp::wire::ddp::{self, BufferRef};
 use trp::wire::rdmap::{self, Layer, ReadRequest, Terminate};
@@ -170,17 +170,10 @@ fn trp_of(payload: &[u8]) -> Option<(Header, &[u8], bool)> {
 fn sniff(tap: &Tap, a: SocketAddrV4, b: SocketAddrV4) -> Seen {
     let mut buf = vec![0u8; 65536];
     let until = Instant::now() + SNIFF;
-    while Instant::now() < until {
-        let Some(f) = tap
-            .recv(&mut buf, Duration::from_millis(100))
-            .unwrap_or_else(|e| die(e))
-        else {
-            continue;
-        };
-        let Some(d) = link::parse(f) else { continue };
-        if d.src != a || d.dst != b {
-            continue;
-        }
+    while let Some(d) = tap
+        .next_between(&mut buf, a, b, until)
+        .unwrap_or_else(|e| die(e))
+    {
         let Some((h, _, sealed)) = trp_of(d.payload) else {
             continue;
         };
@@ -370,23 +363,11 @@ fn answer(tap: &Tap, a: SocketAddrV4, b: SocketAddrV4, wait: Duration) -> String
     let mut buf = vec![0u8; 65536];
     let until = Instant::now() + wait;
     let mut seen = "answer none".to_string();
-    while Instant::now() < until {
-        let Some(f) = tap
-            .recv(&mut buf, Duration::from_millis(50))
-            .unwrap_or_else(|e| die(e))
-        else {
-            continue;
-        };
-        let Some(Datagram {
-            src, dst, payload, ..
-        }) = link::parse(f)
-        else {
-            continue;
-        };
-        if src != b || dst != a {
-            continue;
-        }
-        let Some((h, rest, _)) = trp_of(payload) else {
+    while let Some(d) = tap
+        .next_between(&mut buf, b, a, until)
+        .unwrap_or_else(|e| die(e))
+    {
+        let Some((h, rest, _)) = trp_of(d.payload) else {
             continue;
         };
         match h.opcode {
