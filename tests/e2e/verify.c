@@ -199,16 +199,20 @@ static void *waiter(void *arg)
 		pthread_mutex_unlock(&c->lock);
 		if (ibv_req_notify_cq(cq, 0))
 			fail("ibv_req_notify_cq: %s", strerror(errno));
+		/*
+		 * Poll and queue under one lock: a waiter that polled first but queued second
+		 * would reorder the completions the CQ gave in order.
+		 */
+		pthread_mutex_lock(&c->lock);
 		while ((n = ibv_poll_cq(cq, 16, wc)) > 0) {
-			pthread_mutex_lock(&c->lock);
 			for (i = 0; i < n; i++) {
 				if (c->qlen == c->qcap)
 					fail("completion queue of the test overflowed");
 				c->queue[(c->qhead + c->qlen++) % c->qcap] = wc[i];
 			}
 			pthread_cond_broadcast(&c->cond);
-			pthread_mutex_unlock(&c->lock);
 		}
+		pthread_mutex_unlock(&c->lock);
 		if (n < 0)
 			fail("ibv_poll_cq: %d", n);
 	}
