@@ -9,6 +9,12 @@ fn main() {
     let header = manifest.join("..").join("kmod").join("urdma-abi.h");
     println!("cargo:rerun-if-changed={}", header.display());
     println!("cargo:rerun-if-changed=build.rs");
+    // The provider lives inside applications: it links the few DPDK libraries a secondary
+    // needs statically, hidden from the application (sys/dpdk-sys/build.rs says why).
+    let static_args = env::var("DEP_RTE_EAL_STATIC").expect("dpdk-sys's link arguments");
+    for a in static_args.split_whitespace() {
+        println!("cargo:rustc-link-arg={a}");
+    }
 
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
     bindgen::Builder::default()

@@ -3,6 +3,24 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    // urdmad and its tests link DPDK's shared libraries: it is the primary, and the PMDs it
+    // drives are plugins of the shared EAL (sys/dpdk-sys/build.rs).
+    if let Ok(args) = std::env::var("DEP_RTE_EAL_DYNAMIC") {
+        for a in args.split_whitespace() {
+            println!("cargo:rustc-link-arg={a}");
+        }
+        // The ring driver's mempool operations are registered first (when the driver loads
+        // with the program, before EAL loads the other plugins in directory order), so that
+        // they have the indices they have in the provider, which links that driver alone
+        // (proto::POOL_OPS).
+        for a in [
+            "-Wl,--no-as-needed",
+            "-l:librte_mempool_ring.so.23",
+            "-Wl,--as-needed",
+        ] {
+            println!("cargo:rustc-link-arg={a}");
+        }
+    }
     #[cfg(feature = "daemon")]
     generate();
 }

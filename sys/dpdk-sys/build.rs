@@ -101,14 +101,51 @@ fn main() {
     }
     build.compile("dpdk_sys_wrappers");
 
-    // Link libraries from pkg-config. `--as-needed` would drop libraries that only the
-    // wrappers (a static archive) reference, so it is left out; PMDs are EAL plugins and are
-    // loaded at run time from DPDK's driver directory.
-    for f in pkg_config(&["--libs"]) {
-        if let Some(lib) = f.strip_prefix("-l") {
-            println!("cargo:rustc-link-lib={lib}");
-        } else if let Some(dir) = f.strip_prefix("-L") {
-            println!("cargo:rustc-link-search=native={dir}");
-        }
+    // How to link DPDK is the final artifact's choice, so no library is named for the
+    // dependents here (`rustc-link-lib` would reach every one of them): `links` metadata
+    // hands both ways to their build scripts (`DEP_RTE_EAL_DYNAMIC`, `DEP_RTE_EAL_STATIC`),
+    // which pass them with `rustc-link-arg`, for their own targets only. This crate's own
+    // test links dynamically.
+    let dynamic = dynamic_args();
+    for a in &dynamic {
+        println!("cargo:rustc-link-arg={a}");
     }
+    println!("cargo:dynamic={}", dynamic.join(" "));
+    println!("cargo:static={}", SECONDARY_STATIC.join(" "));
 }
+
+/// The dynamic libraries and search paths of `pkg-config --libs libdpdk`, as linker
+/// arguments. `--as-needed` is left out: it would drop libraries that only the wrappers (a
+/// static archive) reference. A primary (urdmad) links these: the PMDs it drives are EAL
+/// plugins, which EAL loads from DPDK's driver directory at start.
+fn dynamic_args() -> Vec<String> {
+    pkg_config(&["--libs"])
+        .into_iter()
+        .filter(|f| f.starts_with("-l") || f.starts_with("-L"))
+        .collect()
+}
+
+/// What a secondary (liburdma, inside an application) links instead: the few libraries it
+/// uses, from their static archives, with their symbols kept out of the application's
+/// namespace. A process linked to DPDK's shared EAL loads every one of DPDK's ~130 driver
+/// plugins at `rte_eal_init` (EAL does so whenever it finds itself a shared library),
+/// which took ~10 s per application under emulation and maps drivers (mlx5's among them,
+/// with its own libibverbs provider) into every RDMA application. The statically linked
+/// EAL loads none. The pool's operations come from the ring driver's archive, linked whole
+/// for its constructor, which registers them; `urdmad::secondary` checks that the pool's
+/// operations index names the same operations in both processes.
+const SECONDARY_STATIC: &[&str] = &[
+    "-Wl,--exclude-libs,ALL",
+    "-Wl,--whole-archive",
+    "-l:librte_mempool_ring.a",
+    "-Wl,--no-whole-archive",
+    "-l:librte_mempool.a",
+    "-l:librte_ring.a",
+    "-l:librte_eal.a",
+    "-l:librte_telemetry.a",
+    "-l:librte_kvargs.a",
+    "-lnuma",
+    "-lbsd",
+    "-lfdt",
+    "-lm",
+];

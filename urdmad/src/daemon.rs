@@ -220,15 +220,17 @@ impl Daemon {
     /// whatever was created is released again.
     pub fn start(cfg: Config, listener: UnixListener) -> Result<Daemon, ServiceError> {
         let name = CString::new(POOL_NAME).unwrap();
+        let ops = CString::new(crate::proto::POOL_OPS).unwrap();
         // SAFETY: EAL is up.
         let pool = unsafe {
-            sys::rte_pktmbuf_pool_create(
+            sys::rte_pktmbuf_pool_create_by_ops(
                 name.as_ptr(),
                 cfg.daemon.mbufs,
                 POOL_CACHE,
                 0,
                 sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
                 sys::SOCKET_ID_ANY,
+                ops.as_ptr(),
             )
         };
         if pool.is_null() {

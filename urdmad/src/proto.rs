@@ -161,6 +161,11 @@ pub struct PortInfo {
     pub steering: Steering,
 }
 
+/// The mempool operations of urdmad's mbuf pool. A pool names its operations by an index
+/// into a table that each process fills itself, in the order its drivers register; a
+/// secondary checks that the index names these operations in it too.
+pub const POOL_OPS: &str = "ring_mp_mc";
+
 /// What a process needs to become a DPDK secondary of the daemon.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attachment {

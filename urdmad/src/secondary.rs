@@ -5,9 +5,9 @@
 
 use crate::client::{self, Connection};
 use crate::doorbell::{self, Bell, Ringer};
-use crate::proto::{Attachment, FlowSpec, Request, Response, Steering};
+use crate::proto::{self, Attachment, FlowSpec, Request, Response, Steering};
 use dpdk_sys as sys;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
 use std::sync::OnceLock;
 
@@ -27,6 +27,14 @@ pub enum SecondaryError {
     PoolName,
     #[error("mempool {pool} not found")]
     PoolNotFound { pool: String },
+    /// The pool's operations index names other operations in this process than in urdmad,
+    /// whose drivers registered theirs in another order.
+    #[error(
+        "urdmad's pool uses mempool operations #{index}, which are {found:?} in this \
+         process, not {}",
+        proto::POOL_OPS
+    )]
+    PoolOps { index: i32, found: String },
     #[error("ring name")]
     RingName,
     #[error("ring {name} not found in urdmad's memory")]
@@ -112,12 +120,28 @@ pub fn lookup_pool(name: &str) -> Result<*mut sys::rte_mempool, SecondaryError> 
     // SAFETY: valid C string; EAL is up (a lookup before finds nothing).
     let pool = unsafe { sys::rte_mempool_lookup(c.as_ptr()) };
     if pool.is_null() {
-        Err(SecondaryError::PoolNotFound {
+        return Err(SecondaryError::PoolNotFound {
             pool: name.to_string(),
-        })
-    } else {
-        Ok(pool)
+        });
     }
+    // SAFETY: a pool in urdmad's memory, mapped here; the index is below the table's size,
+    // which every DPDK process shares (RTE_MEMPOOL_MAX_OPS_IDX), and an entry no driver
+    // filled in this process has an empty name.
+    let (index, found) = unsafe {
+        let index = (*pool).ops_index;
+        let ops = sys::rte_mempool_get_ops(index);
+        (
+            index,
+            CStr::from_ptr((*ops).name.as_ptr()).to_string_lossy(),
+        )
+    };
+    if found != proto::POOL_OPS {
+        return Err(SecondaryError::PoolOps {
+            index,
+            found: found.into_owned(),
+        });
+    }
+    Ok(pool)
 }
 
 /// What `ATTACH` handed out, in urdmad's memory (after [`eal_init`]): its mbuf pool and
