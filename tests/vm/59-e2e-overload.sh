@@ -60,9 +60,11 @@ phase() {
 	done
 	start=$SECONDS
 	for i in $(seq "$PROCS"); do
-		# the slow pair has more to do, so that it is still at it when it is stopped
+		# the slow pair has more to do, so that it is still at it when it is stopped (with 4
+		# times the others' work, it once finished right after its first stop, which then
+		# fell where nothing was in flight for it)
 		ops=$OPS
-		[ "$i" = 1 ] && ops=$((OPS * 4))
+		[ "$i" = 1 ] && ops=$((OPS * 10))
 		ip netns exec urdmaA "$prog" client "$ADDR_B" "$((port + i))" -c "$CONNS" -n "$ops" \
 			-s "$i" -t "$LIMIT" >"$OUT/overload-$name-c$i.log" 2>&1 &
 		cpids+=("$!")
