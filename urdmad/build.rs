@@ -9,17 +9,6 @@ fn main() {
         for a in args.split_whitespace() {
             println!("cargo:rustc-link-arg={a}");
         }
-        // The ring driver's mempool operations are registered first (when the driver loads
-        // with the program, before EAL loads the other plugins in directory order), so that
-        // they have the indices they have in the provider, which links that driver alone
-        // (proto::POOL_OPS).
-        for a in [
-            "-Wl,--no-as-needed",
-            "-l:librte_mempool_ring.so.23",
-            "-Wl,--as-needed",
-        ] {
-            println!("cargo:rustc-link-arg={a}");
-        }
     }
     #[cfg(feature = "daemon")]
     generate();

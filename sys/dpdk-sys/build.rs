@@ -118,11 +118,25 @@ fn main() {
 /// arguments. `--as-needed` is left out: it would drop libraries that only the wrappers (a
 /// static archive) reference. A primary (urdmad) links these: the PMDs it drives are EAL
 /// plugins, which EAL loads from DPDK's driver directory at start.
+///
+/// The ring mempool driver is linked too, although nothing calls it: loaded with the
+/// program, it registers its operations before EAL loads the other plugins (in directory
+/// order), so that they get the indices they get in a secondary linked with
+/// [`SECONDARY_STATIC`], where that driver is the only one.
 fn dynamic_args() -> Vec<String> {
-    pkg_config(&["--libs"])
+    let mut args: Vec<String> = pkg_config(&["--libs"])
         .into_iter()
         .filter(|f| f.starts_with("-l") || f.starts_with("-L"))
-        .collect()
+        .collect();
+    args.extend(
+        [
+            "-Wl,--no-as-needed",
+            "-l:librte_mempool_ring.so.23",
+            "-Wl,--as-needed",
+        ]
+        .map(String::from),
+    );
+    args
 }
 
 /// What a secondary (liburdma, inside an application) links instead: the few libraries it

@@ -82,11 +82,11 @@ echo "guest clocksource: $(cat /sys/devices/system/clocksource/clocksource0/curr
 IFS=';' read -ra dirs <<<"$DIRS"
 turn=0
 for tool in $TOOLS; do
-	for dir in "${dirs[@]}"; do
-		if [ "$EVERY_DIR" = 1 ] || [ "$dir" = "${dirs[turn % ${#dirs[@]}]}" ]; then
-			# shellcheck disable=SC2086 # "SERVER_NODE CLIENT_NODE"
-			perf $dir "$tool"
-		fi
+	picked=("${dirs[turn % ${#dirs[@]}]}")
+	[ "$EVERY_DIR" = 1 ] && picked=("${dirs[@]}")
+	for dir in "${picked[@]}"; do
+		# shellcheck disable=SC2086 # "SERVER_NODE CLIENT_NODE"
+		perf $dir "$tool"
 	done
 	turn=$((turn + 1))
 done
