@@ -24,6 +24,11 @@ pub struct SocketFlow {
     /// The helper's epoll set, which holds the socket while the flow lives.
     epoll: RawFd,
     backlogged: bool,
+    /// The last send left frames in the transmit ring: the kernel takes nothing from it
+    /// until the next one, which must come even when trp has nothing new to send.
+    unsent: bool,
+    /// Sends that left frames behind so far (the first few are logged).
+    send_failures: u64,
 }
 
 impl SocketFlow {
@@ -53,6 +58,8 @@ impl SocketFlow {
             ep,
             epoll,
             backlogged: false,
+            unsent: false,
+            send_failures: 0,
         })
     }
 }
@@ -127,10 +134,21 @@ impl Flow for SocketFlow {
                 None => break,
             }
         }
-        if sent > 0 {
+        // A full ring with nothing sent gets a send as well: its frames may be requested
+        // ones the kernel has not taken (a send that found no room in the socket's budget,
+        // or the link's queue full), and without a send they would stay there for good.
+        if sent > 0 || self.unsent || self.backlogged {
+            self.unsent = false;
             if let Err(e) = self.rings.kick() {
                 // As a NIC that drops: trp retransmits.
-                log::debug(format_args!("sending on a connection's socket: {e}"));
+                self.unsent = true;
+                self.send_failures += 1;
+                if self.send_failures.is_power_of_two() {
+                    log::info(format_args!(
+                        "sending on a connection's socket: {e} ({} times so far)",
+                        self.send_failures
+                    ));
+                }
             }
         }
         sent

@@ -18,10 +18,12 @@
 #
 # Reduced (the default): 4 pairs x 8 connections x 40 operations. The full case (the guest
 # sees only the environment the command gives it):
-#   scripts/vm -- env OVERLOAD_PROCS=8 OVERLOAD_CONNS=32 OVERLOAD_OPS=100 tests/vm/run-all 59-e2e-overload
-# does not fit the test VM's 2 GB as it stands: verify.c takes about 12 MiB per connection
-# on each side with its default largest message (64 KiB: a region of 2 x 64 messages, its
-# shadow, the slots), some 6 GB for 8 x 32 connections, and a run ended in the OOM killer.
+#   scripts/vm --timeout 3900 -- env OVERLOAD_PROCS=8 OVERLOAD_CONNS=32 OVERLOAD_OPS=100 \
+#     OVERLOAD_MAXSIZE=4096 URDMA_VM_TEST_TIMEOUT=3600 tests/vm/run-all 59-e2e-overload
+# OVERLOAD_MAXSIZE is verify.c's largest message (-m, both sides; 65536 by default). Its
+# memory grows with it: about 12 MiB per connection on each side at 64 KiB (a region of
+# 2 x 64 messages, its shadow, the slots), some 6 GB for 8 x 32 connections, which ended in
+# the test VM's OOM killer; at 4 KiB the full case fits the VM's 2 GB.
 # vm-timeout: 2400
 set -u
 . tests/e2e/lib.sh
@@ -31,6 +33,7 @@ CONNS=${OVERLOAD_CONNS:-8}
 OPS=${OVERLOAD_OPS:-40}
 STALL=${OVERLOAD_STALL:-5}
 LIMIT=${OVERLOAD_LIMIT:-1200}	# seconds a phase may take
+MAXSIZE=${OVERLOAD_MAXSIZE:-65536}
 prog=$(build_e2e verify) || exit 1
 port=7800
 export URDMA_BED_RING_SIZE=${URDMA_BED_RING_SIZE:-16}
@@ -58,7 +61,7 @@ phase() {
 	SLOW_DROPS=0
 	for i in $(seq "$PROCS"); do
 		start_server B "overload-$name-s$i" "listening" "$prog" server "$ADDR_B" "$((port + i))" \
-			-c "$CONNS" -s "$i" -t "$LIMIT"
+			-c "$CONNS" -s "$i" -m "$MAXSIZE" -t "$LIMIT"
 		spids+=("$SERVER_PID")
 	done
 	start=$SECONDS
@@ -69,7 +72,7 @@ phase() {
 		ops=$OPS
 		[ "$i" = 1 ] && ops=$((OPS * 10))
 		ip netns exec urdmaA "$prog" client "$ADDR_B" "$((port + i))" -c "$CONNS" -n "$ops" \
-			-s "$i" -t "$LIMIT" >"$OUT/overload-$name-c$i.log" 2>&1 &
+			-s "$i" -m "$MAXSIZE" -t "$LIMIT" >"$OUT/overload-$name-c$i.log" 2>&1 &
 		cpids+=("$!")
 	done
 	port=$((port + PROCS))

@@ -39,12 +39,9 @@ const RX_HEADROOM: usize = 128;
 /// Where the frame starts in a transmit slot (TPACKET_V2 without `PACKET_TX_HAS_OFF`): the
 /// header's aligned length.
 const TX_DATA: usize = libc::TPACKET2_HDRLEN - std::mem::size_of::<libc::sockaddr_ll>();
-/// Most connections of one port on the direct path: each costs [`PER_FLOW`] instructions of
-/// the port's filter, which may have at most `BPF_MAXINSNS` (4096).
-pub const MAX_FLOWS_PER_PORT: usize = 512;
-const PER_FLOW: usize = 7;
 const ETH_P_IP: u16 = 0x0800;
-const ACCEPT: u32 = 0x0004_0000;
+/// A filter's verdict that keeps the frame (the bytes of it to keep: all).
+pub(crate) const ACCEPT: u32 = 0x0004_0000;
 
 /// The rings of a connection's socket: `frames` slots of `frame_size` bytes each way.
 /// Both sides compute it from what `EVENT CONNECTED` says (the datagram size and the frame
@@ -124,20 +121,19 @@ const LD_H: u32 = libc::BPF_LD | libc::BPF_H | libc::BPF_ABS;
 const LD_B: u32 = libc::BPF_LD | libc::BPF_B | libc::BPF_ABS;
 const LD_IND_W: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_IND;
 const LDX_MSH: u32 = libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH;
-const LD_MEM: u32 = libc::BPF_LD | libc::BPF_MEM;
 const RET: u32 = libc::BPF_RET | libc::BPF_K;
 const PKTTYPE: u32 = (libc::SKF_AD_OFF + libc::SKF_AD_PKTTYPE) as u32;
 /// Offsets in an Ethernet frame with an IPv4 header.
-const ETHERTYPE_AT: u32 = 12;
-const PROTO_AT: u32 = 23;
-const FRAG_AT: u32 = 20;
-const SADDR_AT: u32 = 26;
-const DADDR_AT: u32 = 30;
-const IHL_AT: u32 = 14;
+pub(crate) const ETHERTYPE_AT: u32 = 12;
+pub(crate) const PROTO_AT: u32 = 23;
+pub(crate) const FRAG_AT: u32 = 20;
+pub(crate) const SADDR_AT: u32 = 26;
+pub(crate) const DADDR_AT: u32 = 30;
+pub(crate) const IHL_AT: u32 = 14;
 /// The UDP ports, as one word, after `X` = the IP header's length.
-const PORTS_AT_X: u32 = 14;
+pub(crate) const PORTS_AT_X: u32 = 14;
 
-fn ports_word(src: u16, dst: u16) -> u32 {
+pub(crate) fn ports_word(src: u16, dst: u16) -> u32 {
     u32::from(src) << 16 | u32::from(dst)
 }
 
@@ -145,72 +141,29 @@ fn ip_word(a: &SocketAddrV4) -> u32 {
     u32::from(*a.ip())
 }
 
-/// The first instructions of both filters: frames this host sends out are dropped, and
-/// anything that is not an unfragmented IPv4/UDP frame ends in `other`. Leaves the source
-/// address in M[0], the destination in M[1] and the ports in M[2].
-fn classify(other: u32) -> Vec<libc::sock_filter> {
+/// The filter of a connection's socket: the frames from `remote` to `local`, nothing else.
+/// Frames this host sends out are dropped, and so is anything that is not an unfragmented
+/// IPv4/UDP frame.
+pub fn flow_filter(local: &SocketAddrV4, remote: &SocketAddrV4) -> Vec<libc::sock_filter> {
     vec![
         stmt(LD_W, PKTTYPE),
-        jump(libc::BPF_JEQ, u32::from(libc::PACKET_OUTGOING), 0, 1),
-        stmt(RET, 0),
+        jump(libc::BPF_JEQ, u32::from(libc::PACKET_OUTGOING), 13, 0),
         stmt(LD_H, ETHERTYPE_AT),
-        jump(libc::BPF_JEQ, u32::from(ETH_P_IP), 1, 0),
-        stmt(RET, other),
+        jump(libc::BPF_JEQ, u32::from(ETH_P_IP), 0, 11),
         stmt(LD_B, PROTO_AT),
-        jump(libc::BPF_JEQ, 17, 1, 0),
-        stmt(RET, other),
+        jump(libc::BPF_JEQ, 17, 0, 9),
         stmt(LD_H, FRAG_AT),
-        jump(libc::BPF_JSET, 0x3fff, 0, 1),
-        stmt(RET, other),
-        stmt(LD_W, SADDR_AT),
-        stmt(libc::BPF_ST, 0),
+        jump(libc::BPF_JSET, 0x3fff, 7, 0),
         stmt(LD_W, DADDR_AT),
-        stmt(libc::BPF_ST, 1),
+        jump(libc::BPF_JEQ, ip_word(local), 0, 5),
+        stmt(LD_W, SADDR_AT),
+        jump(libc::BPF_JEQ, ip_word(remote), 0, 3),
         stmt(LDX_MSH, IHL_AT),
         stmt(LD_IND_W, PORTS_AT_X),
-        stmt(libc::BPF_ST, 2),
+        jump(libc::BPF_JEQ, ports_word(remote.port(), local.port()), 1, 0),
+        stmt(RET, 0),
+        stmt(RET, ACCEPT),
     ]
-}
-
-/// Instructions that end in `verdict` when the frame saved by [`classify`] is the one from
-/// `remote` to `local`, and fall through otherwise.
-fn match_flow(
-    local: &SocketAddrV4,
-    remote: &SocketAddrV4,
-    verdict: u32,
-) -> [libc::sock_filter; PER_FLOW] {
-    [
-        stmt(LD_MEM, 1),
-        jump(libc::BPF_JEQ, ip_word(local), 0, 5),
-        stmt(LD_MEM, 0),
-        jump(libc::BPF_JEQ, ip_word(remote), 0, 3),
-        stmt(LD_MEM, 2),
-        jump(libc::BPF_JEQ, ports_word(remote.port(), local.port()), 0, 1),
-        stmt(RET, verdict),
-    ]
-}
-
-/// The filter of a connection's socket: the frames from `remote` to `local`, nothing else.
-pub fn flow_filter(local: &SocketAddrV4, remote: &SocketAddrV4) -> Vec<libc::sock_filter> {
-    let mut f = classify(0);
-    f.extend(match_flow(local, remote, ACCEPT));
-    f.push(stmt(RET, 0));
-    f
-}
-
-/// The filter of urdmad's own sockets on a port: everything but what this host sends and
-/// the frames of the connections in `direct` (local, remote), which their processes' own
-/// sockets receive. `None` beyond [`MAX_FLOWS_PER_PORT`].
-pub fn port_filter(direct: &[(SocketAddrV4, SocketAddrV4)]) -> Option<Vec<libc::sock_filter>> {
-    if direct.len() > MAX_FLOWS_PER_PORT {
-        return None;
-    }
-    let mut f = classify(ACCEPT);
-    for (local, remote) in direct {
-        f.extend(match_flow(local, remote, 0));
-    }
-    f.push(stmt(RET, ACCEPT));
-    Some(f)
 }
 
 fn setsockopt<T>(fd: RawFd, level: i32, name: i32, v: &T) -> io::Result<()> {
@@ -231,9 +184,8 @@ fn setsockopt<T>(fd: RawFd, level: i32, name: i32, v: &T) -> io::Result<()> {
     }
 }
 
-/// Puts `prog` on the socket `fd`, replacing its filter (atomically, for a socket that
-/// already has one).
-pub fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
+/// Puts `prog` on the socket `fd`.
+fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
     let fprog = libc::sock_fprog {
         len: prog.len() as u16,
         filter: prog.as_ptr() as *mut libc::sock_filter,
@@ -553,7 +505,8 @@ impl Rings {
         self.tx_next = (self.tx_next + 1) % self.geo.frames;
     }
 
-    /// Sends the committed frames (one system call, not waiting).
+    /// Sends the committed frames (one system call, not waiting). An error, `WouldBlock`
+    /// included, leaves frames in the ring, which the kernel takes at the next call.
     pub fn kick(&self) -> io::Result<()> {
         // SAFETY: a send of nothing on our socket: the kernel walks the transmit ring.
         let r = unsafe {
@@ -565,13 +518,10 @@ impl Rings {
             )
         };
         if r < 0 {
-            let e = io::Error::last_os_error();
-            // A full send budget leaves the frames requested; the next kick sends them.
-            if e.kind() != io::ErrorKind::WouldBlock {
-                return Err(e);
-            }
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
         }
-        Ok(())
     }
 }
 
@@ -582,7 +532,7 @@ mod tests {
     /// A tiny classic-BPF interpreter for the instructions the filters use, so that their
     /// verdicts are tested without a kernel.
     fn run(prog: &[libc::sock_filter], frame: &[u8], pkttype: u8) -> u32 {
-        let (mut a, mut x, mut m) = (0u32, 0u32, [0u32; 16]);
+        let (mut a, mut x) = (0u32, 0u32);
         let mut pc = 0usize;
         let load = |off: usize, n: usize| -> Option<u32> {
             let b = frame.get(off..off + n)?;
@@ -614,8 +564,6 @@ mod tests {
                     Some(v) => x = (v & 0xf) * 4,
                     None => return 0,
                 },
-                LD_MEM => a = m[i.k as usize],
-                c if c == libc::BPF_ST => m[i.k as usize] = a,
                 RET => return i.k,
                 c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => {
                     pc += usize::from(if a == i.k { i.jt } else { i.jf })
@@ -668,30 +616,6 @@ mod tests {
         opts[14] = 0x46;
         opts.splice(34..34, [1u8, 1, 1, 1]);
         assert_eq!(run(&f, &opts, 0), ACCEPT);
-    }
-
-    #[test]
-    fn the_ports_filter_leaves_out_direct_connections_and_our_own_frames() {
-        let a = (sa("10.0.0.1:4000"), sa("10.0.0.2:5000"));
-        let b = (sa("10.0.0.1:4000"), sa("10.0.0.3:5000"));
-        let f = port_filter(&[a, b]).unwrap();
-        assert_eq!(run(&f, &udp("10.0.0.2:5000", "10.0.0.1:4000"), 0), 0);
-        assert_eq!(run(&f, &udp("10.0.0.3:5000", "10.0.0.1:4000"), 0), 0);
-        // A ConnectRequest from a new peer to the same listening port is urdmad's.
-        assert_eq!(run(&f, &udp("10.0.0.4:5000", "10.0.0.1:4000"), 0), ACCEPT);
-        assert_eq!(run(&f, &udp("10.0.0.2:5001", "10.0.0.1:4000"), 0), ACCEPT);
-        let mut arp = udp("10.0.0.2:5000", "10.0.0.1:4000");
-        arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
-        assert_eq!(run(&f, &arp, 0), ACCEPT);
-        assert_eq!(run(&f, &udp("10.0.0.9:1", "10.0.0.1:2"), 4), 0);
-        let none = port_filter(&[]).unwrap();
-        assert_eq!(
-            run(&none, &udp("10.0.0.2:5000", "10.0.0.1:4000"), 0),
-            ACCEPT
-        );
-        let many = vec![a; MAX_FLOWS_PER_PORT];
-        assert!(port_filter(&many).unwrap().len() <= 4096);
-        assert!(port_filter(&vec![a; MAX_FLOWS_PER_PORT + 1]).is_none());
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub mod hwflow;
 pub mod logging;
 #[cfg(feature = "daemon")]
 pub mod port;
+#[cfg(feature = "daemon")]
+pub mod portfilter;
 #[cfg(feature = "secondary")]
 pub mod secondary;
 #[cfg(feature = "daemon")]

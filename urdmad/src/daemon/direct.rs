@@ -4,6 +4,7 @@
 
 use super::{Daemon, FlowRec};
 use crate::direct::{self, Geometry};
+use crate::portfilter::{PortFilter, MAX_DIRECT};
 use crate::proto::FlowSpec;
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -13,8 +14,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 /// A port on which connections may take the direct path.
 pub(super) struct DirectPort {
     ifindex: i32,
-    /// The af_packet PMD's sockets on the interface: urdmad's own.
-    own: Vec<RawFd>,
+    /// On the af_packet PMD's sockets on the interface, urdmad's own: what they leave out.
+    filter: PortFilter,
     /// The connections on the direct path, by flow: (local, remote).
     flows: BTreeMap<u32, (SocketAddrV4, SocketAddrV4)>,
 }
@@ -65,24 +66,17 @@ impl DirectPort {
         if own.is_empty() {
             return Err(format!("no socket of the port on {iface} found"));
         }
-        let d = DirectPort {
-            ifindex,
-            own,
-            flows: BTreeMap::new(),
-        };
-        d.refilter()
-            .map_err(|e| format!("cannot filter the port's sockets: {e}"))?;
-        Ok(d)
-    }
-
-    /// Puts the filter for the current set of direct connections on urdmad's sockets.
-    fn refilter(&self) -> std::io::Result<()> {
-        let set: Vec<_> = self.flows.values().copied().collect();
-        let prog = direct::port_filter(&set).ok_or(std::io::ErrorKind::OutOfMemory)?;
-        for &fd in &self.own {
-            direct::attach_filter(fd, &prog)?;
+        let filter = PortFilter::new().map_err(|e| e.to_string())?;
+        for &fd in &own {
+            filter
+                .attach(fd)
+                .map_err(|e| format!("cannot filter the port's sockets: {e}"))?;
         }
-        Ok(())
+        Ok(DirectPort {
+            ifindex,
+            filter,
+            flows: BTreeMap::new(),
+        })
     }
 
     /// Opens the socket of connection `flow`, then stops urdmad's sockets taking its frames.
@@ -95,26 +89,23 @@ impl DirectPort {
         remote: SocketAddrV4,
         geo: Geometry,
     ) -> Result<OwnedFd, String> {
-        if self.flows.len() >= direct::MAX_FLOWS_PER_PORT {
+        if self.flows.len() >= MAX_DIRECT as usize {
             return Err(format!(
-                "{} connections on the direct path already",
-                direct::MAX_FLOWS_PER_PORT
+                "{MAX_DIRECT} connections on the direct path already"
             ));
         }
         let fd = direct::open_socket(self.ifindex, &local, &remote, geo)
             .map_err(|e| format!("cannot open its socket: {e}"))?;
+        self.filter
+            .insert(&local, &remote)
+            .map_err(|e| format!("cannot filter the port's sockets: {e}"))?;
         self.flows.insert(flow, (local, remote));
-        if let Err(e) = self.refilter() {
-            self.flows.remove(&flow);
-            let _ = self.refilter();
-            return Err(format!("cannot filter the port's sockets: {e}"));
-        }
         Ok(fd)
     }
 
     fn close(&mut self, flow: u32) {
-        if self.flows.remove(&flow).is_some() {
-            if let Err(e) = self.refilter() {
+        if let Some((local, remote)) = self.flows.remove(&flow) {
+            if let Err(e) = self.filter.remove(&local, &remote) {
                 tracing::warn!(flow, "cannot filter the port's sockets: {e}");
             }
         }
