@@ -606,19 +606,25 @@ fn progress_qp(
                 // (URDMA_LOG=info), for applications that exit without
                 // destroying their QPs.
                 crate::log::info(format_args!(
-                    "QP {}/{}: connection closed (stats {:?})",
+                    "QP {}/{}: connection closed (stats {:?}, {:?})",
                     key.0,
                     key.1,
-                    conn.stats()
+                    conn.stats(),
+                    conn.sender_stats()
                 ));
                 ended = Some(0)
             }
             Event::Failed(r) => {
+                // The sender's side says what a RetryExceeded waited for: how much was
+                // retransmitted, how many timeouts, the last round-trip estimate.
                 crate::log::info(format_args!(
-                    "QP {}/{}: connection failed: {r:?} (stats {:?})",
+                    "QP {}/{}: connection failed: {r:?} (stats {:?}, {:?}, srtt {:?}, cwnd {})",
                     key.0,
                     key.1,
-                    conn.stats()
+                    conn.stats(),
+                    conn.sender_stats(),
+                    conn.srtt(),
+                    conn.cwnd()
                 ));
                 ended = Some(fail_errno(r))
             }
