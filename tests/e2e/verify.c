@@ -9,7 +9,9 @@
  *   verify server ADDR PORT [options]
  *   verify client ADDR PORT [options]
  *
- * options (the client's count; both sides must agree on -s and -m):
+ * options (the client's count; both sides must agree on -s and -m, and the
+ * server's -n, the most messages it accepts per connection, must not be less
+ * than the client's):
  *   -c N  connections (default 1)          -n N  operations per connection (2000)
  *   -b N  operations per batch (16)        -m N  largest message in bytes (65536)
  *   -s N  seed (1)                         -e T  completions through a completion

@@ -111,7 +111,7 @@ echo "node B holds: $base_b"
 # A clean run first: it must succeed, and its phases set the range of the fault moments:
 # setup until node A's urdmad has handed the connection over, then the transfer and close.
 port=$((port + 1))
-start_server B chaos-clean-server "listening" "$prog" server "$ADDR_B" "$port" -m 16384 -t 300
+start_server B chaos-clean-server "listening" "$prog" server "$ADDR_B" "$port" -n "$OPS" -m 16384 -t 300
 began=$(date +%s%3N)
 ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n "$OPS" -m 16384 -t 300 >"$OUT/chaos-clean-client.log" 2>&1 &
 cpid=$!
@@ -144,7 +144,7 @@ for round in $(seq "$ROUNDS"); do
 	port=$((port + 1))
 	sname=chaos-$round-server
 	cname=chaos-$round-client
-	start_server B "$sname" "listening" "$prog" server "$ADDR_B" "$port" -m 16384 -t 300
+	start_server B "$sname" "listening" "$prog" server "$ADDR_B" "$port" -n "$OPS" -m 16384 -t 300
 	spid=$SERVER_PID
 	ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n "$OPS" -m 16384 -t 300 >"$OUT/$cname.log" 2>&1 &
 	cpid=$!
@@ -216,7 +216,7 @@ done
 
 # The nodes still serve new connections.
 port=$((port + 1))
-start_server B chaos-last-server "listening" "$prog" server "$ADDR_B" "$port" -m 16384 -t 300
+start_server B chaos-last-server "listening" "$prog" server "$ADDR_B" "$port" -n "$OPS" -m 16384 -t 300
 out=$(t ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n "$OPS" -m 16384 -t 300 2>&1) ||
 	fail "a connection after the faults: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
 wait_server chaos-last-server 60
