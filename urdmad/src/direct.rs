@@ -526,7 +526,7 @@ impl Rings {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A tiny classic-BPF interpreter for the instructions the filters use, so that their
@@ -576,11 +576,12 @@ mod tests {
         }
     }
 
-    fn sa(s: &str) -> SocketAddrV4 {
+    pub(crate) fn sa(s: &str) -> SocketAddrV4 {
         s.parse().unwrap()
     }
 
-    fn udp(src: &str, dst: &str) -> Vec<u8> {
+    /// A UDP frame from `src` to `dst`.
+    pub(crate) fn udp(src: &str, dst: &str) -> Vec<u8> {
         frame::udp_frame([2; 6], [4; 6], sa(src), sa(dst), b"payload")
     }
 

@@ -341,15 +341,8 @@ impl PortFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::direct::tests::{sa, udp};
     use crate::frame;
-
-    fn sa(s: &str) -> SocketAddrV4 {
-        s.parse().unwrap()
-    }
-
-    fn udp(src: &str, dst: &str) -> Vec<u8> {
-        frame::udp_frame([2; 6], [4; 6], sa(src), sa(dst), b"payload")
-    }
 
     /// Runs in the kernel: needs `CAP_BPF`, as urdmad does.
     #[test]
