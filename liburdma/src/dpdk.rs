@@ -147,7 +147,6 @@ impl Rings {
             pool: self.pool,
             ringer: self.ringer.clone(),
             backlogged: false,
-            spare: std::ptr::null_mut(),
             ep: Endpoints {
                 local_mac,
                 remote_mac,
@@ -165,18 +164,7 @@ pub struct DpdkFlow {
     ringer: Option<Arc<Ringer>>,
     /// The last `transmit` stopped because the TX ring was full.
     backlogged: bool,
-    /// An empty mbuf kept between calls.
-    spare: *mut sys::rte_mbuf,
     ep: Endpoints,
-}
-
-impl Drop for DpdkFlow {
-    fn drop(&mut self) {
-        if !self.spare.is_null() {
-            // SAFETY: ours, not handed to any ring.
-            unsafe { sys::rte_pktmbuf_free(self.spare) };
-        }
-    }
 }
 
 // SAFETY: as for Rings.
@@ -285,13 +273,11 @@ impl Flow for DpdkFlow {
                 self.backlogged = true;
                 break;
             }
-            // The spare left by a call that had nothing to send, or a new
-            // one from urdmad's pool (shared with this process).
-            let m = match std::mem::replace(&mut self.spare, std::ptr::null_mut()) {
-                m if !m.is_null() => m,
-                // SAFETY: allocation from the shared pool.
-                _ => unsafe { sys::rte_pktmbuf_alloc(self.pool) },
-            };
+            // From urdmad's pool (shared with this process). None is kept between calls:
+            // nothing records which process holds an mbuf, so one that a process holds
+            // when it is killed is lost to the pool for good.
+            // SAFETY: allocation from the shared pool.
+            let m = unsafe { sys::rte_pktmbuf_alloc(self.pool) };
             if m.is_null() {
                 break;
             }
@@ -320,11 +306,8 @@ impl Flow for DpdkFlow {
                     }
                 }
                 None => {
-                    // Kept, empty, for the next call: most calls have
-                    // nothing to send.
-                    // SAFETY: removing the data we appended; m stays ours.
-                    unsafe { sys::rte_pktmbuf_trim(m, full) };
-                    self.spare = m;
+                    // SAFETY: ours, handed to no ring.
+                    unsafe { sys::rte_pktmbuf_free(m) };
                     break;
                 }
             }
