@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use dpdk_sys as sys;
 use urdmad::doorbell::Ringer;
+use urdmad::holder;
 use urdmad::proto::Attachment;
 use urdmad::secondary;
 
@@ -90,6 +91,8 @@ fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, String> {
 /// What the attachment gave the process: its mbuf pool and one TX ring per
 /// port.
 pub struct Rings {
+    /// This process's id at urdmad, which marks the mbufs it holds (`urdmad::holder`).
+    client: u32,
     pool: *mut sys::rte_mempool,
     tx: Vec<*mut sys::rte_ring>,
     macs: Vec<[u8; 6]>,
@@ -106,6 +109,7 @@ impl Rings {
     #[cfg(test)]
     pub fn none() -> Rings {
         Rings {
+            client: 0,
             pool: std::ptr::null_mut(),
             tx: Vec::new(),
             macs: Vec::new(),
@@ -118,6 +122,7 @@ impl Rings {
     pub fn lookup(a: &Attachment, control: &Path) -> Result<Rings, String> {
         let (pool, tx) = secondary::lookup_attachment(a).map_err(|e| e.to_string())?;
         Ok(Rings {
+            client: a.client,
             pool,
             tx,
             macs: a.ports.iter().map(|p| p.mac.0).collect(),
@@ -144,6 +149,7 @@ impl Rings {
         Ok(DpdkFlow {
             rx: lookup_ring(rx_ring)?,
             tx,
+            client: self.client,
             pool: self.pool,
             ringer: self.ringer.clone(),
             backlogged: false,
@@ -160,6 +166,7 @@ impl Rings {
 pub struct DpdkFlow {
     rx: *mut sys::rte_ring,
     tx: *mut sys::rte_ring,
+    client: u32,
     pool: *mut sys::rte_mempool,
     ringer: Option<Arc<Ringer>>,
     /// The last `transmit` stopped because the TX ring was full.
@@ -198,7 +205,7 @@ impl DpdkFlow {
         }
         for &m in &pkts[n..] {
             // SAFETY: not handed over: still ours.
-            unsafe { sys::rte_pktmbuf_free(m) };
+            unsafe { holder::free(m) };
         }
     }
 }
@@ -244,7 +251,7 @@ impl Flow for DpdkFlow {
         }
         for &mb in &m[..n] {
             // SAFETY: ours; the payload slices are no longer used.
-            unsafe { sys::rte_pktmbuf_free(mb) };
+            unsafe { holder::free(mb) };
         }
         n
     }
@@ -281,12 +288,14 @@ impl Flow for DpdkFlow {
             if m.is_null() {
                 break;
             }
+            // SAFETY: ours, fresh.
+            unsafe { holder::mark(m, self.client) };
             // SAFETY: m is a fresh mbuf of ours; append returns room for
             // `full` bytes in its first segment or NULL.
             let buf = unsafe {
                 let p = sys::rte_pktmbuf_append(m, full) as *mut u8;
                 if p.is_null() {
-                    sys::rte_pktmbuf_free(m);
+                    holder::free(m);
                     break;
                 }
                 std::slice::from_raw_parts_mut(p, usize::from(full))
@@ -307,7 +316,7 @@ impl Flow for DpdkFlow {
                 }
                 None => {
                     // SAFETY: ours, handed to no ring.
-                    unsafe { sys::rte_pktmbuf_free(m) };
+                    unsafe { holder::free(m) };
                     break;
                 }
             }

@@ -4,6 +4,7 @@
 use crate::access::{self, Peer};
 use crate::config::Config;
 use crate::demux::FlowTable;
+use crate::holder;
 use crate::hwflow::{self, FlowQueue, Match, QueueUse};
 use crate::port::{self, Port, SteeringError};
 use crate::proto::{self, Attachment, ErrorCode, FlowSpec, PortInfo, Request, Response, Steering};
@@ -122,9 +123,9 @@ pub struct Daemon {
     cm: cm::Cm,
     /// What ends an idle sleep.
     idle: idle::Idle,
-    /// Processes released while still alive (a zombie not yet reaped, one that detached and
-    /// lives on): their DPDK runtime files go once they are gone ([`Daemon::sweep`]).
-    departed: Vec<u32>,
+    /// Released processes, (pid, client id), until they no longer run: then the mbufs they
+    /// held are taken back and their DPDK runtime files removed ([`Daemon::sweep`]).
+    departed: Vec<(u32, u32)>,
     swept_at: Instant,
 }
 
@@ -178,6 +179,19 @@ fn ring_create(name: &str, size: u32) -> Result<*mut sys::rte_ring, RingError> {
     }
 }
 
+/// Whether process `pid` still runs: it exists and is not a zombie (which holds no memory
+/// and no locks any more).
+fn runs(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which ends with the last ')'.
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].trim_start().chars().next());
+    !matches!(state, Some('Z') | Some('X') | None)
+}
+
 /// Frees every mbuf left on a ring, then the ring.
 unsafe fn ring_drain_free(r: *mut sys::rte_ring) {
     let mut objs = [std::ptr::null_mut::<std::ffi::c_void>(); BURST];
@@ -192,7 +206,7 @@ unsafe fn ring_drain_free(r: *mut sys::rte_ring) {
             break;
         }
         for &o in &objs[..n as usize] {
-            sys::rte_pktmbuf_free(o as *mut sys::rte_mbuf);
+            holder::free(o as *mut sys::rte_mbuf);
         }
     }
     sys::rte_ring_free(r);
@@ -227,7 +241,7 @@ impl Daemon {
                 name.as_ptr(),
                 cfg.daemon.mbufs,
                 POOL_CACHE,
-                0,
+                holder::PRIV_SIZE,
                 sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
                 sys::SOCKET_ID_ANY,
                 ops.as_ptr(),
@@ -428,6 +442,9 @@ impl Daemon {
                         ) as usize;
                         if n > 0 {
                             work += n;
+                            for &m in &rx[..n] {
+                                holder::mark(m, 0);
+                            }
                             let p = &mut self.ports[pi];
                             let mac = p.port.mac.0;
                             let (sent, dropped) = if rx[..n].iter().any(|&m| dst_mac_is(m, &mac)) {
@@ -1017,6 +1034,9 @@ impl Daemon {
                 &format!("a flow for {} is already open", spec.local),
             ));
         };
+        if let Some(f) = p.flows.get_mut(slot) {
+            f.holder = self.clients[i].id;
+        }
         self.next_flow += 1;
         self.rings += 1;
         let (queue, fallback) = if p.port.steering == Steering::Hardware {
@@ -1106,7 +1126,7 @@ impl Daemon {
             self.rings -= a.tx.len();
             self.lcores_used[a.lcore as usize] = false;
             tracing::info!(client = id, pid, flows = nflows, "process released: {why}");
-            self.departed.push(pid);
+            self.departed.push((pid, id));
             self.sweep();
         }
     }
@@ -1116,9 +1136,21 @@ impl Daemon {
     fn sweep(&mut self) {
         self.swept_at = Instant::now();
         let dir = crate::eal::runtime_dir(&self.cfg.daemon.file_prefix);
-        self.departed.retain(|&pid| {
-            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        let pool = self.pool;
+        self.departed.retain(|&(pid, client)| {
+            if runs(pid) {
                 return true;
+            }
+            // SAFETY: the process no longer runs and its rings are freed (it was
+            // released), so nothing else holds an mbuf marked with its id.
+            let n = unsafe { holder::reclaim(pool, client) };
+            if n > 0 {
+                tracing::info!(
+                    client,
+                    pid,
+                    mbufs = n,
+                    "mbufs a departed process held taken back"
+                );
             }
             let n = crate::eal::remove_secondary_files(&dir, pid);
             tracing::debug!(
@@ -1329,6 +1361,10 @@ unsafe fn poll_flow_queue(
     }
     match q.state {
         QueueUse::Flow { slot, ring, .. } => {
+            let client = flows.get(slot).map_or(0, |f| f.holder);
+            for &m in &rx[..n] {
+                holder::mark(m, client);
+            }
             let done = sys::rte_ring_sp_enqueue_burst(
                 ring,
                 rx.as_ptr() as *const *mut std::ffi::c_void,
@@ -1340,7 +1376,7 @@ unsafe fn poll_flow_queue(
                 bytes += u64::from((*m).pkt_len);
             }
             for &m in &rx[done..n] {
-                sys::rte_pktmbuf_free(m);
+                holder::free(m);
             }
             q.rx_packets += done as u64;
             q.rx_bytes += bytes;

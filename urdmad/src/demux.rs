@@ -2,6 +2,7 @@
 //! and hands each flow's frames to that flow's ring. Everything else belongs to the kernel.
 
 use crate::frame::udp4_addresses;
+use crate::holder;
 use dpdk_sys as sys;
 use std::net::SocketAddrV4;
 
@@ -38,6 +39,8 @@ pub struct Flow {
     pub rx_bytes: u64,
     /// Frames dropped because the ring was full.
     pub drops: u64,
+    /// The process that takes the ring's frames: what marks them (`crate::holder`).
+    pub holder: u32,
     next: u32,
     live: bool,
     /// This burst's frames for the flow, enqueued together after classification.
@@ -87,6 +90,7 @@ impl FlowTable {
             rx_packets: 0,
             rx_bytes: 0,
             drops: 0,
+            holder: 0,
             next: *head,
             live: true,
             staged: Vec::with_capacity(MAX_BURST),
@@ -217,6 +221,10 @@ impl FlowTable {
         for &i in &self.touched {
             let f = &mut self.flows[i as usize];
             let n = f.staged.len();
+            // Marked before they are on the ring: from then on the process may take them.
+            for &m in &f.staged {
+                holder::mark(m, f.holder);
+            }
             let done = sys::rte_ring_sp_enqueue_burst(
                 f.ring,
                 f.staged.as_ptr() as *const *mut std::ffi::c_void,
@@ -227,7 +235,7 @@ impl FlowTable {
                 f.rx_bytes += u64::from((*m).pkt_len);
             }
             for &m in &f.staged[done..] {
-                sys::rte_pktmbuf_free(m);
+                holder::free(m);
             }
             f.rx_packets += done as u64;
             f.drops += (n - done) as u64;

@@ -27,6 +27,8 @@ pub mod demux;
 pub mod doorbell;
 #[cfg(feature = "daemon")]
 pub mod eal;
+#[cfg(feature = "secondary")]
+pub mod holder;
 #[cfg(feature = "daemon")]
 pub mod hwflow;
 #[cfg(feature = "daemon")]

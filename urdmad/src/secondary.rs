@@ -5,6 +5,7 @@
 
 use crate::client::{self, Connection};
 use crate::doorbell::{self, Bell, Ringer};
+use crate::holder;
 use crate::proto::{self, Attachment, FlowSpec, Request, Response, Steering};
 use dpdk_sys as sys;
 use std::ffi::{CStr, CString};
@@ -260,7 +261,7 @@ impl Session {
                 usize::from((*m[0]).data_len),
             )
             .to_vec();
-            sys::rte_pktmbuf_free(m[0]);
+            holder::free(m[0]);
             Some(data)
         }
     }
@@ -279,22 +280,41 @@ impl Session {
             if m.is_null() {
                 return Err(SecondaryError::PoolExhausted);
             }
+            holder::mark(m, self.attachment.client);
             let dst = sys::rte_pktmbuf_append(m, len) as *mut u8;
             if dst.is_null() {
-                sys::rte_pktmbuf_free(m);
+                holder::free(m);
                 return Err(SecondaryError::FrameTooLarge);
             }
             std::ptr::copy_nonoverlapping(frame.as_ptr(), dst, frame.len());
             if self.send_burst(port, &[m]) == 0 {
-                sys::rte_pktmbuf_free(m);
+                holder::free(m);
                 return Err(SecondaryError::TxRingFull);
             }
         }
         Ok(())
     }
 
+    /// Allocates `n` mbufs from the pool, marked as this process's, and keeps them for good
+    /// (a test's stand-in for a process killed between taking mbufs and handing them on);
+    /// returns how many it got.
+    pub fn allocate_kept(&self, n: usize) -> usize {
+        (0..n)
+            .take_while(|_| {
+                // SAFETY: allocation from urdmad's pool; the mbuf is never used again.
+                unsafe {
+                    let m = sys::rte_pktmbuf_alloc(self.pool);
+                    if !m.is_null() {
+                        holder::mark(m, self.attachment.client);
+                    }
+                    !m.is_null()
+                }
+            })
+            .count()
+    }
+
     /// Zero-copy receive: moves up to `out.len()` of flow `i`'s mbufs into `out` and
-    /// returns how many. The caller owns them and frees them with `rte_pktmbuf_free`.
+    /// returns how many. The caller owns them and frees them with [`holder::free`].
     pub fn recv_burst(&self, i: usize, out: &mut [*mut sys::rte_mbuf]) -> usize {
         let Some(f) = self.flows.get(i) else { return 0 };
         // SAFETY: this process is the ring's only consumer; `out` has room for the count.

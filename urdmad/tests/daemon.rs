@@ -643,6 +643,55 @@ fn a_full_flow_ring_drops_and_counts_and_its_mbufs_come_back() {
 }
 
 #[test]
+fn mbufs_a_killed_process_held_come_back() {
+    let bed = Bed::new("hk");
+    let d = bed.start();
+    let before = warm_baseline(&bed, &d);
+    // A process killed while it handles frames it took off its ring, and with mbufs it
+    // allocated but had not handed on: nothing else knows they are no longer used.
+    let mut c = TestClient::spawn(
+        &bed.socket(),
+        &[
+            "--open",
+            "10.99.0.1:5001",
+            "--keep",
+            "10",
+            "--allocate",
+            "7",
+            "--run-secs",
+            "30",
+        ],
+    );
+    let ready = c.wait_for("READY", Duration::from_secs(20));
+    assert_eq!(ready, "READY allocated=7");
+    let datagrams: Vec<(u16, Vec<u8>)> = (0..10u32)
+        .map(|i| (5001, i.to_be_bytes().to_vec()))
+        .collect();
+    send_from_peer(&bed, datagrams);
+    assert_eq!(c.wait_for("KEPT", Duration::from_secs(10)), "KEPT 10");
+    let st = d.status();
+    let in_use: u64 = field(&st, "pool", "", "in_use").unwrap().parse().unwrap();
+    let in_use_before: u64 = 2047 - before.0.parse::<u64>().unwrap();
+    assert!(in_use >= in_use_before + 17, "{st:?}");
+
+    // SAFETY: killing the process this test started.
+    unsafe { libc::kill(c.pid(), libc::SIGKILL) };
+    let _ = c.wait(Duration::from_secs(5));
+    let end = Instant::now() + Duration::from_secs(3);
+    loop {
+        let st = d.status();
+        if baseline(&st) == before {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "not back to baseline: {st:?} vs {before:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn built_in_default_configuration_serves_on_veth0_unedited() {
     let bed = Bed::new("df");
     // The VM test bed's layout: the port's interface is called veth0.

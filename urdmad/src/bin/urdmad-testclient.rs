@@ -34,6 +34,13 @@ struct Args {
     /// Do not take frames off the flow rings (they fill up).
     #[arg(long)]
     hold: bool,
+    /// Take this many frames off the first flow's ring and keep them, never freed, as a
+    /// process killed while it handles them would (prints KEPT once it has them all).
+    #[arg(long, default_value_t = 0)]
+    keep: usize,
+    /// Allocate this many mbufs after attaching and keep them, never sent or freed.
+    #[arg(long, default_value_t = 0)]
+    allocate: usize,
     /// Connect without saying anything and report when urdmad hangs up (at most 5 s).
     #[arg(long)]
     silent: bool,
@@ -147,10 +154,23 @@ fn run(args: &Args) -> CliResult<()> {
     );
     open_all(&mut s, args)?;
     send_all(&s, args)?;
-    println!("READY");
+    let allocated = s.allocate_kept(args.allocate);
+    println!("READY allocated={allocated}");
     let end = Instant::now() + Duration::from_secs_f64(args.run_secs);
+    let mut kept = Vec::new();
+    while kept.len() < args.keep && Instant::now() < end {
+        let mut m = [std::ptr::null_mut(); 1];
+        if s.recv_burst(0, &mut m) == 1 {
+            kept.push(m[0]);
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    if args.keep > 0 {
+        println!("KEPT {}", kept.len());
+    }
     while Instant::now() < end {
-        if args.hold {
+        if args.hold || args.keep > 0 {
             std::thread::sleep(Duration::from_millis(5));
             continue;
         }
