@@ -13,7 +13,7 @@
 //! status reply announces how many report lines follow it.
 //!
 //! ```text
-//! HELLO version=3 pid=4242                 -> HELLO version=3 daemon=0.1.0
+//! HELLO version=4 pid=4242                 -> HELLO version=4 daemon=0.1.0
 //! ATTACH                                   -> ATTACHED client=3 prefix=urdma lcore=3 pool=urd_mbufs ports=1
 //!                                             PORT index=0 name=port0 mac=02:00:00:00:00:01 tx=urd_tx_3_0 steering=software
 //! OPEN port=0 local=10.0.0.1:4791 remote=10.0.0.2:4791 mac=02:..   (remote and mac optional)
@@ -65,8 +65,12 @@ use std::str::FromStr;
 
 /// The protocol version this module speaks. Version 2 added the connection lines (`QP`,
 /// `UNQP`, `QPCLOSED`, `PEERCLOSED`, `ARM`, `SYNC`, `OK` and the unsolicited `EVENT` lines);
-/// version 3 the direct path (`EVENT CONNECTED ... direct=` with the connection's socket).
-pub const VERSION: u32 = 3;
+/// version 3 the direct path (`EVENT CONNECTED ... direct=` with the connection's socket);
+/// version 4 the marks of who holds each of the pool's mbufs (`crate::holder`), which a
+/// process must clear on every mbuf it frees: urdmad frees what is still marked with a
+/// process's id once it is gone, so a process that left marks behind would have mbufs
+/// freed twice.
+pub const VERSION: u32 = 4;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
