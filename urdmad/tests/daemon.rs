@@ -584,6 +584,31 @@ fn urdmad_restarts_cleanly_after_being_killed() {
     stop_cleanly(&bed, &mut again);
 }
 
+/// Kills test client `c` and waits at most `limit` for urdmad's status to be back to
+/// `before`.
+fn kill_and_await_baseline(
+    d: &Urdmad,
+    mut c: TestClient,
+    before: &(String, String, String, String),
+    limit: Duration,
+) {
+    // SAFETY: killing the process this test started.
+    unsafe { libc::kill(c.pid(), libc::SIGKILL) };
+    let _ = c.wait(Duration::from_secs(5));
+    let end = Instant::now() + limit;
+    loop {
+        let st = d.status();
+        if baseline(&st) == *before {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "not back to baseline: {st:?} vs {before:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_full_flow_ring_drops_and_counts_and_its_mbufs_come_back() {
     let bed = Bed::new("rf");
@@ -625,21 +650,7 @@ fn a_full_flow_ring_drops_and_counts_and_its_mbufs_come_back() {
     );
 
     // The process dies with a full ring: every one of those mbufs goes back to the pool.
-    // SAFETY: killing the process this test started.
-    unsafe { libc::kill(c.pid(), libc::SIGKILL) };
-    let _ = c.wait(Duration::from_secs(5));
-    let end = Instant::now() + Duration::from_secs(2);
-    loop {
-        let st = d.status();
-        if baseline(&st) == before {
-            break;
-        }
-        assert!(
-            Instant::now() < end,
-            "not back to baseline: {st:?} vs {before:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    kill_and_await_baseline(&d, c, &before, Duration::from_secs(2));
 }
 
 #[test]
@@ -674,21 +685,7 @@ fn mbufs_a_killed_process_held_come_back() {
     let in_use_before: u64 = 2047 - before.0.parse::<u64>().unwrap();
     assert!(in_use >= in_use_before + 17, "{st:?}");
 
-    // SAFETY: killing the process this test started.
-    unsafe { libc::kill(c.pid(), libc::SIGKILL) };
-    let _ = c.wait(Duration::from_secs(5));
-    let end = Instant::now() + Duration::from_secs(3);
-    loop {
-        let st = d.status();
-        if baseline(&st) == before {
-            break;
-        }
-        assert!(
-            Instant::now() < end,
-            "not back to baseline: {st:?} vs {before:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    kill_and_await_baseline(&d, c, &before, Duration::from_secs(3));
 }
 
 #[test]
