@@ -65,6 +65,10 @@ struct PortState {
     direct: Option<direct::DirectPort>,
     /// Why it does not (status).
     direct_off: String,
+    /// Connections handed to their processes since urdmad started: on the direct path, and
+    /// with their frames forwarded through urdmad.
+    conns_direct: u64,
+    conns_forwarded: u64,
 }
 
 struct FlowRec {
@@ -272,6 +276,8 @@ impl Daemon {
                     may_echo: port::may_echo(&pc.device),
                     direct: None,
                     direct_off: String::new(),
+                    conns_direct: 0,
+                    conns_forwarded: 0,
                 }),
                 Err(e) => {
                     for p in &mut ports {
@@ -1208,11 +1214,11 @@ impl Daemon {
                 p.port.steering_reason.replace(' ', "_")
             };
             out.push(format!(
-                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={} loopback={} echoes={} {}",
+                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={} loopback={} echoes={} conns_direct={} conns_forwarded={} {}",
                 p.port.index, p.port.name, p.port.device, p.port.mac, p.port.steering.as_str(),
                 p.queues.len(), c.rx_packets, c.rx_bytes, c.rx_missed, c.rx_errors,
                 c.tx_packets, c.tx_bytes, c.tx_errors, p.from_processes, p.from_processes_drops,
-                p.loopback, p.echoes,
+                p.loopback, p.echoes, p.conns_direct, p.conns_forwarded,
                 match &p.direct {
                     Some(d) => format!("direct=1 direct_flows={}", d.len()),
                     None => format!("direct=0 direct_off={}", p.direct_off.replace(' ', "_")),

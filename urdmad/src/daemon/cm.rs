@@ -723,6 +723,13 @@ impl Daemon {
             self.clients[i].flows.retain(|&f| f != opened.flow);
             return Err(HandOverError::NotReading);
         }
+        if let (Event::Connected(_), Some(p)) = (&event, self.ports.get_mut(usize::from(spec.port)))
+        {
+            match direct {
+                Some(_) => p.conns_direct += 1,
+                None => p.conns_forwarded += 1,
+            }
+        }
         Ok((client, opened.flow))
     }
 
