@@ -87,62 +87,7 @@ impl Bed {
     /// What urdmad does: the active side's Connecting sends the request,
     /// the passive QP accepts it, its Accept comes back to urdmad.
     fn connect(&mut self) {
-        let cfg = Config {
-            pd: 1,
-            ..Config::default()
-        };
-        let mut c = Connecting::new(cfg, 0xA, 100, b"hi", self.now).unwrap();
-        let mut req = vec![0u8; 1500];
-        let n = c.poll_transmit(self.now, &mut req).unwrap();
-        req.truncate(n);
-        // The engine reads the handshake's fields; the flow's are the runtime's.
-        let passive = Connected {
-            dev: B.0,
-            qpn: B.1,
-            role: Role::Passive,
-            port: 0,
-            local: "10.0.0.2:7000".parse().unwrap(),
-            remote: "10.0.0.1:7001".parse().unwrap(),
-            mac: Default::default(),
-            flow: 0,
-            rx_ring: String::new(),
-            ird: 16,
-            ord: 16,
-            datagram: 1472,
-            crc: true,
-            direct: 0,
-            conn: 0xB,
-            isn: 500,
-            pdata: b"ok".to_vec(),
-            pkt: req,
-        };
-        let flow = MemFlow {
-            rx: self.ab.clone(),
-            tx: self.ba.clone(),
-        };
-        self.e
-            .connected(B, &passive, Box::new(flow), self.now)
-            .unwrap();
-        self.e.progress(self.now);
-        let accept = self.ba.lock().unwrap().pop_front().expect("Accept sent");
-        let active = Connected {
-            dev: A.0,
-            qpn: A.1,
-            role: Role::Active,
-            conn: 0xA,
-            isn: 100,
-            pdata: b"hi".to_vec(),
-            pkt: accept,
-            ..passive
-        };
-        let flow = MemFlow {
-            rx: self.ba.clone(),
-            tx: self.ab.clone(),
-        };
-        self.e
-            .connected(A, &active, Box::new(flow), self.now)
-            .unwrap();
-        assert!(self.e.is_connected(A) && self.e.is_connected(B));
+        connect_pair(&mut self.e, A, B, (&self.ab, &self.ba), self.now);
     }
 
     fn run(&mut self, rounds: usize) {
@@ -167,6 +112,63 @@ impl Bed {
             .insert(dev, stag, Region::new(pd, base, buf.len() as u64, access));
         base
     }
+}
+
+/// Connects QP `a` (active) to QP `b` (passive) of engine `e` over the wires `(a to b, b to
+/// a)`, the handshake done the way urdmad does it.
+fn connect_pair(e: &mut Engine, a: QpKey, b: QpKey, (ab, ba): (&Wire, &Wire), now: Instant) {
+    let cfg = Config {
+        pd: 1,
+        ..Config::default()
+    };
+    let mut c = Connecting::new(cfg, 0xA, 100, b"hi", now).unwrap();
+    let mut req = vec![0u8; 1500];
+    let n = c.poll_transmit(now, &mut req).unwrap();
+    req.truncate(n);
+    // The engine reads the handshake's fields; the flow's are the runtime's.
+    let passive = Connected {
+        dev: b.0,
+        qpn: b.1,
+        role: Role::Passive,
+        port: 0,
+        local: "10.0.0.2:7000".parse().unwrap(),
+        remote: "10.0.0.1:7001".parse().unwrap(),
+        mac: Default::default(),
+        flow: 0,
+        rx_ring: String::new(),
+        ird: 16,
+        ord: 16,
+        datagram: 1472,
+        crc: true,
+        direct: 0,
+        conn: 0xB,
+        isn: 500,
+        pdata: b"ok".to_vec(),
+        pkt: req,
+    };
+    let flow = MemFlow {
+        rx: ab.clone(),
+        tx: ba.clone(),
+    };
+    e.connected(b, &passive, Box::new(flow), now).unwrap();
+    e.progress(now);
+    let accept = ba.lock().unwrap().pop_front().expect("Accept sent");
+    let active = Connected {
+        dev: a.0,
+        qpn: a.1,
+        role: Role::Active,
+        conn: 0xA,
+        isn: 100,
+        pdata: b"hi".to_vec(),
+        pkt: accept,
+        ..passive
+    };
+    let flow = MemFlow {
+        rx: ba.clone(),
+        tx: ab.clone(),
+    };
+    e.connected(a, &active, Box::new(flow), now).unwrap();
+    assert!(e.is_connected(a) && e.is_connected(b));
 }
 
 fn send(wr_id: u64, sges: &[Sge]) -> SendReq<'_> {
@@ -980,4 +982,85 @@ fn a_full_tx_ring_keeps_progress_coming_back() {
     assert!(!t.e.progress(t.now).busy, "nothing to do yet");
     record(&mut t, true);
     assert!(t.e.progress(t.now).busy);
+}
+
+/// Host CPU time per 64-byte Write with `pairs` connected QP pairs in one engine, each
+/// keeping `depth` Writes outstanding, for `total` Writes in all; every Write must complete.
+fn write_cost(pairs: u32, depth: u32, total: u32) -> std::time::Duration {
+    let mut e = Engine::new();
+    e.create_cq(ACQ, 8192, None);
+    e.create_cq(BCQ, 8192, None);
+    let mut target = vec![0u8; 4096];
+    let taddr = target.as_mut_ptr() as u64;
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    e.mrs.insert(2, 0x300, Region::new(2, taddr, 4096, access));
+    let mut source = vec![7u8; 64];
+    let saddr = source.as_mut_ptr() as u64;
+    e.mrs
+        .insert(1, 0x100, Region::new(1, saddr, 64, Access::NONE));
+    let mut now = Instant(1_000_000);
+    let keys: Vec<(QpKey, QpKey)> = (0..pairs).map(|i| ((1, 100 + i), (2, 100 + i))).collect();
+    for &(a, b) in &keys {
+        e.create_qp(a, init(1, ACQ));
+        e.create_qp(b, init(2, BCQ));
+        let wires: (Wire, Wire) = Default::default();
+        connect_pair(&mut e, a, b, (&wires.0, &wires.1), now);
+    }
+    let s = [Sge {
+        addr: saddr,
+        len: 64,
+        lkey: 0x100,
+    }];
+    let write = SendReq {
+        op: SendOp::RdmaWrite {
+            remote_addr: taddr,
+            rkey: 0x300,
+        },
+        ..send(1, &s)
+    };
+    // SAFETY: ibv_wc is plain C data (integers and a union of them).
+    let mut wcs: Vec<ibv_wc> = vec![unsafe { std::mem::zeroed() }; 64];
+    let (mut posted, mut done) = (0, 0);
+    let start = std::time::Instant::now();
+    for &(a, _) in &keys {
+        for _ in 0..depth.min(total / pairs) {
+            e.post_send(a, &write).unwrap();
+            posted += 1;
+        }
+    }
+    while done < posted {
+        now = now + std::time::Duration::from_micros(50);
+        e.progress(now);
+        loop {
+            let n = e.poll_cq(ACQ, &mut wcs).unwrap();
+            for wc in &wcs[..n] {
+                assert_eq!(wc.status, IBV_WC_SUCCESS);
+                done += 1;
+                if posted < total {
+                    let qpn = wc.qp_num;
+                    e.post_send((1, qpn), &write).unwrap();
+                    posted += 1;
+                }
+            }
+            if n < wcs.len() {
+                break;
+            }
+        }
+    }
+    start.elapsed() / total
+}
+
+/// Not a benchmark (absolute times here are noise) but a diagnostic of the engine alone: what
+/// a Write costs in user space with 256 QP pairs against one, in the same run. Run it with
+/// `cargo test --release -p liburdma -- --ignored --nocapture write_cost_at_scale`.
+#[test]
+#[ignore]
+fn write_cost_at_scale() {
+    let total = 25_600;
+    let one = write_cost(1, 16, total);
+    let many = write_cost(256, 16, total);
+    println!(
+        "engine alone, per 64-B Write: 1 pair {one:?}, 256 pairs {many:?}, ratio {:.2}",
+        many.as_secs_f64() / one.as_secs_f64()
+    );
 }
