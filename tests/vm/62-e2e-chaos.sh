@@ -189,12 +189,14 @@ for round in $(seq "$ROUNDS"); do
 	kind=${kind%-[0-9]*s}
 	count[$kind]=$((${count[$kind]:-0} + 1))
 	echo "round $round: $fault at $delay ms ($moment)"
-	if [ "$fault" = kill-client ] && ! wait_ended "$cpid" "$spid" 2>/dev/null; then
-		# A client killed before its connection request reached the server leaves the
-		# server listening, as it should: another client must then get through.
+	if ! wait_ended "$cpid" "$spid" 2>/dev/null && ! kill -0 "$cpid" 2>/dev/null &&
+		[ "$(status_field B daemon processes)" = 0 ]; then
+		# A client that ended before its connection request reached the server (killed,
+		# or its urdmad killed while it attached: rdma_create_qp fails) leaves the server
+		# listening without a QP, as it should: another client must then get through.
 		echo "    the server still listens: another client"
 		out=$(t ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n "$OPS" -m 16384 -t 300 2>&1) ||
-			fail "round $round: a client after the first was killed: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
+			fail "round $round: a client after the first one ended: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
 		start=$SECONDS
 	fi
 	wait_ended "$cpid" "$spid" || {

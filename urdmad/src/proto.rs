@@ -69,8 +69,10 @@ use std::str::FromStr;
 /// version 4 the marks of who holds each of the pool's mbufs (`crate::holder`), which a
 /// process must clear on every mbuf it frees: urdmad frees what is still marked with a
 /// process's id once it is gone, so a process that left marks behind would have mbufs
-/// freed twice.
-pub const VERSION: u32 = 4;
+/// freed twice; version 5 the virtio header in front of every frame of a direct
+/// connection's rings (`crate::direct::Rings`), without which the kernel would take a frame's
+/// first bytes for one.
+pub const VERSION: u32 = 5;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
