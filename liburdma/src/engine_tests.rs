@@ -184,6 +184,14 @@ fn send(wr_id: u64, sges: &[Sge]) -> SendReq<'_> {
     }
 }
 
+/// A signalled RDMA Write of `sges` to `remote_addr` under `rkey`.
+fn write(wr_id: u64, sges: &[Sge], remote_addr: u64, rkey: u32) -> SendReq<'_> {
+    SendReq {
+        op: SendOp::RdmaWrite { remote_addr, rkey },
+        ..send(wr_id, sges)
+    }
+}
+
 #[test]
 fn receive_posted_before_the_connection_gets_the_send() {
     let mut t = Bed::new();
@@ -418,13 +426,7 @@ fn remote_protection_error_fails_both_and_later_posts_flush() {
         len: 64,
         lkey: 0x100,
     }];
-    let wr = SendReq {
-        op: SendOp::RdmaWrite {
-            remote_addr: taddr,
-            rkey: 0x300,
-        },
-        ..send(1, &s)
-    };
+    let wr = write(1, &s, taddr, 0x300);
     t.e.post_send(A, &wr).unwrap();
     t.run(20);
     assert_eq!(target, vec![0u8; 64], "no byte placed without REMOTE_WRITE");
@@ -645,13 +647,7 @@ fn send_with_invalidate_reports_and_invalidates_the_stag() {
         len: 8,
         lkey: 0x100,
     }];
-    let wr = SendReq {
-        op: SendOp::RdmaWrite {
-            remote_addr: taddr,
-            rkey: 0x300,
-        },
-        ..send(2, &s)
-    };
+    let wr = write(2, &s, taddr, 0x300);
     t.e.post_send(A, &wr).unwrap();
     t.run(10);
     assert_eq!(target, vec![0u8; 64]);
@@ -1011,13 +1007,7 @@ fn write_cost(pairs: u32, depth: u32, total: u32) -> std::time::Duration {
         len: 64,
         lkey: 0x100,
     }];
-    let write = SendReq {
-        op: SendOp::RdmaWrite {
-            remote_addr: taddr,
-            rkey: 0x300,
-        },
-        ..send(1, &s)
-    };
+    let write = write(1, &s, taddr, 0x300);
     // SAFETY: ibv_wc is plain C data (integers and a union of them).
     let mut wcs: Vec<ibv_wc> = vec![unsafe { std::mem::zeroed() }; 64];
     let (mut posted, mut done) = (0, 0);
