@@ -19,14 +19,19 @@ counter() { # NODE KIND KEY: the first value of KEY on a status line of KIND
 		for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == key) { print a[2]; exit } } }'
 }
 
+# NODE: its port's rx_packets, conns_direct and conns_forwarded, from one status call
+port_counters() {
+	t "$BED" status "$1" | awk '$1 == "port" {
+		for (i = 2; i <= NF; i++) { split($i, a, "="); v[a[1]] = a[2] }
+		print v["rx_packets"], v["conns_direct"], v["conns_forwarded"]; exit }'
+}
+
 # run LABEL EXPECTED_PATH: verify.c with 3 connections; node B's port must have handed all
 # three to the server on EXPECTED_PATH (its conns_direct / conns_forwarded counters). Sets
 # PORT_RX to the frames node B's port received meanwhile.
 run() {
-	local label=$1 want=$2 rc rx0 d0 f0 d f
-	rx0=$(counter B port rx_packets)
-	d0=$(counter B port conns_direct)
-	f0=$(counter B port conns_forwarded)
+	local label=$1 want=$2 rc rx0 d0 f0 rx d f
+	read -r rx0 d0 f0 < <(port_counters B)
 	port=$((port + 1))
 	start_server B "direct-$label" "listening" "$prog" server "$ADDR_B" "$port" -s 7 -c 3 -t 600
 	t ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -s 7 -c 3 -n "$OPS" -t 600 \
@@ -41,9 +46,10 @@ run() {
 	fi
 	wait_server "direct-$label" 120
 	grep -q "verify: ok server" "$OUT/direct-$label.log" || fail "verify server $label did not finish"
-	PORT_RX=$(($(counter B port rx_packets) - rx0))
-	d=$(($(counter B port conns_direct) - d0))
-	f=$(($(counter B port conns_forwarded) - f0))
+	read -r rx d f < <(port_counters B)
+	PORT_RX=$((rx - rx0))
+	d=$((d - d0))
+	f=$((f - f0))
 	echo "$label: node B's connections: $d direct, $f forwarded through urdmad; its port received $PORT_RX frames"
 	case $want in
 	direct) [ "$d/$f" = 3/0 ] ;;
