@@ -92,12 +92,28 @@ phase() {
 		SLOW_DROPS=0
 		while [ "$STOPS" -lt 3 ] && [ "$SLOW_DROPS" = 0 ] && kill -0 "$slow_pid" 2>/dev/null; do
 			kill -STOP "$slow_pid"
+			# The drops are read while the receiver is stopped: its flows, and their
+			# counters, go as soon as it has finished, which it may do right after the stop.
+			# A status request takes seconds here, so a sampler runs beside the stop rather
+			# than lengthen it, and keeps the largest count it read.
+			: >"$OUT/overload-drops"
+			touch "$OUT/overload-stopped"
+			(
+				while [ -e "$OUT/overload-stopped" ]; do
+					flow_drops "$slow_pid" >>"$OUT/overload-drops"
+					sleep 0.5
+				done
+			) &
+			local sampler=$! stopped_at=$SECONDS
 			sleep "$STALL"
+			rm -f "$OUT/overload-stopped"
 			kill -CONT "$slow_pid"
+			local stopped_s=$((SECONDS - stopped_at))
+			wait "$sampler"
 			STOPS=$((STOPS + 1))
-			# after the stop, not during it: a status request takes seconds here, which
-			# would lengthen the stop (the counters stay while the flows do)
-			SLOW_DROPS=$(flow_drops "$slow_pid")
+			SLOW_DROPS=$(sort -n "$OUT/overload-drops" | tail -n1)
+			SLOW_DROPS=${SLOW_DROPS:-0}
+			echo "  stop $STOPS: ${stopped_s}s, $(wc -l <"$OUT/overload-drops") status reads, drops $SLOW_DROPS"
 			[ "$SLOW_DROPS" = 0 ] && sleep 2
 		done
 	fi
