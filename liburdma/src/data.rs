@@ -1,6 +1,8 @@
 //! The data-path verbs: `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`
 //! and `ibv_req_notify_cq`, all in user space over the engine. Each call
-//! also drives progress (receive, timers, transmit) for every connection.
+//! also drives progress (receive, timers, transmit): `ibv_poll_cq` for every
+//! connection, a post for its QP and, when a full round is due, for every one
+//! (`Engine::progress_after_post`).
 
 use std::ffi::c_int;
 
@@ -151,7 +153,7 @@ unsafe fn post_list<W: WorkRequest>(
                 }
                 cur = w.next();
             }
-            sh.engine.progress(now);
+            sh.progress_after_post(key, now);
             ret
         })
     })
@@ -219,7 +221,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         // SAFETY: wc is non-null with room for n entries (the caller's).
         let out = unsafe { std::slice::from_raw_parts_mut(wc, n) };
         runtime::with(|sh, now| {
-            sh.engine.progress(now);
+            sh.full_round(now);
             match sh.engine.poll_cq(key, out) {
                 Some(k) => k as c_int,
                 None => -libc::EINVAL,

@@ -984,7 +984,9 @@ fn a_full_tx_ring_keeps_progress_coming_back() {
 /// keeping `depth` Writes outstanding, for `total` Writes in all; every Write must complete.
 /// Each post is followed by the round the provider makes for it (`data::post_list`: a round
 /// over every QP), and each poll by a round as well.
-fn write_cost(pairs: u32, depth: u32, total: u32) -> std::time::Duration {
+/// Each post is followed by the round the provider makes for it: a full one when
+/// `every_qp_on_post` (what the provider did first), else [`Engine::progress_after_post`].
+fn write_cost(pairs: u32, depth: u32, total: u32, every_qp_on_post: bool) -> std::time::Duration {
     let mut e = Engine::new();
     e.create_cq(ACQ, 8192, None);
     e.create_cq(BCQ, 8192, None);
@@ -1013,17 +1015,25 @@ fn write_cost(pairs: u32, depth: u32, total: u32) -> std::time::Duration {
     // SAFETY: ibv_wc is plain C data (integers and a union of them).
     let mut wcs: Vec<ibv_wc> = vec![unsafe { std::mem::zeroed() }; 64];
     let (mut posted, mut done) = (0, 0);
+    let after_post = |e: &mut Engine, key: QpKey, now: Instant| {
+        if every_qp_on_post {
+            e.progress(now);
+        } else if e.progress_after_post(key, now, std::time::Duration::from_micros(200)) {
+            e.full_round_ended(now);
+        }
+    };
     let start = std::time::Instant::now();
     for &(a, _) in &keys {
         for _ in 0..depth.min(total / pairs) {
             e.post_send(a, &write).unwrap();
-            e.progress(now);
+            after_post(&mut e, a, now);
             posted += 1;
         }
     }
     while done < posted {
         now = now + std::time::Duration::from_micros(50);
         e.progress(now);
+        e.full_round_ended(now);
         loop {
             let n = e.poll_cq(ACQ, &mut wcs).unwrap();
             for wc in &wcs[..n] {
@@ -1032,7 +1042,7 @@ fn write_cost(pairs: u32, depth: u32, total: u32) -> std::time::Duration {
                 if posted < total {
                     let qpn = wc.qp_num;
                     e.post_send((1, qpn), &write).unwrap();
-                    e.progress(now);
+                    after_post(&mut e, (1, qpn), now);
                     posted += 1;
                 }
             }
@@ -1052,10 +1062,45 @@ fn write_cost(pairs: u32, depth: u32, total: u32) -> std::time::Duration {
 #[ignore]
 fn write_cost_at_scale() {
     let total = 25_600;
-    let one = write_cost(1, 16, total);
-    let many = write_cost(256, 16, total);
-    println!(
-        "engine alone, per 64-B Write: 1 pair {one:?}, 256 pairs {many:?}, ratio {:.2}",
-        many.as_secs_f64() / one.as_secs_f64()
-    );
+    for every_qp_on_post in [false, true] {
+        let one = write_cost(1, 16, total, every_qp_on_post);
+        let many = write_cost(256, 16, total, every_qp_on_post);
+        println!(
+            "engine alone, per 64-B Write{}: 1 pair {one:?}, 256 pairs {many:?}, ratio {:.2}",
+            if every_qp_on_post {
+                ", a round over every QP on each post"
+            } else {
+                ""
+            },
+            many.as_secs_f64() / one.as_secs_f64()
+        );
+    }
+}
+
+#[test]
+fn a_post_takes_its_own_qp_and_every_qp_once_a_full_round_is_due() {
+    // A round over every QP on each post made a message cost what all the QPs cost.
+    let mut t = Bed::new();
+    t.connect();
+    let log = record(&mut t, false);
+    let every = std::time::Duration::from_millis(1);
+    t.e.progress(t.now);
+    t.e.full_round_ended(t.now);
+    log.lock().unwrap().clear();
+    // Two QPs: the first post is A's alone, the second (as many posts as QPs) takes both.
+    assert!(!t.e.progress_after_post(A, t.now, every));
+    assert_eq!(*log.lock().unwrap(), vec![A]);
+    assert!(t.e.progress_after_post(A, t.now, every));
+    let order = log.lock().unwrap().clone();
+    assert!(order.contains(&B), "{order:?}");
+    // After a full round, a post that comes `every` after it ended takes every QP too.
+    t.e.full_round_ended(t.now);
+    log.lock().unwrap().clear();
+    assert!(!t.e.progress_after_post(B, t.now, every));
+    assert_eq!(*log.lock().unwrap(), vec![B]);
+    t.e.progress(t.now);
+    t.e.full_round_ended(t.now);
+    log.lock().unwrap().clear();
+    assert!(t.e.progress_after_post(B, t.now + every, every));
+    assert!(log.lock().unwrap().contains(&A));
 }

@@ -14,8 +14,11 @@
 //! create QPs.
 //!
 //! # Progress
-//! The application's own calls drive progress (`post_send`, `post_recv`
-//! and `poll_cq` receive, run timers and transmit for every connection).
+//! The application's own calls drive progress: `poll_cq` receives, runs
+//! timers and transmits for every connection; `post_send` and `post_recv` for
+//! the QP posted to, and for every connection once a full round is due
+//! ([`Engine::progress_after_post`]: a round over hundreds of QPs on every post
+//! made a message cost what all of them cost).
 //! The helper thread covers the time the application spends elsewhere
 //! (blocked in `ibv_get_cq_event`, `rdma_get_cm_event`, polling its own
 //! memory, ...). While an application thread polls (a data verb within
@@ -219,6 +222,16 @@ pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     let now = now();
     APP_LAST.store(now.as_nanos(), Ordering::Relaxed);
     let r = f(&mut g, now);
+    // Again at the end: a call that took long (a round over hundreds of QPs under
+    // emulation) must not look to the helper like an application that stopped polling.
+    // Unless the call said it goes to sleep (`app_going_to_sleep` cleared the stamp): then
+    // the helper takes over at once.
+    let _ = APP_LAST.compare_exchange(
+        now.as_nanos(),
+        self::now().as_nanos(),
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
     g.after_app_call();
     r
 }
@@ -457,6 +470,21 @@ impl Shared {
         }
     }
 
+    /// A round over every QP, for an application call that polls a CQ (which any QP may
+    /// complete into) and for the helper.
+    pub fn full_round(&mut self, now: Instant) -> crate::engine::Progress {
+        let p = self.engine.progress(now);
+        self.engine.full_round_ended(self::now());
+        p
+    }
+
+    /// The round of a post on QP `key` ([`Engine::progress_after_post`]).
+    pub fn progress_after_post(&mut self, key: QpKey, now: Instant) {
+        if self.engine.progress_after_post(key, now, app_active()) {
+            self.engine.full_round_ended(self::now());
+        }
+    }
+
     /// Tells urdmad what the engine found (PEERCLOSED, QPCLOSED).
     pub fn deliver_notices(&mut self, now: Instant) {
         for n in self.engine.take_notices() {
@@ -691,8 +719,11 @@ fn helper_loop() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => {
-                // The application is in a verb, which makes progress itself.
-                std::thread::sleep(Duration::from_micros(50));
+                // The application is in a verb, which makes progress itself: look again
+                // when it may have stopped, as while it polls. (Every 50 µs, the helper
+                // of a process with 256 QPs, whose calls hold the lock for long, took a
+                // quarter of a CPU in the bed for nothing.)
+                std::thread::sleep(app_active());
                 continue;
             }
         };
@@ -708,7 +739,7 @@ fn helper_loop() {
         ctl = fd;
         let now = now();
         let events = readable(fd) && g.pump(now);
-        let p = g.engine.progress(now);
+        let p = g.full_round(now);
         g.deliver_notices(now);
         // While the application polls, its own calls carry on from here.
         let app_polling = app_polling(now);
