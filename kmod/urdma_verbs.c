@@ -467,7 +467,15 @@ int urdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 		goto out;
 	}
 	next = (mask & IB_QP_STATE) ? attr->qp_state : qp->state;
-	if ((mask & IB_QP_STATE) && !urdma_qp_transition_ok(qp->state, next)) {
+	/*
+	 * rdma_disconnect moves the QP to SQD whatever became of its
+	 * connection.  As in siw, a QP that is not connected, or no longer
+	 * (its connection failed), keeps its state and the call succeeds.
+	 */
+	if (next == IB_QPS_SQD && qp->state != IB_QPS_RTS)
+		next = qp->state;
+	else if ((mask & IB_QP_STATE) &&
+		 !urdma_qp_transition_ok(qp->state, next)) {
 		rv = -EINVAL;
 		goto out;
 	}

@@ -421,6 +421,9 @@ static void check_qp_states(__u32 pd, __u32 cq)
 	expect(to_state(qp, QPS_RTS), -EINVAL, "SQD -> RTS");
 	expect(to_state(qp, QPS_ERR), 0, "SQD -> ERR");
 	expect(to_state(qp, QPS_RTS), -EINVAL, "ERR -> RTS");
+	/* rdma_disconnect after a failed connection: a no-op, as in siw */
+	expect(to_state(qp, QPS_SQD), 0, "ERR -> SQD");
+	expect(query_state(qp), QPS_ERR, "query says ERR after SQD");
 	expect(to_state(qp, QPS_RESET), 0, "ERR -> RESET");
 	expect(to_state(qp, QPS_INIT), 0, "RESET -> INIT again");
 	expect(to_state(qp, QPS_RTS), 0, "INIT -> RTS (iWARP)");

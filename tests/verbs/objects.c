@@ -5,7 +5,9 @@
  *
  *   objects DEVICE cycle N   open the device, then N times create and destroy
  *                            PD, MR, CQ and an RC QP (taken to INIT and
- *                            queried); reopens the device every 100 rounds
+ *                            queried, then to SQD as rdma_disconnect does,
+ *                            which leaves it in INIT); reopens the device
+ *                            every 100 rounds
  *   objects DEVICE errors    each invalid request must fail with the errno
  *                            the kernel's verbs rules give it, the verbs
  *                            urdma does not implement (SRQ, MW) with
@@ -101,6 +103,19 @@ static int one_round(struct ibv_context *ctx, void *buf, size_t len)
 		CHECK(!ret, "query_qp: %s", strerror(ret));
 		CHECK(!ret && attr.qp_state == IBV_QPS_INIT,
 		      "query_qp state %d, want INIT", attr.qp_state);
+		/*
+		 * rdma_disconnect moves the QP to SQD whatever became of its
+		 * connection: on one that never had one, as with siw, that
+		 * succeeds and changes nothing.
+		 */
+		attr.qp_state = IBV_QPS_SQD;
+		ret = ibv_modify_qp(qp, &attr, IBV_QP_STATE);
+		CHECK(!ret, "modify_qp to SQD, never connected: %s",
+		      strerror(ret));
+		memset(&attr, 0, sizeof(attr));
+		ret = ibv_query_qp(qp, &attr, IBV_QP_STATE, &init);
+		CHECK(!ret && attr.qp_state == IBV_QPS_INIT,
+		      "query_qp state %d after SQD, want INIT", attr.qp_state);
 		ret = ibv_destroy_qp(qp);
 		CHECK(!ret, "destroy_qp: %s", strerror(ret));
 	}
