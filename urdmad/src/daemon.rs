@@ -291,7 +291,7 @@ impl Daemon {
         }
         // Once the ports' sockets exist.
         for (p, pc) in ports.iter_mut().zip(&cfg.ports) {
-            match direct::DirectPort::new(&pc.device, pc.direct) {
+            match direct::DirectPort::new(&pc.device, pc.direct, pc.direct_max) {
                 Ok(d) => {
                     tracing::info!(port = %pc.name, "connections take the direct path");
                     p.direct = Some(d);
@@ -1220,7 +1220,7 @@ impl Daemon {
                 c.tx_packets, c.tx_bytes, c.tx_errors, p.from_processes, p.from_processes_drops,
                 p.loopback, p.echoes, p.conns_direct, p.conns_forwarded,
                 match &p.direct {
-                    Some(d) => format!("direct=1 direct_flows={}", d.len()),
+                    Some(d) => format!("direct=1 direct_flows={} direct_max={}", d.len(), d.max()),
                     None => format!("direct=0 direct_off={}", p.direct_off.replace(' ', "_")),
                 }
             ));

@@ -18,6 +18,15 @@ pub(super) struct DirectPort {
     filter: PortFilter,
     /// The connections on the direct path, by flow: (local, remote).
     flows: BTreeMap<u32, (SocketAddrV4, SocketAddrV4)>,
+    /// Most connections on the direct path at once (the port's `direct_max`).
+    max: usize,
+}
+
+/// Why a connection does not take the direct path.
+enum NotDirect {
+    /// The port has `direct_max` connections on it: an expected outcome, not a fault.
+    Full(usize),
+    Failed(String),
 }
 
 /// A direct connection's socket, as urdmad keeps it (for its counters).
@@ -49,7 +58,7 @@ fn af_packet_iface(device: &str) -> Option<&str> {
 impl DirectPort {
     /// The direct path of a port whose device is `device`, once the port is up; why not,
     /// when it has none.
-    pub(super) fn new(device: &str, enabled: bool) -> Result<DirectPort, String> {
+    pub(super) fn new(device: &str, enabled: bool, max: u32) -> Result<DirectPort, String> {
         if !enabled {
             return Err("direct = false".into());
         }
@@ -76,6 +85,7 @@ impl DirectPort {
             ifindex,
             filter,
             flows: BTreeMap::new(),
+            max: max.min(MAX_DIRECT) as usize,
         })
     }
 
@@ -88,17 +98,15 @@ impl DirectPort {
         local: SocketAddrV4,
         remote: SocketAddrV4,
         geo: Geometry,
-    ) -> Result<OwnedFd, String> {
-        if self.flows.len() >= MAX_DIRECT as usize {
-            return Err(format!(
-                "{MAX_DIRECT} connections on the direct path already"
-            ));
+    ) -> Result<OwnedFd, NotDirect> {
+        if self.flows.len() >= self.max {
+            return Err(NotDirect::Full(self.max));
         }
         let fd = direct::open_socket(self.ifindex, &local, &remote, geo)
-            .map_err(|e| format!("cannot open its socket: {e}"))?;
+            .map_err(|e| NotDirect::Failed(format!("cannot open its socket: {e}")))?;
         self.filter
             .insert(&local, &remote)
-            .map_err(|e| format!("cannot filter the port's sockets: {e}"))?;
+            .map_err(|e| NotDirect::Failed(format!("cannot filter the port's sockets: {e}")))?;
         self.flows.insert(flow, (local, remote));
         Ok(fd)
     }
@@ -113,6 +121,10 @@ impl DirectPort {
 
     pub(super) fn len(&self) -> usize {
         self.flows.len()
+    }
+
+    pub(super) fn max(&self) -> usize {
+        self.max
     }
 }
 
@@ -145,7 +157,11 @@ impl Daemon {
                 });
                 Some((raw, geo.frames))
             }
-            Err(why) => {
+            Err(NotDirect::Full(max)) => {
+                tracing::debug!(flow, local = %spec.local, %remote, "through urdmad: {max} connections on the direct path already (direct_max)");
+                None
+            }
+            Err(NotDirect::Failed(why)) => {
                 tracing::warn!(flow, local = %spec.local, %remote, "not on the direct path: {why}");
                 None
             }
@@ -179,6 +195,6 @@ mod tests {
         assert_eq!(af_packet_iface("net_af_packet1,qdisc_bypass=0"), None);
         assert_eq!(af_packet_iface("net_tap0,iface=dtap0"), None);
         assert_eq!(af_packet_iface("0000:03:00.0"), None);
-        assert!(DirectPort::new("net_af_packet0,iface=veth0", false).is_err());
+        assert!(DirectPort::new("net_af_packet0,iface=veth0", false, 16).is_err());
     }
 }
