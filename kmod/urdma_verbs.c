@@ -395,7 +395,9 @@ err_count:
  * Allowed state changes.  These are the IB transitions restricted to what
  * an iWARP QP can do: INIT may go straight to RTS because iw_cm moves a
  * connected QP there itself, and a closing (SQD) or terminated (SQE) QP
- * never returns to RTS.  Any state may go to RESET or ERR.
+ * never returns to RTS.  Any state may go to RESET or ERR.  A move to SQD
+ * from a state other than RTS is not here: urdma_modify_qp accepts it as a
+ * no-op.
  */
 static const u8 urdma_qp_next[IB_QPS_ERR + 1] = {
 	[IB_QPS_RESET] = BIT(IB_QPS_INIT),
@@ -470,7 +472,8 @@ int urdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	/*
 	 * rdma_disconnect moves the QP to SQD whatever became of its
 	 * connection.  As in siw, a QP that is not connected, or no longer
-	 * (its connection failed), keeps its state and the call succeeds.
+	 * (its connection failed), keeps its state and the call succeeds
+	 * (docs/kernel-abi.md, "QP states").
 	 */
 	if (next == IB_QPS_SQD && qp->state != IB_QPS_RTS)
 		next = qp->state;

@@ -117,10 +117,8 @@ pub struct Port {
     #[serde(default = "default_direct")]
     pub direct: bool,
     /// Most connections of the port on the direct path at once; later ones go through
-    /// urdmad. Every frame on the interface runs the filter of every direct socket in the
-    /// kernel, so a direct connection makes every frame dearer: at 256 of them one node's
-    /// softirqs took about 3.7 ms of CPU per 64-byte message in the emulated test bed,
-    /// and 256 connections through urdmad moved 5 times the messages.
+    /// urdmad. Every direct socket's filter runs on every frame of the interface, so each
+    /// makes all frames dearer (docs/urdmad.md, "The direct path", has the figures).
     #[serde(default = "default_direct_max")]
     pub direct_max: u32,
 }
