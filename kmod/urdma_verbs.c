@@ -475,10 +475,10 @@ int urdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	 * (its connection failed), keeps its state and the call succeeds
 	 * (docs/kernel-abi.md, "QP states").
 	 */
-	if (next == IB_QPS_SQD && qp->state != IB_QPS_RTS)
+	if (next == IB_QPS_SQD && qp->state != IB_QPS_RTS) {
 		next = qp->state;
-	else if ((mask & IB_QP_STATE) &&
-		 !urdma_qp_transition_ok(qp->state, next)) {
+	} else if ((mask & IB_QP_STATE) &&
+		   !urdma_qp_transition_ok(qp->state, next)) {
 		rv = -EINVAL;
 		goto out;
 	}

@@ -19,12 +19,12 @@
 # Reduced (the default): 4 pairs x 8 connections x 40 operations. The full case (the guest
 # sees only the environment the command gives it):
 #   scripts/vm --timeout 3900 -- env OVERLOAD_PROCS=8 OVERLOAD_CONNS=32 OVERLOAD_OPS=100 \
-#     OVERLOAD_MAXSIZE=4096 URDMA_VM_TEST_TIMEOUT=3600 tests/vm/run-all 59-e2e-overload
+#     OVERLOAD_MAXSIZE=4096 OVERLOAD_LIMIT=1200 URDMA_VM_TEST_TIMEOUT=3600 tests/vm/run-all 59-e2e-overload
 # OVERLOAD_MAXSIZE is verify.c's largest message (-m, both sides; 65536 by default). Its
 # memory grows with it: about 12 MiB per connection on each side at 64 KiB (a region of
 # 2 x 64 messages, its shadow, the slots), some 6 GB for 8 x 32 connections, which ended in
 # the test VM's OOM killer; at 4 KiB the full case fits the VM's 2 GB.
-# vm-timeout: 2400
+# vm-timeout: 1500
 set -u
 . tests/e2e/lib.sh
 
@@ -32,7 +32,7 @@ PROCS=${OVERLOAD_PROCS:-4}
 CONNS=${OVERLOAD_CONNS:-8}
 OPS=${OVERLOAD_OPS:-40}
 STALL=${OVERLOAD_STALL:-5}
-LIMIT=${OVERLOAD_LIMIT:-1200}	# seconds a phase may take
+LIMIT=${OVERLOAD_LIMIT:-600}	# seconds a phase may take (the full case: OVERLOAD_LIMIT=1200)
 MAXSIZE=${OVERLOAD_MAXSIZE:-65536}
 prog=$(build_e2e verify) || exit 1
 port=7800
