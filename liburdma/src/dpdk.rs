@@ -153,6 +153,7 @@ impl Rings {
             pool: self.pool,
             ringer: self.ringer.clone(),
             backlogged: false,
+            spare: std::ptr::null_mut(),
             ep: Endpoints {
                 local_mac,
                 remote_mac,
@@ -171,7 +172,23 @@ pub struct DpdkFlow {
     ringer: Option<Arc<Ringer>>,
     /// The last `transmit` stopped because the TX ring was full.
     backlogged: bool,
+    /// An mbuf of ours (marked) that the last `transmit` had no datagram for. Most calls
+    /// find nothing to send; allocating and freeing an mbuf in each would keep opening the
+    /// two moments at which a kill loses an mbuf to the pool for good (`urdmad::holder`):
+    /// after the allocation and before the mark, after the mark is cleared and before the
+    /// free.
+    spare: *mut sys::rte_mbuf,
     ep: Endpoints,
+}
+
+impl Drop for DpdkFlow {
+    fn drop(&mut self) {
+        if !self.spare.is_null() {
+            // SAFETY: ours and handed to no ring; a flow is dropped before the process
+            // lets go of urdmad's memory (`detach`).
+            unsafe { holder::free(self.spare) };
+        }
+    }
 }
 
 // SAFETY: as for Rings.
@@ -280,16 +297,20 @@ impl Flow for DpdkFlow {
                 self.backlogged = true;
                 break;
             }
-            // From urdmad's pool (shared with this process). None is kept between calls:
-            // nothing records which process holds an mbuf, so one that a process holds
-            // when it is killed is lost to the pool for good.
-            // SAFETY: allocation from the shared pool.
-            let m = unsafe { sys::rte_pktmbuf_alloc(self.pool) };
-            if m.is_null() {
-                break;
-            }
-            // SAFETY: ours, fresh.
-            unsafe { holder::mark(m, self.client) };
+            // From urdmad's pool (shared with this process), marked as ours, or the spare
+            // the last call kept (marked, empty).
+            let m = if self.spare.is_null() {
+                // SAFETY: allocation from the shared pool.
+                let m = unsafe { sys::rte_pktmbuf_alloc(self.pool) };
+                if m.is_null() {
+                    break;
+                }
+                // SAFETY: ours, fresh.
+                unsafe { holder::mark(m, self.client) };
+                m
+            } else {
+                std::mem::replace(&mut self.spare, std::ptr::null_mut())
+            };
             // SAFETY: m is a fresh mbuf of ours; append returns room for
             // `full` bytes in its first segment or NULL.
             let buf = unsafe {
@@ -315,8 +336,10 @@ impl Flow for DpdkFlow {
                     }
                 }
                 None => {
-                    // SAFETY: ours, handed to no ring.
-                    unsafe { holder::free(m) };
+                    // Kept for the next call, empty again.
+                    // SAFETY: ours, handed to no ring; `full` bytes were appended above.
+                    unsafe { sys::rte_pktmbuf_trim(m, full) };
+                    self.spare = m;
                     break;
                 }
             }
