@@ -311,7 +311,7 @@ impl Flow for DpdkFlow {
             } else {
                 std::mem::replace(&mut self.spare, std::ptr::null_mut())
             };
-            // SAFETY: m is a fresh mbuf of ours; append returns room for
+            // SAFETY: m is an empty mbuf of ours; append returns room for
             // `full` bytes in its first segment or NULL.
             let buf = unsafe {
                 let p = sys::rte_pktmbuf_append(m, full) as *mut u8;
