@@ -254,7 +254,16 @@ impl PortFilter {
                     .u32(28, log.len() as u32)
                     .u64(32, log.as_mut_ptr() as u64);
             }
-            bpf_fd(BPF_PROG_LOAD, &mut attr)
+            // The verifier gives up with EAGAIN when a signal reaches the thread while it
+            // works (urdmad's own handlers, a child's end); the program is not at fault, so
+            // the load is tried again, as libbpf does.
+            let mut tries = 5;
+            loop {
+                match bpf_fd(BPF_PROG_LOAD, &mut attr) {
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries > 1 => tries -= 1,
+                    r => return r,
+                }
+            }
         };
         // Without a log first: a log too small for what the verifier says fails the load.
         let prog = load(&mut []).map_err(|e| {
