@@ -651,10 +651,16 @@ fn progress_qp(
             Event::Failed(r) => {
                 // The sender's side says what a RetryExceeded waited for: how much was
                 // retransmitted, how many timeouts, the last round-trip estimate.
+                // The ids and sequence numbers pair the two ends' lines of one connection.
                 crate::log::info(format_args!(
-                    "QP {}/{}: connection failed: {r:?} (stats {:?}, {:?}, srtt {:?}, cwnd {})",
+                    "QP {}/{}: connection failed: {r:?} (conn {:#x} peer {:#x} una {:#x} nxt {:#x} expected {:#x}; stats {:?}, {:?}, srtt {:?}, cwnd {})",
                     key.0,
                     key.1,
+                    conn.local_conn(),
+                    conn.peer_conn(),
+                    conn.unacked_psn(),
+                    conn.next_psn(),
+                    conn.expected_psn(),
                     conn.stats(),
                     conn.sender_stats(),
                     conn.srtt(),

@@ -46,6 +46,10 @@ pub struct Daemon {
     /// Longest sleep between polls once idle for a while, microseconds (the idle back-off
     /// doubles the sleep from `idle_sleep_us` up to this).
     pub idle_sleep_max_us: u32,
+    /// Scheduling priority (nice value, -20..=19) of the thread that forwards frames: every
+    /// frame of a connection through urdmad waits for it, so on a host whose cores its
+    /// applications keep busy it must not get only its fair share (docs/urdmad.md).
+    pub nice: i32,
     /// Extra EAL arguments, appended as given.
     pub eal_args: Vec<String>,
     /// urdma.ko's connection channel (docs/connection.md). When it does not exist urdmad
@@ -68,6 +72,7 @@ impl Default for Daemon {
             log_level: "info".into(),
             idle_sleep_us: 100,
             idle_sleep_max_us: 4000,
+            nice: -10,
             eal_args: Vec::new(),
             cm_device: PathBuf::from("/dev/urdma_cm"),
         }
@@ -193,6 +198,8 @@ pub enum ValidationError {
     DirectFrames { direct_frames: u32 },
     #[error("mbufs {mbufs} is below 1024")]
     Mbufs { mbufs: u32 },
+    #[error("nice {nice} is not between -20 and 19")]
+    Nice { nice: i32 },
     #[error("file_prefix {file_prefix:?} must be letters, digits, - or _")]
     FilePrefix { file_prefix: String },
     /// `index` is the port's position in the file (its name is what is wrong).
@@ -271,6 +278,9 @@ impl Config {
         }
         if d.mbufs < 1024 {
             return Err(ValidationError::Mbufs { mbufs: d.mbufs });
+        }
+        if !(-20..=19).contains(&d.nice) {
+            return Err(ValidationError::Nice { nice: d.nice });
         }
         if d.file_prefix.is_empty()
             || !d
@@ -391,6 +401,14 @@ mod tests {
                 "u.toml: ring_size 8 is not a power of two >= 16",
             ),
             (with("mbufs = 1000", ""), "u.toml: mbufs 1000 is below 1024"),
+            (
+                with("nice = -21", ""),
+                "u.toml: nice -21 is not between -20 and 19",
+            ),
+            (
+                with("nice = 20", ""),
+                "u.toml: nice 20 is not between -20 and 19",
+            ),
             (
                 with("file_prefix = 'a b'", ""),
                 r#"u.toml: file_prefix "a b" must be letters, digits, - or _"#,

@@ -65,6 +65,12 @@ struct PortState {
     direct: Option<direct::DirectPort>,
     /// Why it does not (status).
     direct_off: String,
+    /// The af_packet PMD's sockets of the port, DPDK's: the kernel drops frames there when
+    /// their rings are full, and the PMD of DPDK 22.11 does not count those (`rx_missed`
+    /// stays 0), so urdmad reads them itself.
+    sockets: Vec<std::os::fd::RawFd>,
+    /// What those sockets' kernel counters said so far (reading them resets them).
+    socket_drops: std::cell::Cell<u64>,
     /// Connections handed to their processes since urdmad started: on the direct path, and
     /// with their frames forwarded through urdmad.
     conns_direct: u64,
@@ -276,6 +282,8 @@ impl Daemon {
                     may_echo: port::may_echo(&pc.device),
                     direct: None,
                     direct_off: String::new(),
+                    sockets: Vec::new(),
+                    socket_drops: std::cell::Cell::new(0),
                     conns_direct: 0,
                     conns_forwarded: 0,
                 }),
@@ -291,6 +299,9 @@ impl Daemon {
         }
         // Once the ports' sockets exist.
         for (p, pc) in ports.iter_mut().zip(&cfg.ports) {
+            if let Ok((_, fds)) = direct::port_sockets(&pc.device) {
+                p.sockets = fds;
+            }
             match direct::DirectPort::new(&pc.device, pc.direct, pc.direct_max) {
                 Ok(d) => {
                     tracing::info!(port = %pc.name, "connections take the direct path");
@@ -832,22 +843,27 @@ impl Daemon {
     }
 
     fn send(&mut self, i: usize, text: &str) -> bool {
-        self.send_with(i, text, None)
+        self.send_with(i, text, None).is_ok()
     }
 
     /// [`Daemon::send`], with `fd` passed along with the text's first byte.
-    fn send_with(&mut self, i: usize, text: &str, fd: Option<std::os::fd::RawFd>) -> bool {
+    fn send_with(
+        &mut self,
+        i: usize,
+        text: &str,
+        fd: Option<std::os::fd::RawFd>,
+    ) -> std::io::Result<()> {
         let s = &mut self.clients[i].stream;
         // A reply is small except a status report; a client that does not read it within
         // the timeout is dropped rather than stalling the data path longer.
         let _ = s.set_nonblocking(false);
         let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
-        let ok = match fd {
-            Some(fd) => crate::direct::send_with_fd(s, text.as_bytes(), fd).is_ok(),
-            None => s.write_all(text.as_bytes()).is_ok(),
+        let r = match fd {
+            Some(fd) => crate::direct::send_with_fd(s, text.as_bytes(), fd),
+            None => s.write_all(text.as_bytes()),
         };
         let _ = s.set_nonblocking(true);
-        ok
+        r
     }
 
     /// The reply to one request, and whether the connection stays open.
@@ -1198,6 +1214,12 @@ impl Daemon {
         ));
         for p in &self.ports {
             let c = port::counters(p.port.id);
+            let socket_drops = p.socket_drops.get()
+                + p.sockets
+                    .iter()
+                    .map(|&fd| crate::direct::take_stats(fd).1)
+                    .sum::<u64>();
+            p.socket_drops.set(socket_drops);
             let free = p
                 .queues
                 .iter()
@@ -1214,7 +1236,7 @@ impl Daemon {
                 p.port.steering_reason.replace(' ', "_")
             };
             out.push(format!(
-                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={} loopback={} echoes={} conns_direct={} conns_forwarded={} {}",
+                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_socket_drops={socket_drops} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={} loopback={} echoes={} conns_direct={} conns_forwarded={} {}",
                 p.port.index, p.port.name, p.port.device, p.port.mac, p.port.steering.as_str(),
                 p.queues.len(), c.rx_packets, c.rx_bytes, c.rx_missed, c.rx_errors,
                 c.tx_packets, c.tx_bytes, c.tx_errors, p.from_processes, p.from_processes_drops,

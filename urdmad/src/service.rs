@@ -124,6 +124,28 @@ fn bind_socket(
     Ok((listener, guard))
 }
 
+/// Gives the calling thread, the one that forwards frames, the nice value `nice` (Linux keeps
+/// one per thread: DPDK's own threads keep theirs). Not being allowed to is no reason to
+/// stop: it is said, and urdmad runs as it is.
+fn set_nice(nice: i32) {
+    // SAFETY: plain system calls on the calling thread.
+    let (now, r) = unsafe {
+        (
+            libc::getpriority(libc::PRIO_PROCESS, 0),
+            libc::setpriority(libc::PRIO_PROCESS, 0, nice),
+        )
+    };
+    if r == 0 {
+        tracing::debug!(nice, "forwarding thread's priority set");
+    } else {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!(
+            nice,
+            "cannot set the forwarding thread's priority ({e}); it stays at nice {now}"
+        );
+    }
+}
+
 fn notify(state: &[sd_notify::NotifyState]) {
     if let Err(e) = sd_notify::notify(false, state) {
         tracing::warn!("cannot notify the service manager: {e}");
@@ -178,6 +200,7 @@ pub fn run(cfg: Config) -> Result<(), ServiceError> {
         .iter()
         .map(|p| format!("{}+{}", p.name, p.exception))
         .collect();
+    set_nice(cfg.daemon.nice);
     tracing::info!(socket = %cfg.daemon.socket.display(), prefix = %prefix, "urdmad ready");
     notify(&[
         sd_notify::NotifyState::Ready,

@@ -233,6 +233,10 @@ impl Connection {
     pub fn local_conn(&self) -> u32 {
         self.local_conn
     }
+    /// The peer's connection id (the destination of what we send).
+    pub fn peer_conn(&self) -> u32 {
+        self.peer_conn
+    }
     /// The next PSN we expect from the peer (our cumulative ACK).
     pub fn expected_psn(&self) -> u32 {
         self.rx.nxt()

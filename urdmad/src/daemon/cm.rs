@@ -26,8 +26,8 @@ enum HandOverError {
     /// The daemon's error reply to opening the flow.
     #[error("flow not opened: {}", .reply.encode().trim_end())]
     FlowNotOpened { reply: proto::Response },
-    #[error("the QP's process does not read its socket")]
-    NotReading,
+    #[error("the QP's process does not read its socket ({0})")]
+    NotReading(std::io::Error),
 }
 
 /// A pending request whose requester has not repeated its ConnectRequest for this long is
@@ -469,7 +469,7 @@ impl Daemon {
                 return fail(self, EINVAL);
             }
         };
-        tracing::info!(id = m.id, dev = m.dev, qpn = m.qpn, local = %m.local, remote = %m.remote, "connecting");
+        tracing::info!(id = m.id, dev = m.dev, qpn = m.qpn, local = %m.local, remote = %m.remote, conn = format_args!("{conn:#x}"), "connecting");
         self.cm.handshakes.insert(
             m.id,
             Handshake {
@@ -643,7 +643,7 @@ impl Daemon {
         };
         match self.hand_over(h.dev, h.qpn, &spec, ev) {
             Ok((client, flow)) => {
-                tracing::info!(id, dev = h.dev, qpn = h.qpn, client, flow, remote = %h.remote, "connected (active)");
+                tracing::info!(id, dev = h.dev, qpn = h.qpn, client, flow, remote = %h.remote, conn = format_args!("{:#x}", h.conn), peer_conn = format_args!("{peer_conn:#x}"), "connected (active)");
                 self.cm.conns.insert(
                     (h.dev, h.qpn),
                     QpConn {
@@ -718,10 +718,10 @@ impl Daemon {
             c.direct = direct.map_or(0, |(_, frames)| frames);
         }
         let text = event.encode();
-        if !self.send_with(i, &text, direct.map(|(fd, _)| fd)) {
+        if let Err(e) = self.send_with(i, &text, direct.map(|(fd, _)| fd)) {
             self.close_flow(opened.flow);
             self.clients[i].flows.retain(|&f| f != opened.flow);
-            return Err(HandOverError::NotReading);
+            return Err(HandOverError::NotReading(e));
         }
         if let (Event::Connected(_), Some(p)) = (&event, self.ports.get_mut(usize::from(spec.port)))
         {
@@ -799,7 +799,7 @@ impl Daemon {
         }
         self.cm.next_req += 1;
         let req = self.cm.next_req;
-        tracing::info!(req, listener = lid, %local, %remote, "connection request");
+        tracing::info!(req, listener = lid, %local, %remote, peer_conn = format_args!("{:#x}", inc.peer_conn()), "connection request");
         let mut m = Msg::new(Op::Request);
         m.id = lid;
         m.req = req;
@@ -889,7 +889,7 @@ impl Daemon {
         };
         match self.hand_over(m.dev, m.qpn, &spec, ev) {
             Ok((client, flow)) => {
-                tracing::info!(req = m.req, dev = m.dev, qpn = m.qpn, client, flow, %remote, "connected (passive)");
+                tracing::info!(req = m.req, dev = m.dev, qpn = m.qpn, client, flow, %remote, conn = format_args!("{conn:#x}"), peer_conn = format_args!("{peer_conn:#x}"), "connected (passive)");
                 if let Some(r) = self.cm.requests.get_mut(&m.req) {
                     r.state = ReqState::Accepted;
                 }
@@ -1106,8 +1106,25 @@ impl Daemon {
 
     /// Timers: handshake retransmissions and time-outs, request expiry.
     pub(super) fn cm_tick(&mut self) {
-        let ids: Vec<u64> = self.cm.handshakes.keys().copied().collect();
-        for id in ids {
+        // Only the handshakes with something due: this runs every few milliseconds, and a
+        // burst of connects leaves hundreds of handshakes waiting for their peers, most of
+        // them with nothing to send for a second or two. Driving each of them on every
+        // tick took most of urdmad's time on a small host, and its port's socket
+        // overflowed meanwhile (tests/vm/59-e2e-overload.sh, the full case).
+        let now = self.trp_now();
+        let due: Vec<u64> = self
+            .cm
+            .handshakes
+            .iter()
+            .filter(|(_, h)| {
+                h.connecting
+                    .as_ref()
+                    .and_then(|c| c.poll_timeout())
+                    .is_some_and(|t| t <= now)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
             self.drive_handshake(id);
         }
         let now = Instant::now();

@@ -55,6 +55,25 @@ fn af_packet_iface(device: &str) -> Option<&str> {
     device.split(',').find_map(|kv| kv.strip_prefix("iface="))
 }
 
+/// The sockets the af_packet PMD opened for a port whose device is `device` (DPDK owns
+/// them), with the interface's index; why none, for another kind of port.
+pub(super) fn port_sockets(device: &str) -> Result<(i32, Vec<RawFd>), String> {
+    let Some(iface) = af_packet_iface(device) else {
+        return Err("not an af_packet port".into());
+    };
+    let ifindex = direct::ifindex(iface).map_err(|e| format!("interface {iface}: {e}"))?;
+    let own: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map_err(|e| format!("/proc/self/fd: {e}"))?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .filter(|&fd| direct::bound_ifindex(fd) == ifindex)
+        .collect();
+    if own.is_empty() {
+        return Err(format!("no socket of the port on {iface} found"));
+    }
+    Ok((ifindex, own))
+}
+
 impl DirectPort {
     /// The direct path of a port whose device is `device`, once the port is up; why not,
     /// when it has none.
@@ -62,19 +81,7 @@ impl DirectPort {
         if !enabled {
             return Err("direct = false".into());
         }
-        let Some(iface) = af_packet_iface(device) else {
-            return Err("not an af_packet port".into());
-        };
-        let ifindex = direct::ifindex(iface).map_err(|e| format!("interface {iface}: {e}"))?;
-        let own: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
-            .map_err(|e| format!("/proc/self/fd: {e}"))?
-            .flatten()
-            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
-            .filter(|&fd| direct::bound_ifindex(fd) == ifindex)
-            .collect();
-        if own.is_empty() {
-            return Err(format!("no socket of the port on {iface} found"));
-        }
+        let (ifindex, own) = port_sockets(device)?;
         let filter = PortFilter::new().map_err(|e| e.to_string())?;
         for &fd in &own {
             filter
