@@ -46,10 +46,11 @@ pub struct Daemon {
     /// Longest sleep between polls once idle for a while, microseconds (the idle back-off
     /// doubles the sleep from `idle_sleep_us` up to this).
     pub idle_sleep_max_us: u32,
-    /// Scheduling priority (nice value, -20..=19) of the thread that forwards frames: every
-    /// frame of a connection through urdmad waits for it, so on a host whose cores its
-    /// applications keep busy it must not get only its fair share (docs/urdmad.md).
-    pub nice: i32,
+    /// Scheduling priority (nice value, -20..=19) of the thread that forwards frames; `None`:
+    /// the one urdmad was started with. Every frame of a connection through urdmad waits for
+    /// that thread, but a raised one spins at the applications' expense (docs/urdmad.md,
+    /// "Priority").
+    pub nice: Option<i32>,
     /// Extra EAL arguments, appended as given.
     pub eal_args: Vec<String>,
     /// urdma.ko's connection channel (docs/connection.md). When it does not exist urdmad
@@ -72,7 +73,7 @@ impl Default for Daemon {
             log_level: "info".into(),
             idle_sleep_us: 100,
             idle_sleep_max_us: 4000,
-            nice: -10,
+            nice: None,
             eal_args: Vec::new(),
             cm_device: PathBuf::from("/dev/urdma_cm"),
         }
@@ -279,8 +280,8 @@ impl Config {
         if d.mbufs < 1024 {
             return Err(ValidationError::Mbufs { mbufs: d.mbufs });
         }
-        if !(-20..=19).contains(&d.nice) {
-            return Err(ValidationError::Nice { nice: d.nice });
+        if let Some(nice) = d.nice.filter(|n| !(-20..=19).contains(n)) {
+            return Err(ValidationError::Nice { nice });
         }
         if d.file_prefix.is_empty()
             || !d
@@ -351,6 +352,10 @@ mod tests {
         let c = Config::load(None).unwrap();
         assert_eq!(c.ports.len(), 1);
         assert!(c.ports[0].device.contains("veth0"));
+        // Unset, the forwarding thread keeps the priority urdmad was started with.
+        assert_eq!(c.daemon.nice, None);
+        let c = Config::parse(&with("nice = -10", ""), "u.toml").unwrap();
+        assert_eq!(c.daemon.nice, Some(-10));
     }
 
     #[test]

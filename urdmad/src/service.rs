@@ -200,7 +200,9 @@ pub fn run(cfg: Config) -> Result<(), ServiceError> {
         .iter()
         .map(|p| format!("{}+{}", p.name, p.exception))
         .collect();
-    set_nice(cfg.daemon.nice);
+    if let Some(nice) = cfg.daemon.nice {
+        set_nice(nice);
+    }
     tracing::info!(socket = %cfg.daemon.socket.display(), prefix = %prefix, "urdmad ready");
     notify(&[
         sd_notify::NotifyState::Ready,
