@@ -299,10 +299,12 @@ impl Daemon {
         }
         // Once the ports' sockets exist.
         for (p, pc) in ports.iter_mut().zip(&cfg.ports) {
-            if let Ok((_, fds)) = direct::port_sockets(&pc.device) {
-                p.sockets = fds;
+            // Found once: the direct path filters them, the status reads their drops.
+            let sockets = direct::port_sockets(&pc.device);
+            if let Ok((_, fds)) = &sockets {
+                p.sockets = fds.clone();
             }
-            match direct::DirectPort::new(&pc.device, pc.direct, pc.direct_max) {
+            match direct::DirectPort::new(&sockets, pc.direct, pc.direct_max) {
                 Ok(d) => {
                     tracing::info!(port = %pc.name, "connections take the direct path");
                     p.direct = Some(d);

@@ -75,15 +75,20 @@ pub(super) fn port_sockets(device: &str) -> Result<(i32, Vec<RawFd>), String> {
 }
 
 impl DirectPort {
-    /// The direct path of a port whose device is `device`, once the port is up; why not,
-    /// when it has none.
-    pub(super) fn new(device: &str, enabled: bool, max: u32) -> Result<DirectPort, String> {
+    /// The direct path of a port whose own sockets are `sockets` ([`port_sockets`], found
+    /// once the port is up); why not, when it has none.
+    pub(super) fn new(
+        sockets: &Result<(i32, Vec<RawFd>), String>,
+        enabled: bool,
+        max: u32,
+    ) -> Result<DirectPort, String> {
         if !enabled {
             return Err("direct = false".into());
         }
-        let (ifindex, own) = port_sockets(device)?;
+        let (ifindex, own) = sockets.as_ref().map_err(Clone::clone)?;
+        let ifindex = *ifindex;
         let filter = PortFilter::new().map_err(|e| e.to_string())?;
-        for &fd in &own {
+        for &fd in own {
             filter
                 .attach(fd)
                 .map_err(|e| format!("cannot filter the port's sockets: {e}"))?;
@@ -202,6 +207,6 @@ mod tests {
         assert_eq!(af_packet_iface("net_af_packet1,qdisc_bypass=0"), None);
         assert_eq!(af_packet_iface("net_tap0,iface=dtap0"), None);
         assert_eq!(af_packet_iface("0000:03:00.0"), None);
-        assert!(DirectPort::new("net_af_packet0,iface=veth0", false, 16).is_err());
+        assert!(DirectPort::new(&Ok((1, vec![3])), false, 16).is_err());
     }
 }
