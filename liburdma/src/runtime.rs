@@ -50,6 +50,12 @@
 //! while it forwards traffic).
 //! The helper takes the lock with `try_lock` and never holds it while it
 //! sleeps or waits for urdmad. It blocks every signal.
+//!
+//! Nor do application calls wait for urdmad under the lock, but for the
+//! first `create_qp` (attaching) and the rare `SYNC` of a post that finds its
+//! QP not yet connected: `QP` and `UNQP` are sent and their replies waited
+//! for with the lock released ([`ask`]), and `PEERCLOSED` and `QPCLOSED` are
+//! posted.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -146,6 +152,10 @@ fn app_active() -> Duration {
         ))
     })
 }
+
+/// A request or a verb that takes this long (milliseconds) is logged (`URDMA_LOG=info`).
+const SLOW_MS: u64 = 500;
+
 /// How long urdmad may take to answer a request.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -209,14 +219,19 @@ fn rt() -> &'static Runtime {
 }
 
 fn lock() -> MutexGuard<'static, Shared> {
+    lock_of(&rt().state)
+}
+
+fn lock_of(state: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
     // A panic under the lock (caught at the C boundary) leaves the state
     // as it was at that point; keep going rather than fail every verb.
-    rt().state.lock().unwrap_or_else(|p| p.into_inner())
+    state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Runs `f` under the engine lock for an application call, then delivers
 /// what urdmad must hear and wakes the helper if its sleep is too long
 /// now.
+#[track_caller]
 pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     let mut g = lock();
     let now = now();
@@ -226,14 +241,105 @@ pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     // emulation) must not look to the helper like an application that stopped polling.
     // Unless the call said it goes to sleep (`app_going_to_sleep` cleared the stamp): then
     // the helper takes over at once.
+    let end = self::now();
+    let held = end.as_nanos().saturating_sub(now.as_nanos()) / 1_000_000;
+    if held >= SLOW_MS {
+        log::info(format_args!(
+            "the call at {} held the provider's lock for {held} ms",
+            std::panic::Location::caller()
+        ));
+    }
     let _ = APP_LAST.compare_exchange(
         now.as_nanos(),
-        self::now().as_nanos(),
+        end.as_nanos(),
         Ordering::Relaxed,
         Ordering::Relaxed,
     );
     g.after_app_call();
     r
+}
+
+/// Sends `req` to urdmad and waits for an `OK`, without holding the lock while urdmad gets
+/// round to answering: the helper and the process's other threads make progress meanwhile.
+/// (urdmad answers between its forwarding rounds, and when it is short of CPU that takes
+/// a second or more; a process whose threads each created a QP under the lock stood still
+/// for all of their waits in a row, long enough for its peers to give its connections up.)
+/// The reply is read by whichever thread reads the socket first.
+fn ask(req: &Request) -> Result<(), String> {
+    ask_on(&rt().state, req)
+}
+
+fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
+    let asked = now();
+    let (ticket, fd) = {
+        let mut g = lock_of(state);
+        let Some(ctl) = g.control() else {
+            return Err("not attached to urdmad".into());
+        };
+        (ctl.send(req)?, ctl.as_raw_fd())
+    };
+    let deadline = asked + CONTROL_TIMEOUT;
+    loop {
+        {
+            let mut g = lock_of(state);
+            let now = now();
+            g.pump(now);
+            let Some(ctl) = g.control() else {
+                return Err("urdmad closed the connection".into());
+            };
+            if let Some(r) = ctl.answer(ticket) {
+                let took = (now.as_nanos().saturating_sub(asked.as_nanos())) / 1_000_000;
+                if took >= SLOW_MS {
+                    log::info(format_args!(
+                        "urdmad took {took} ms to answer {}",
+                        req.encode().trim_end()
+                    ));
+                }
+                return match r? {
+                    Response::Ok => Ok(()),
+                    other => Err(urdmad::client::refusal(other)),
+                };
+            }
+            if now >= deadline {
+                ctl.abandon(ticket);
+                return Err(format!("urdmad did not answer within {CONTROL_TIMEOUT:?}"));
+            }
+        }
+        // Woken by the reply, or by anything else on the socket; a reply another thread read
+        // first (between the look above and this poll) is found at the next look.
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd. The descriptor stays open while the control connection
+        // does, which the look above checks after every wait.
+        unsafe { libc::poll(&mut p, 1, ASK_POLL_MS) };
+    }
+}
+
+/// How long [`ask`] waits on the socket before looking again (milliseconds).
+const ASK_POLL_MS: i32 = 2;
+
+/// `QP dev= qpn=`: the QP is this process's.
+pub fn register_qp(key: QpKey) -> Result<(), String> {
+    ask(&Request::Qp {
+        dev: key.0,
+        qpn: key.1,
+    })
+}
+
+/// `UNQP dev= qpn=`, when urdmad is still there.
+pub fn unregister_qp(key: QpKey) {
+    if lock().control().is_none() {
+        return;
+    }
+    if let Err(e) = ask(&Request::Unqp {
+        dev: key.0,
+        qpn: key.1,
+    }) {
+        log::error(format_args!("UNQP {key:?}: {e}"));
+    }
 }
 
 /// Runs `f` under the lock for a control verb (no progress, no timers).
@@ -338,9 +444,15 @@ impl Shared {
         }
     }
 
-    /// One request to urdmad; events it meets are handled.
+    /// urdmad's control connection, while it lasts.
+    fn control(&mut self) -> Option<&mut Control> {
+        self.attached.as_mut().and_then(|a| a.ctl.as_mut())
+    }
+
+    /// One request to urdmad, waited for under the lock; events it meets are handled. Only
+    /// where waiting is rare: see [`ask`].
     fn request(&mut self, req: &Request, now: Instant) -> Result<Response, String> {
-        let Some(ctl) = self.attached.as_mut().and_then(|a| a.ctl.as_mut()) else {
+        let Some(ctl) = self.control() else {
             return Err("not attached to urdmad".into());
         };
         let r = ctl.request(req);
@@ -348,9 +460,19 @@ impl Shared {
         r
     }
 
+    /// Posts `req`, whose outcome nothing waits for (a refusal is logged when its reply is
+    /// read).
+    fn post(&mut self, req: &Request) {
+        if let Some(ctl) = self.control() {
+            if let Err(e) = ctl.post(req) {
+                log::error(format_args!("{}: {e}", req.encode().trim_end()));
+            }
+        }
+    }
+
     /// Posts `ARM` (see the module's comment on progress).
     fn arm(&mut self) {
-        let Some(ctl) = self.attached.as_mut().and_then(|a| a.ctl.as_mut()) else {
+        let Some(ctl) = self.control() else {
             return;
         };
         match ctl.post(&Request::Arm) {
@@ -366,39 +488,17 @@ impl Shared {
         }
     }
 
-    /// `QP dev= qpn=`: the QP is this process's.
-    pub fn register_qp(&mut self, key: QpKey, now: Instant) -> Result<(), String> {
-        self.expect_ok(
-            &Request::Qp {
-                dev: key.0,
-                qpn: key.1,
-            },
-            now,
-        )
-    }
-
-    /// `UNQP dev= qpn=`.
-    pub fn unregister_qp(&mut self, key: QpKey, now: Instant) {
-        if self.attached.as_ref().is_some_and(|a| a.ctl.is_some()) {
-            if let Err(e) = self.expect_ok(
-                &Request::Unqp {
-                    dev: key.0,
-                    qpn: key.1,
-                },
-                now,
-            ) {
-                log::error(format_args!("UNQP {key:?}: {e}"));
-            }
-        }
-    }
-
     /// Reads and handles urdmad's events (never blocks). When urdmad has
     /// closed the connection every QP fails.
     pub fn pump(&mut self, now: Instant) -> bool {
         let Some(ctl) = self.attached.as_mut().and_then(|a| a.ctl.as_mut()) else {
             return false;
         };
-        match ctl.poll_events() {
+        let polled = ctl.poll_events();
+        for r in ctl.take_refusals() {
+            log::error(format_args!("{r}"));
+        }
+        match polled {
             Ok(events) => {
                 let any = !events.is_empty();
                 if any && self.helper_sleep.is_some() {
@@ -456,14 +556,11 @@ impl Shared {
                     Err(e) => {
                         log::error(format_args!("QP {}/{}: {e}", c.dev, c.qpn));
                         self.engine.drop_flow(key);
-                        let req = Request::QpClosed {
+                        self.post(&Request::QpClosed {
                             dev: c.dev,
                             qpn: c.qpn,
                             status: -libc::ECONNRESET,
-                        };
-                        if let Err(e) = self.expect_ok(&req, now) {
-                            log::error(format_args!("QPCLOSED: {e}"));
-                        }
+                        });
                     }
                 }
             }
@@ -485,18 +582,15 @@ impl Shared {
         }
     }
 
-    /// Tells urdmad what the engine found (PEERCLOSED, QPCLOSED).
-    pub fn deliver_notices(&mut self, now: Instant) {
+    /// Tells urdmad what the engine found (PEERCLOSED, QPCLOSED). Posted: nothing here
+    /// depends on the reply, and urdmad takes requests in order, so a later request of this
+    /// process (`UNQP`) finds them done.
+    pub fn deliver_notices(&mut self) {
         for n in self.engine.take_notices() {
-            let req = match n {
+            self.post(&match n {
                 Notice::PeerClosed((dev, qpn)) => Request::PeerClosed { dev, qpn },
                 Notice::Closed((dev, qpn), status) => Request::QpClosed { dev, qpn, status },
-            };
-            if self.attached.as_ref().is_some_and(|a| a.ctl.is_some()) {
-                if let Err(e) = self.expect_ok(&req, now) {
-                    log::error(format_args!("{}: {e}", req.encode().trim_end()));
-                }
-            }
+            });
         }
     }
 
@@ -551,7 +645,7 @@ impl Shared {
 
     fn after_app_call(&mut self) {
         let now = now();
-        self.deliver_notices(now);
+        self.deliver_notices();
         if let Some(sleep) = self.helper_sleep {
             let d = self.helper_wake_at(now);
             let earlier = match (d, sleep) {
@@ -740,7 +834,7 @@ fn helper_loop() {
         let now = now();
         let events = readable(fd) && g.pump(now);
         let p = g.full_round(now);
-        g.deliver_notices(now);
+        g.deliver_notices();
         // While the application polls, its own calls carry on from here.
         let app_polling = app_polling(now);
         if p.busy || events {
@@ -961,8 +1055,79 @@ mod tests {
         assert_eq!(sh.engine.poll_cq((1, 1), &mut wc), Some(1));
         assert_eq!(wc[0].status, rdma_core_sys::IBV_WC_WR_FLUSH_ERR);
         assert_eq!(sh.ensure_attached(&path), Err(libc::ENOTCONN));
-        assert!(sh.register_qp((1, 8), t).is_err());
+        assert!(sh.control().is_none());
+        assert!(sh.expect_ok(&Request::Sync, t).is_err());
         assert!(!sh.pump(t));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A process's state attached to a fake urdmad; the daemon's end.
+    fn attached_to_fake(dir: &Path) -> (Mutex<Shared>, std::os::unix::net::UnixStream) {
+        let (ctl, daemon) = fake_urdmad(dir);
+        let sh = Shared {
+            engine: Engine::new(),
+            attached: Some(Attached {
+                path: dir.join("urdmad.sock"),
+                pid: std::process::id(),
+                ctl: Some(ctl),
+                rings: Rings::none(),
+            }),
+            attach_failed: None,
+            helper_sleep: None,
+            armed: false,
+        };
+        (Mutex::new(sh), daemon)
+    }
+
+    #[test]
+    fn a_request_waits_for_urdmad_without_the_lock() {
+        use std::io::{BufRead, Write};
+        let dir = std::env::temp_dir().join(format!("urdma-ask-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (state, daemon) = attached_to_fake(&dir);
+        let mut from = std::io::BufReader::new(daemon.try_clone().unwrap());
+        std::thread::scope(|s| {
+            let asking = s.spawn(|| ask_on(&state, &Request::Qp { dev: 0, qpn: 5 }));
+            let mut line = String::new();
+            from.read_line(&mut line).unwrap();
+            assert_eq!(line, "QP dev=0 qpn=5\n");
+            // While urdmad has not answered, the lock is free for the process's other
+            // threads, which post and read what comes meanwhile.
+            {
+                let mut g = (0..200)
+                    .find_map(|_| {
+                        let g = state.try_lock().ok();
+                        if g.is_none() {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        g
+                    })
+                    .expect("the lock is free while urdmad has not answered");
+                g.post(&Request::Arm);
+                (&daemon).write_all(b"EVENT WAKE\n").unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                assert!(g.pump(now()), "the event is read by the thread that looks");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(!asking.is_finished());
+            // The QP's reply, read by another thread first, still reaches its asker.
+            (&daemon).write_all(b"OK\nOK\n").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            lock_of(&state).pump(now());
+            assert_eq!(asking.join().unwrap(), Ok(()));
+            // A refusal is the asker's error.
+            let asking = s.spawn(|| ask_on(&state, &Request::Unqp { dev: 0, qpn: 5 }));
+            (&daemon)
+                .write_all(b"ERROR code=EEXIST message=taken\n")
+                .unwrap();
+            let e = asking.join().unwrap().unwrap_err();
+            assert!(e.contains("taken"), "{e}");
+            // urdmad gone while a request waits: an error, not a hang.
+            let asking = s.spawn(|| ask_on(&state, &Request::Qp { dev: 0, qpn: 6 }));
+            std::thread::sleep(Duration::from_millis(20));
+            daemon.shutdown(std::net::Shutdown::Both).unwrap();
+            assert!(asking.join().unwrap().is_err());
+        });
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

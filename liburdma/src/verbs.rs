@@ -403,17 +403,20 @@ pub(crate) unsafe extern "C" fn create_qp(
         // SAFETY: the context's device is libibverbs' record of it.
         let ibdev_path = unsafe { c_path(&(*(*ctx).device).ibdev_path) };
         // The first QP of the process attaches it to urdmad; every QP is
-        // registered with it.
-        let registered = runtime::with(|sh, now| {
+        // registered with it (not under the lock: see runtime::ask).
+        let registered = runtime::with(|sh, _| {
             let socket = runtime::urdmad_socket(&ibdev_path).map_err(|e| {
                 log::error(format_args!("create_qp: {e}"));
                 libc::ENODEV
             })?;
             sh.ensure_attached(&socket)?;
             sh.engine.create_qp((dev, qpn), init);
-            sh.register_qp((dev, qpn), now).map_err(|e| {
+            Ok(())
+        })
+        .and_then(|()| {
+            runtime::register_qp((dev, qpn)).map_err(|e| {
                 log::error(format_args!("urdmad refused QP {dev}/{qpn}: {e}"));
-                sh.engine.destroy_qp((dev, qpn));
+                runtime::with_engine(|e| e.destroy_qp((dev, qpn)));
                 libc::EPROTO
             })
         });
@@ -482,11 +485,9 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         let forget = || {
             // SAFETY: qp came from create_qp and is not freed yet.
             let key = unsafe { qp_key(qp) };
-            runtime::with(|sh, now| {
-                if sh.engine.destroy_qp(key) {
-                    sh.unregister_qp(key, now);
-                }
-            });
+            if runtime::with_engine(|e| e.destroy_qp(key)) {
+                runtime::unregister_qp(key);
+            }
         };
         // SAFETY: qp came from create_qp, a box of UrdmaQp at offset 0;
         // libibverbs does not use it after a successful destroy.

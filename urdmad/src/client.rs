@@ -13,10 +13,14 @@
 //! comes with the connection's packet socket attached (`SCM_RIGHTS`, [`crate::direct`]):
 //! [`Connection::take_socket`] hands it over.
 //!
-//! [`Connection::post`] sends a request without waiting for its reply: the reply is read and
-//! dropped later, by `poll_events` or before the reply of the next request (replies come in
-//! the order of the requests). A provider posts `ARM`, so that it need not hold its lock, or
-//! block, while the daemon gets round to answering.
+//! Replies come in the order of the requests, so each reply line read is matched with the
+//! oldest request not yet answered, whoever reads it. [`Connection::post`] sends a request
+//! without waiting for its reply: the reply is dropped where it is read (by `poll_events` or
+//! by a later request), a refusal kept for [`Connection::take_refusals`]. [`Connection::send`]
+//! sends one whose reply is kept until [`Connection::answer`] takes it. Both let a provider
+//! that serialises its calls with a lock release the lock while the daemon gets round to
+//! answering, rather than stall every thread of the process meanwhile; [`Connection::request`]
+//! sends and waits.
 
 use crate::direct;
 use crate::proto::{self, Event, Request, Response, MAX_LINE};
@@ -40,8 +44,14 @@ pub struct Connection {
     fds: VecDeque<OwnedFd>,
     /// The packet sockets of direct connections, by (dev, qpn), until taken.
     sockets: HashMap<(u32, u32), OwnedFd>,
-    /// Replies still to come for posted requests, each one line.
-    unanswered: usize,
+    /// The requests sent and not answered yet, oldest first.
+    pending: VecDeque<Awaiting>,
+    /// Replies of [`Connection::send`]'s requests not taken yet, by ticket.
+    answers: HashMap<u64, String>,
+    /// Posted requests that urdmad refused, as lines for the user.
+    refusals: Vec<String>,
+    /// The ticket of the next [`Connection::send`].
+    next_ticket: u64,
     /// The daemon's self-description from its `HELLO`.
     pub daemon: String,
     timeout: Duration,
@@ -51,6 +61,20 @@ pub struct Connection {
 
 /// Why talking to urdmad failed, as one line for the user.
 pub type Error = String;
+
+/// A request sent with [`Connection::send`], to collect its reply with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket(u64);
+
+/// What becomes of the reply to a request sent and not answered yet.
+enum Awaiting {
+    /// Posted: dropped; a refusal is kept, with the request's line, for the user.
+    Posted(String),
+    /// Sent: kept under its ticket.
+    Sent(u64),
+    /// Sent, then given up by its sender: dropped.
+    Abandoned,
+}
 
 impl AsRawFd for Connection {
     /// The socket, to `poll()` for `POLLIN` (an event or the daemon closing). Do not read
@@ -80,7 +104,10 @@ impl Connection {
             closed: false,
             fds: VecDeque::new(),
             sockets: HashMap::new(),
-            unanswered: 0,
+            pending: VecDeque::new(),
+            answers: HashMap::new(),
+            refusals: Vec::new(),
+            next_ticket: 0,
             daemon: String::new(),
             timeout,
             path: path.to_owned(),
@@ -204,29 +231,93 @@ impl Connection {
         self.sockets.remove(&(dev, qpn))
     }
 
-    /// Sends one request whose reply is not waited for; it is dropped when it comes. Only for
-    /// requests the daemon answers with one line (`OK` or an error) and whose failure the
-    /// caller can do without: `ARM`.
+    /// Sends one request whose reply is not waited for; it is dropped when it comes, a
+    /// refusal kept for [`Connection::take_refusals`]. Only for requests the daemon answers
+    /// with one line (`OK` or an error) and whose outcome the caller need not wait for:
+    /// `ARM`, `PEERCLOSED`, `QPCLOSED`.
     pub fn post(&mut self, req: &Request) -> Result<(), Error> {
-        self.stream
-            .write_all(req.encode().as_bytes())
-            .map_err(|e| format!("writing to urdmad: {e}"))?;
-        self.unanswered += 1;
+        let line = req.encode();
+        self.write(&line)?;
+        self.pending
+            .push_back(Awaiting::Posted(line.trim_end().to_owned()));
         Ok(())
     }
 
-    /// Sends one request and reads its reply; events that arrive first are queued, and the
-    /// replies of posted requests are dropped.
-    pub fn request(&mut self, req: &Request) -> Result<Response, Error> {
-        self.stream
-            .write_all(req.encode().as_bytes())
-            .map_err(|e| format!("writing to urdmad: {e}"))?;
-        let deadline = Instant::now() + self.timeout;
-        while self.unanswered > 0 {
-            self.read_reply_line(deadline)?;
-            self.unanswered -= 1;
+    /// Sends one request whose reply [`Connection::answer`] takes once it has been read (by
+    /// `poll_events`, or by a later `request`). Only for requests the daemon answers with
+    /// one line.
+    pub fn send(&mut self, req: &Request) -> Result<Ticket, Error> {
+        self.write(&req.encode())?;
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        self.pending.push_back(Awaiting::Sent(t));
+        Ok(Ticket(t))
+    }
+
+    /// The reply to `ticket`'s request, once it has been read.
+    pub fn answer(&mut self, ticket: Ticket) -> Option<Result<Response, Error>> {
+        let line = self.answers.remove(&ticket.0)?;
+        Some(Response::decode(&line, || None).map_err(|e| format!("bad reply from urdmad: {e}")))
+    }
+
+    /// Gives up waiting for `ticket`'s reply: it is dropped when it comes.
+    pub fn abandon(&mut self, ticket: Ticket) {
+        self.answers.remove(&ticket.0);
+        for a in self.pending.iter_mut() {
+            if matches!(a, Awaiting::Sent(t) if *t == ticket.0) {
+                *a = Awaiting::Abandoned;
+            }
         }
-        let first = self.read_reply_line(deadline)?;
+    }
+
+    /// The posted requests urdmad refused since the last call, each as a line for the user.
+    pub fn take_refusals(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.refusals)
+    }
+
+    fn write(&mut self, line: &str) -> Result<(), Error> {
+        self.stream
+            .write_all(line.as_bytes())
+            .map_err(|e| format!("writing to urdmad: {e}"))
+    }
+
+    /// A reply line read: it answers the oldest request waiting for one. The line back when
+    /// that was `ticket`'s request.
+    fn answered(&mut self, line: String, ticket: Option<u64>) -> Option<String> {
+        match self.pending.pop_front() {
+            Some(Awaiting::Sent(t)) if Some(t) == ticket => return Some(line),
+            Some(Awaiting::Sent(t)) => {
+                self.answers.insert(t, line);
+            }
+            Some(Awaiting::Posted(req)) => {
+                if let Ok(r @ Response::Error { .. }) = Response::decode(&line, || None) {
+                    self.refusals.push(format!("{req}: {}", refusal(r)));
+                }
+            }
+            // A reply to nothing, or to a request given up: ignored.
+            Some(Awaiting::Abandoned) | None => {}
+        }
+        None
+    }
+
+    /// Sends one request and reads its reply; events that arrive first are queued, and the
+    /// replies of earlier requests are dealt with as [`Connection::post`] and
+    /// [`Connection::send`] say.
+    pub fn request(&mut self, req: &Request) -> Result<Response, Error> {
+        let Ticket(mine) = self.send(req)?;
+        let deadline = Instant::now() + self.timeout;
+        let first = loop {
+            let line = match self.read_reply_line(deadline) {
+                Ok(l) => l,
+                Err(e) => {
+                    self.abandon(Ticket(mine));
+                    return Err(e);
+                }
+            };
+            if let Some(line) = self.answered(line, Some(mine)) {
+                break line;
+            }
+        };
         let mut extra_err = None;
         let resp = Response::decode(&first, || match self.read_reply_line(deadline) {
             Ok(l) => Some(l),
@@ -257,12 +348,10 @@ impl Connection {
                 }
             }
             while let Some(line) = self.take_line()? {
-                // Outside a request only events and the replies of posted requests are
-                // expected; anything else is ignored.
                 if proto::is_event(&line) {
                     self.queue_event(&line);
                 } else {
-                    self.unanswered = self.unanswered.saturating_sub(1);
+                    self.answered(line, None);
                 }
             }
         }
@@ -334,7 +423,10 @@ mod tests {
             closed: false,
             fds: VecDeque::new(),
             sockets: HashMap::new(),
-            unanswered: 0,
+            pending: VecDeque::new(),
+            answers: HashMap::new(),
+            refusals: Vec::new(),
+            next_ticket: 0,
             daemon: String::new(),
             timeout: Duration::from_secs(5),
             path: PathBuf::new(),
@@ -352,7 +444,7 @@ mod tests {
         assert_eq!(&line, b"ARM\n");
         d.write_all(b"EVENT WAKE\nOK\nEVENT WAKE\n").unwrap();
         assert_eq!(c.poll_events().unwrap(), vec![Event::Wake, Event::Wake]);
-        assert_eq!(c.unanswered, 0);
+        assert!(c.pending.is_empty());
         // Not come yet when the next request is sent: not taken for that one's reply, even
         // when the posted request was refused.
         c.post(&Request::Arm).unwrap();
@@ -366,9 +458,75 @@ mod tests {
             matches!(&r, Response::Error { message, .. } if message == "taken"),
             "{r:?}"
         );
-        assert_eq!(c.unanswered, 0);
+        assert!(c.pending.is_empty());
+        assert_eq!(
+            c.take_refusals(),
+            vec!["ARM: urdmad refused (EINVAL): no".to_owned()]
+        );
+        assert!(c.take_refusals().is_empty());
         assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
         d.write_all(b"OK\n").unwrap();
+        assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
+    }
+
+    #[test]
+    fn a_sent_requests_reply_waits_for_its_ticket_whoever_reads_it() {
+        let (mut c, mut d) = pair();
+        let a = c.send(&Request::Qp { dev: 0, qpn: 1 }).unwrap();
+        c.post(&Request::Arm).unwrap();
+        let b = c.send(&Request::Qp { dev: 0, qpn: 2 }).unwrap();
+        assert_eq!(c.answer(a), None);
+        // a's reply read by poll_events, the posted ARM's and b's by a request.
+        d.write_all(
+            b"ERROR code=EEXIST message=taken
+EVENT WAKE
+",
+        )
+        .unwrap();
+        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
+        d.write_all(
+            b"OK
+OK
+OK
+",
+        )
+        .unwrap();
+        assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
+        assert_eq!(c.answer(b), Some(Ok(Response::Ok)));
+        assert_eq!(c.answer(b), None);
+        let r = c.answer(a).unwrap().unwrap();
+        assert!(
+            matches!(&r, Response::Error { message, .. } if message == "taken"),
+            "{r:?}"
+        );
+        assert!(c.take_refusals().is_empty());
+        // Given up before its reply came: the reply goes nowhere, the next one to its owner.
+        let gone = c.send(&Request::Qp { dev: 0, qpn: 3 }).unwrap();
+        let next = c.send(&Request::Qp { dev: 0, qpn: 4 }).unwrap();
+        c.abandon(gone);
+        d.write_all(
+            b"ERROR code=EEXIST message=late
+OK
+",
+        )
+        .unwrap();
+        assert!(c.poll_events().unwrap().is_empty());
+        assert_eq!(c.answer(gone), None);
+        assert_eq!(c.answer(next), Some(Ok(Response::Ok)));
+        assert!(c.pending.is_empty() && c.answers.is_empty());
+    }
+
+    #[test]
+    fn a_request_that_times_out_does_not_take_the_next_reply() {
+        let (mut c, mut d) = pair();
+        c.timeout = Duration::from_millis(50);
+        assert!(c.request(&Request::Sync).is_err());
+        d.write_all(
+            b"ERROR code=EINVAL message=late
+OK
+",
+        )
+        .unwrap();
         assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
     }
 
