@@ -1006,20 +1006,9 @@ mod tests {
         use crate::engine::QpInit;
         let dir = std::env::temp_dir().join(format!("urdma-lost-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let (ctl, daemon) = fake_urdmad(&dir);
+        let (state, daemon) = attached_to_fake(&dir);
         let path = dir.join("urdmad.sock");
-        let mut sh = Shared {
-            engine: Engine::new(),
-            attached: Some(Attached {
-                path: path.clone(),
-                pid: std::process::id(),
-                ctl: Some(ctl),
-                rings: Rings::none(),
-            }),
-            attach_failed: None,
-            helper_sleep: None,
-            armed: false,
-        };
+        let mut sh = state.into_inner().unwrap();
         let key = (1, 7);
         sh.engine.create_cq((1, 1), 8, None);
         sh.engine.create_qp(

@@ -17,6 +17,12 @@ pub struct Config {
     pub initial_cwnd: u32,
     /// Longest time an ACK is held back waiting for a second segment.
     pub ack_delay: Duration,
+    /// The retransmission timeout until the first RTT sample. Every packet of a connection's
+    /// first flight is timed by it, and a short run over many connections at once is mostly
+    /// first flight: 256 connections of 25 Writes each, on a link that lost nothing, under
+    /// emulation, had 4,120 timeouts at 10 ms, 1,268 at 200 ms and 1,128 at 1 s (the rest
+    /// come after the first samples). It costs only a tail loss before the first sample (a
+    /// loss inside the flight is found by the SACKs); RFC 6298 takes 1 s.
     pub initial_rto: Duration,
     pub min_rto: Duration,
     pub max_rto: Duration,
@@ -57,7 +63,7 @@ impl Default for Config {
             max_cwnd: 1024,
             initial_cwnd: 16,
             ack_delay: Duration::from_micros(200),
-            initial_rto: Duration::from_millis(10),
+            initial_rto: Duration::from_millis(200),
             min_rto: Duration::from_millis(1),
             max_rto: Duration::from_millis(500),
             max_retries: 7,
