@@ -156,6 +156,11 @@ fn app_active() -> Duration {
 /// A request or a verb that takes this long (milliseconds) is logged (`URDMA_LOG=info`).
 const SLOW_MS: u64 = 500;
 
+/// Whole milliseconds from `from` to `to` (0 if `to` is earlier).
+fn ms_between(from: Instant, to: Instant) -> u64 {
+    to.as_nanos().saturating_sub(from.as_nanos()) / 1_000_000
+}
+
 /// How long urdmad may take to answer a request.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -242,7 +247,7 @@ pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     // Unless the call said it goes to sleep (`app_going_to_sleep` cleared the stamp): then
     // the helper takes over at once.
     let end = self::now();
-    let held = end.as_nanos().saturating_sub(now.as_nanos()) / 1_000_000;
+    let held = ms_between(now, end);
     if held >= SLOW_MS {
         log::info(format_args!(
             "the call at {} held the provider's lock for {held} ms",
@@ -288,7 +293,7 @@ fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
                 return Err("urdmad closed the connection".into());
             };
             if let Some(r) = ctl.answer(ticket) {
-                let took = (now.as_nanos().saturating_sub(asked.as_nanos())) / 1_000_000;
+                let took = ms_between(asked, now);
                 if took >= SLOW_MS {
                     log::info(format_args!(
                         "urdmad took {took} ms to answer {}",
@@ -491,7 +496,7 @@ impl Shared {
     /// Reads and handles urdmad's events (never blocks). When urdmad has
     /// closed the connection every QP fails.
     pub fn pump(&mut self, now: Instant) -> bool {
-        let Some(ctl) = self.attached.as_mut().and_then(|a| a.ctl.as_mut()) else {
+        let Some(ctl) = self.control() else {
             return false;
         };
         let polled = ctl.poll_events();

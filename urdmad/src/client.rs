@@ -236,10 +236,10 @@ impl Connection {
     /// with one line (`OK` or an error) and whose outcome the caller need not wait for:
     /// `ARM`, `PEERCLOSED`, `QPCLOSED`.
     pub fn post(&mut self, req: &Request) -> Result<(), Error> {
-        let line = req.encode();
+        let mut line = req.encode();
         self.write(&line)?;
-        self.pending
-            .push_back(Awaiting::Posted(line.trim_end().to_owned()));
+        line.truncate(line.trim_end().len());
+        self.pending.push_back(Awaiting::Posted(line));
         Ok(())
     }
 
@@ -477,20 +477,10 @@ mod tests {
         let b = c.send(&Request::Qp { dev: 0, qpn: 2 }).unwrap();
         assert_eq!(c.answer(a), None);
         // a's reply read by poll_events, the posted ARM's and b's by a request.
-        d.write_all(
-            b"ERROR code=EEXIST message=taken
-EVENT WAKE
-",
-        )
-        .unwrap();
+        d.write_all(b"ERROR code=EEXIST message=taken\nEVENT WAKE\n")
+            .unwrap();
         assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
-        d.write_all(
-            b"OK
-OK
-OK
-",
-        )
-        .unwrap();
+        d.write_all(b"OK\nOK\nOK\n").unwrap();
         assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
         assert_eq!(c.answer(b), Some(Ok(Response::Ok)));
         assert_eq!(c.answer(b), None);
@@ -504,12 +494,8 @@ OK
         let gone = c.send(&Request::Qp { dev: 0, qpn: 3 }).unwrap();
         let next = c.send(&Request::Qp { dev: 0, qpn: 4 }).unwrap();
         c.abandon(gone);
-        d.write_all(
-            b"ERROR code=EEXIST message=late
-OK
-",
-        )
-        .unwrap();
+        d.write_all(b"ERROR code=EEXIST message=late\nOK\n")
+            .unwrap();
         assert!(c.poll_events().unwrap().is_empty());
         assert_eq!(c.answer(gone), None);
         assert_eq!(c.answer(next), Some(Ok(Response::Ok)));
@@ -521,12 +507,8 @@ OK
         let (mut c, mut d) = pair();
         c.timeout = Duration::from_millis(50);
         assert!(c.request(&Request::Sync).is_err());
-        d.write_all(
-            b"ERROR code=EINVAL message=late
-OK
-",
-        )
-        .unwrap();
+        d.write_all(b"ERROR code=EINVAL message=late\nOK\n")
+            .unwrap();
         assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
     }
 
