@@ -496,6 +496,18 @@ impl Engine {
     /// it: each round starts one QP further on, so that under load none of
     /// them always finds the ring full (and its peer gives up on it).
     pub fn progress(&mut self, now: Instant) -> Progress {
+        self.round(now, Attended::Yes)
+    }
+
+    /// [`Engine::progress`] for the helper thread, while the application is elsewhere: an
+    /// ACK a peer asked for goes out at once instead of waiting for a reply
+    /// (`trp::Config::ack_hold`), which the application is not there to post; holding it
+    /// would only make the helper wake again when the hold ends.
+    pub fn progress_unattended(&mut self, now: Instant) -> Progress {
+        self.round(now, Attended::No)
+    }
+
+    fn round(&mut self, now: Instant, who: Attended) -> Progress {
         self.posts_since_full = 0;
         let mut p = Progress::default();
         // The QP after the one the last round started at, or the first.
@@ -512,7 +524,7 @@ impl Engine {
         self.turn = Some(first);
         let (mrs, cqs, notices) = (&mut self.mrs, &mut self.cqs, &mut self.notices);
         let mut one =
-            |key: QpKey, qp: &mut Qp| progress_one(mrs, cqs, notices, key, qp, now, &mut p);
+            |key: QpKey, qp: &mut Qp| progress_one(mrs, cqs, notices, key, qp, now, who, &mut p);
         for (&key, qp) in self.qps.range_mut(first..) {
             one(key, qp);
         }
@@ -540,7 +552,8 @@ impl Engine {
         }
         if let Some(qp) = self.qps.get_mut(&key) {
             let (mrs, cqs, notices) = (&mut self.mrs, &mut self.cqs, &mut self.notices);
-            progress_one(mrs, cqs, notices, key, qp, now, &mut Progress::default());
+            let p = &mut Progress::default();
+            progress_one(mrs, cqs, notices, key, qp, now, Attended::Yes, p);
         }
         false
     }
@@ -567,7 +580,16 @@ impl Engine {
     }
 }
 
+/// Whether the application makes the round, in one of its calls, and may post a reply to
+/// what the round receives.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Attended {
+    Yes,
+    No,
+}
+
 /// One QP's share of a round of [`Engine::progress`].
+#[allow(clippy::too_many_arguments)]
 fn progress_one(
     mrs: &mut MrTable,
     cqs: &mut HashMap<CqKey, Cq>,
@@ -575,9 +597,10 @@ fn progress_one(
     key: QpKey,
     qp: &mut Qp,
     now: Instant,
+    who: Attended,
     p: &mut Progress,
 ) {
-    if progress_qp(mrs, key, qp, now, notices) {
+    if progress_qp(mrs, key, qp, now, who, notices) {
         p.busy = true;
     }
     if deliver(cqs, key, qp) {
@@ -598,6 +621,7 @@ fn progress_qp(
     key: QpKey,
     qp: &mut Qp,
     now: Instant,
+    who: Attended,
     notices: &mut Vec<Notice>,
 ) -> bool {
     let inline = qp.inline_region();
@@ -618,6 +642,9 @@ fn progress_qp(
             if k == 0 {
                 break;
             }
+        }
+        if who == Attended::No {
+            conn.release_held_ack();
         }
         if conn.poll_timeout().is_some_and(|t| t <= now) {
             conn.handle_timeout(now);

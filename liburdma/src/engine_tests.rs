@@ -526,6 +526,57 @@ fn full_cq_holds_completions_back_in_order() {
     assert_eq!(ids, vec![0, 1, 2, 3, 4]);
 }
 
+/// The ACK a Write's last segment asks for waits for the application's reply while its
+/// calls make the rounds, and goes at once from the helper's: in a ping-pong of Writes the
+/// reply carries it, and the peer's completion then comes with the reply's data.
+#[test]
+fn an_asked_for_ack_waits_for_the_reply_only_while_the_application_calls() {
+    for reply in [true, false] {
+        let mut t = Bed::new();
+        t.connect();
+        let mut a_mem = vec![1u8; 64];
+        let a_addr = t.reg(
+            1,
+            0x100,
+            1,
+            &mut a_mem,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        );
+        let mut b_mem = vec![2u8; 64];
+        let b_addr = t.reg(
+            2,
+            0x200,
+            2,
+            &mut b_mem,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        );
+        let sge = |addr, lkey| [Sge { addr, len: 8, lkey }];
+        t.e.post_send(A, &write(1, &sge(a_addr, 0x100), b_addr + 8, 0x200))
+            .unwrap();
+        // One round sends the Write, the next places it: B's application is calling.
+        t.e.progress(t.now);
+        t.e.progress(t.now);
+        assert_eq!(t.ab.lock().unwrap().len(), 0, "the Write was taken");
+        assert_eq!(t.ba.lock().unwrap().len(), 0, "its ACK is held");
+        assert!(t.poll(ACQ).is_empty());
+        let acks = |t: &Bed| t.e.qps[&B].conn.as_ref().unwrap().stats().tx_acks;
+        if reply {
+            t.e.post_send(B, &write(2, &sge(b_addr, 0x200), a_addr + 8, 0x100))
+                .unwrap();
+            t.e.progress(t.now);
+            assert_eq!(acks(&t), 0, "the reply carried the ACK");
+            assert_eq!(&a_mem[8..16], &[2; 8]);
+        } else {
+            t.e.progress_unattended(t.now);
+            assert_eq!(acks(&t), 1, "an ACK of its own, at once");
+        }
+        t.e.progress(t.now);
+        let wcs = t.poll(ACQ);
+        assert_eq!(wcs.len(), 1, "reply {reply}");
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (1, IBV_WC_SUCCESS));
+    }
+}
+
 #[test]
 fn lost_datagrams_are_retransmitted_on_timers() {
     let mut t = Bed::new();

@@ -573,9 +573,27 @@ impl Shared {
     }
 
     /// A round over every QP, for an application call that polls a CQ (which any QP may
-    /// complete into) and for the helper.
+    /// complete into).
     pub fn full_round(&mut self, now: Instant) -> crate::engine::Progress {
         let p = self.engine.progress(now);
+        self.engine.full_round_ended(self::now());
+        p
+    }
+
+    /// The helper's round over every QP. An application that called within [`APP_QUIET`]
+    /// may be waiting on its memory for what this round places, and reply at once (a
+    /// ping-pong of Writes): an ACK its peer asked for waits for that reply as in the
+    /// application's own rounds (`trp::Config::ack_hold`). Were it sent alone, it would
+    /// end the peer's wait for its completion before the reply came, and the peer's
+    /// helper would have to be scheduled to place the reply in turn, message after
+    /// message. An application that has been away longer, or went to sleep in
+    /// `ibv_get_cq_event`, is not about to reply ([`Engine::progress_unattended`]).
+    fn helper_round(&mut self, now: Instant) -> crate::engine::Progress {
+        let p = if app_quiet(now) {
+            self.engine.progress_unattended(now)
+        } else {
+            self.engine.progress(now)
+        };
         self.engine.full_round_ended(self::now());
         p
     }
@@ -838,7 +856,7 @@ fn helper_loop() {
         ctl = fd;
         let now = now();
         let events = readable(fd) && g.pump(now);
-        let p = g.full_round(now);
+        let p = g.helper_round(now);
         g.deliver_notices();
         // While the application polls, its own calls carry on from here.
         let app_polling = app_polling(now);

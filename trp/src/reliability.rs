@@ -571,6 +571,10 @@ pub struct Receiver {
     ack_deadline: Option<Instant>,
     /// In nanoseconds, converted once.
     ack_delay_ns: u64,
+    /// How long an ACK the sender asked for may wait for a reply to carry it (ns).
+    hold_ns: u64,
+    /// An asked-for ACK is waiting (until `ack_deadline` at the latest).
+    held: bool,
 }
 
 /// How a PSN relates to the receive window.
@@ -585,7 +589,7 @@ pub enum Arrival {
 }
 
 impl Receiver {
-    pub fn new(first_psn: u32, window: u16, ack_delay: Duration) -> Self {
+    pub fn new(first_psn: u32, window: u16, ack_delay: Duration, hold: Duration) -> Self {
         let cap = u32::from(window.max(1));
         let slots = cap.next_power_of_two();
         Receiver {
@@ -598,6 +602,8 @@ impl Receiver {
             ack_now: false,
             ack_deadline: None,
             ack_delay_ns: ack_delay.as_nanos().min(u128::from(u64::MAX)) as u64,
+            hold_ns: hold.as_nanos().min(u128::from(u64::MAX)) as u64,
+            held: false,
         }
     }
 
@@ -683,13 +689,27 @@ impl Receiver {
         debug_assert!(!self.bit(psn));
         self.nxt = self.nxt.wrapping_add(1);
         self.highest = self.nxt;
-        self.unacked += 1;
-        if self.unacked >= 2 || ack_request {
-            self.ack_now = true;
-        } else if self.ack_deadline.is_none() {
-            self.ack_deadline = Some(Instant(now.0.saturating_add(self.ack_delay_ns)));
-        }
+        self.schedule_in_order(now, ack_request);
         true
+    }
+
+    /// When to acknowledge an in-order packet with nothing held above it: at once for every
+    /// second one, within the hold for one the sender asked about, within `ack_delay`
+    /// otherwise. Whatever we send first carries the ACK.
+    #[inline(always)]
+    fn schedule_in_order(&mut self, now: Instant, ack_request: bool) {
+        self.unacked += 1;
+        let delay = if self.unacked >= 2 || (ack_request && self.hold_ns == 0) {
+            self.ack_now = true;
+            return;
+        } else if ack_request {
+            self.held = true;
+            self.hold_ns
+        } else {
+            self.ack_delay_ns
+        };
+        let at = Instant(now.0.saturating_add(delay));
+        self.ack_deadline = Some(self.ack_deadline.map_or(at, |d| d.min(at)));
     }
 
     /// Takes the next in-order PSN if it has arrived.
@@ -745,12 +765,7 @@ impl Receiver {
     pub fn on_packet(&mut self, now: Instant, arrival: Arrival, ack_request: bool) {
         match arrival {
             Arrival::New { in_order: true } if !self.has_gap() => {
-                self.unacked += 1;
-                if self.unacked >= 2 || ack_request {
-                    self.ack_now = true;
-                } else if self.ack_deadline.is_none() {
-                    self.ack_deadline = Some(Instant(now.0.saturating_add(self.ack_delay_ns)));
-                }
+                self.schedule_in_order(now, ack_request)
             }
             _ => self.ack_now = true,
         }
@@ -759,6 +774,14 @@ impl Receiver {
     #[inline]
     pub fn request_ack(&mut self) {
         self.ack_now = true;
+    }
+
+    /// An asked-for ACK that is being held goes out now: nobody is there to reply.
+    #[inline]
+    pub fn release_held(&mut self) {
+        if self.held {
+            self.ack_now = true;
+        }
     }
 
     pub fn ack_deadline(&self) -> Option<Instant> {
@@ -785,6 +808,7 @@ impl Receiver {
     pub fn ack_sent(&mut self) {
         self.ack_now = false;
         self.ack_deadline = None;
+        self.held = false;
         self.unacked = 0;
     }
 }
@@ -899,7 +923,7 @@ mod tests {
 
     #[test]
     fn receiver_sacks() {
-        let mut r = Receiver::new(10, 64, Duration::from_micros(100));
+        let mut r = Receiver::new(10, 64, Duration::from_micros(100), Duration::ZERO);
         for p in [12, 13, 15, 20] {
             assert_eq!(r.classify(p), Arrival::New { in_order: false });
             r.mark(p);
@@ -957,7 +981,7 @@ mod tests {
 
     #[test]
     fn in_order_arrival_is_taken_only_without_a_gap() {
-        let mut r = Receiver::new(10, 64, Duration::from_micros(100));
+        let mut r = Receiver::new(10, 64, Duration::from_micros(100), Duration::ZERO);
         assert!(!r.take_in_order(11), "not the next PSN");
         assert!(r.take_in_order(10));
         assert_eq!(r.nxt(), 11);
@@ -969,5 +993,58 @@ mod tests {
         assert_eq!(got, vec![11, 12, 13]);
         assert!(r.take_in_order(14));
         assert_eq!(r.sack_ranges().as_slice(), &[]);
+    }
+    /// An ACK a segment asks for waits up to the hold for data of ours to carry it; every
+    /// second segment, an out-of-order one, a release or the hold's end sends it.
+    #[test]
+    fn an_asked_for_ack_is_held_for_a_reply() {
+        let us = |n: u64| Instant(n * 1_000);
+        let mut r = Receiver::new(
+            10,
+            64,
+            Duration::from_micros(200),
+            Duration::from_micros(50),
+        );
+        assert!(r.accept_next(us(0), 10, true));
+        assert!(!r.ack_due(), "held");
+        assert_eq!(r.ack_deadline(), Some(us(50)));
+        r.on_timeout(us(49));
+        assert!(!r.ack_due());
+        r.on_timeout(us(50));
+        assert!(r.ack_due(), "the hold is over");
+        r.ack_sent();
+
+        // Data of ours went first: it carried the ACK, nothing is left to send.
+        assert!(r.accept_next(us(100), 11, true));
+        r.ack_sent();
+        assert_eq!(r.ack_deadline(), None);
+        assert!(!r.ack_due());
+
+        // A segment that did not ask sets the longer delay; one that asks shortens it.
+        assert!(r.accept_next(us(200), 12, false));
+        assert_eq!(r.ack_deadline(), Some(us(400)));
+        r.ack_sent();
+        r.on_packet(us(300), Arrival::New { in_order: true }, false);
+        assert_eq!(r.ack_deadline(), Some(us(500)));
+        // (on_packet after take_in_order: the second unacknowledged segment.)
+        r.on_packet(us(310), Arrival::New { in_order: true }, true);
+        assert!(r.ack_due(), "every second segment at once");
+        r.ack_sent();
+
+        // Released: nobody will reply.
+        assert!(r.accept_next(us(400), 13, true));
+        assert!(!r.ack_due());
+        r.release_held();
+        assert!(r.ack_due());
+        r.ack_sent();
+        // A release with nothing held sends nothing.
+        assert!(r.accept_next(us(500), 14, false));
+        r.release_held();
+        assert!(!r.ack_due());
+
+        // Without a hold the ACK goes at once, as the sender asked.
+        let mut r = Receiver::new(10, 64, Duration::from_micros(200), Duration::ZERO);
+        assert!(r.accept_next(us(0), 10, true));
+        assert!(r.ack_due());
     }
 }

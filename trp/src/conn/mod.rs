@@ -179,7 +179,7 @@ impl Connection {
             initial_cwnd: cfg.initial_cwnd,
             max_cwnd: cfg.max_cwnd.max(1),
         };
-        let rx = Receiver::new(n.rcv_first, cfg.recv_window, cfg.ack_delay);
+        let rx = Receiver::new(n.rcv_first, cfg.recv_window, cfg.ack_delay, cfg.ack_hold);
         let datagram = usize::from(
             cfg.max_datagram
                 .min(n.peer_max_datagram)
@@ -256,6 +256,13 @@ impl Connection {
 
     pub(crate) fn request_ack(&mut self) {
         self.rx.request_ack();
+    }
+
+    /// Sends at the next transmit an ACK that is held for a reply (`Config::ack_hold`): for
+    /// a caller that knows no reply is coming soon (the application is not there to post
+    /// one), so that the peer's completion does not wait for the hold.
+    pub fn release_held_ack(&mut self) {
+        self.rx.release_held();
     }
 
     pub fn poll_completion(&mut self) -> Option<Completion> {

@@ -213,6 +213,11 @@ impl Connection {
                     self.rx.on_packet(now, arrival, false);
                 }
             }
+            if h.opcode == trp::Opcode::Fin {
+                // No data of ours follows a FIN to carry its ACK (`Config::ack_hold`), and
+                // the connection may be over before the hold is.
+                self.rx.request_ack();
+            }
         }
         self.progress();
         Ok(())
