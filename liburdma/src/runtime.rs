@@ -21,10 +21,12 @@
 //! made a message cost what all of them cost).
 //! The helper thread covers the time the application spends elsewhere
 //! (blocked in `ibv_get_cq_event`, `rdma_get_cm_event`, polling its own
-//! memory, ...). While an application thread polls (a data verb within
-//! [`APP_ACTIVE`]; `ibv_req_notify_cq` ends that at once) the helper stays
-//! out of its way: it sleeps without watching for frames and looks again
-//! when the application may have stopped. Otherwise, while traffic flows it
+//! memory, ...). While an application thread polls (it is in a data verb or
+//! made one within [`APP_ACTIVE`]; `ibv_req_notify_cq` ends that at once) the
+//! helper stays out of its way: it sleeps without watching for frames and looks
+//! again when the application may have stopped, less often the longer it polls
+//! ([`LOOK_MAX`]). Its rounds then leave the ACKs peers asked for to the
+//! application's reply, as the application's own rounds do (`Shared::helper_round`). Otherwise, while traffic flows it
 //! keeps going (yielding the CPU between rounds); once the application has
 //! been away for [`APP_QUIET`] it may spin on for [`SPIN_ROUNDS`] idle rounds
 //! while its yields find the CPU free ([`YIELD_FREE`]); then it posts `ARM` to
@@ -59,7 +61,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::Duration;
 
@@ -129,13 +131,32 @@ const APP_ACTIVE: Duration = Duration::from_micros(200);
 /// wake after sleeping, so its next wake-up waits for a time slice to end.
 const APP_QUIET: Duration = Duration::from_millis(10);
 
+/// Longest the helper sleeps while an application thread keeps polling, before it looks
+/// again whether the application has stopped. It starts at [`APP_ACTIVE`] and doubles
+/// each time it finds the application still polling. A look every [`APP_ACTIVE`] woke the
+/// helper 1,200 times a second during an `ib_write_bw` in the emulated bed, each time
+/// taking the CPU from the spinning application (114 us of CPU per look, 13 % of the
+/// run's CPU per helper). The cost of a longer look: an application that stops calling
+/// after a long poll to wait on its memory (a one-sided Write's target) has its first
+/// Write placed up to this late; later ones find the helper watching.
+const LOOK_MAX: Duration = Duration::from_millis(2);
+
 /// When an application thread last made a data verb call (ns on [`now`]'s clock; 0 after
 /// `ibv_req_notify_cq`). Read by the helper without the lock.
 static APP_LAST: AtomicU64 = AtomicU64::new(0);
 
-/// Whether an application thread is taken to be polling ([`APP_ACTIVE`]).
+/// Application threads inside a verb call now (waiting for the lock or holding it).
+/// Read by the helper without the lock.
+static IN_CALLS: AtomicU32 = AtomicU32::new(0);
+
+/// Whether an application thread is taken to be polling: it is inside a call, or made one
+/// within [`APP_ACTIVE`]. (A round that transmits a 64-KiB message holds the lock for a
+/// millisecond under emulation: judged by the time of its start alone, the application
+/// looked gone during its own calls, and the helper woke every [`APP_ACTIVE`] to find the
+/// lock taken.)
 fn app_polling(now: Instant) -> bool {
-    now < Instant(APP_LAST.load(Ordering::Relaxed)) + app_active()
+    IN_CALLS.load(Ordering::Relaxed) > 0
+        || now < Instant(APP_LAST.load(Ordering::Relaxed)) + app_active()
 }
 
 /// Whether the application has been away long enough for the helper to spin ([`APP_QUIET`]).
@@ -238,6 +259,20 @@ fn lock_of(state: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 /// now.
 #[track_caller]
 pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
+    /// Counts the call in [`IN_CALLS`] until it returns or unwinds.
+    struct InCall;
+    impl Drop for InCall {
+        fn drop(&mut self) {
+            IN_CALLS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    IN_CALLS.fetch_add(1, Ordering::Relaxed);
+    let _in_call = InCall;
+    with_counted(f)
+}
+
+#[track_caller]
+fn with_counted<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     let mut g = lock();
     let now = now();
     APP_LAST.store(now.as_nanos(), Ordering::Relaxed);
@@ -821,6 +856,8 @@ fn helper_loop() {
     // something comes, and the alarm is set to the earliest timer.
     let mut quiet = false;
     let mut ctl = -1;
+    // How long to stay away from a lock the application holds.
+    let mut busy = app_active();
     loop {
         if quiet {
             let woken = readable_any([ctl, kick, alarm, sockets]);
@@ -835,15 +872,22 @@ fn helper_loop() {
         let mut g = match rt().state.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) if readable_any([ctl, kick, -1, -1]) => {
+                // A kick (the application goes to sleep) or urdmad's word came during the
+                // call: the helper's round follows it.
+                lock()
+            }
             Err(TryLockError::WouldBlock) => {
                 // The application is in a verb, which makes progress itself: look again
-                // when it may have stopped, as while it polls. (Every 50 µs, the helper
-                // of a process with 256 QPs, whose calls hold the lock for long, took a
-                // quarter of a CPU in the bed for nothing.)
-                std::thread::sleep(app_active());
+                // when it may have stopped, as while it polls, backing off the same way.
+                // (Every 50 µs, the helper of a process with 256 QPs, whose calls hold the
+                // lock for long, took a quarter of a CPU in the bed for nothing.)
+                sleep_on_for([ctl, kick, -1, -1], busy);
+                busy = (busy * 2).min(LOOK_MAX);
                 continue;
             }
         };
+        busy = app_active();
         let Some(fd) = g
             .attached
             .as_ref()
@@ -888,17 +932,18 @@ fn helper_loop() {
         g.helper_sleep = Some(wake_at);
         set_alarm(wake_at);
         drop(g);
+        let mut look = app_active();
         loop {
             sleep_on([fd, kick, alarm, if app_polling { -1 } else { sockets }]);
             // Woken by its alarm while the application still calls: the calls make the
             // progress, and a round here would only take the lock from them (under
             // emulation, a quarter of a CPU per helper at 256 QPs). Look again when the
             // application may have stopped. urdmad's messages and kicks take their round.
+            // The longer it has polled, the longer the helper stays away ([`LOOK_MAX`]).
             if app_polling && !readable_any([fd, kick, -1, -1]) && self::app_polling(self::now()) {
                 drain([-1, alarm]);
-                set_alarm(Some(
-                    Instant(APP_LAST.load(Ordering::Relaxed)) + app_active(),
-                ));
+                look = (look * 2).min(LOOK_MAX).max(app_active());
+                set_alarm(Some(self::now() + look));
                 continue;
             }
             break;
@@ -935,6 +980,28 @@ fn readable_any(fds: [i32; 4]) -> bool {
 /// Whether `fd` has something to read (one poll() that does not wait).
 fn readable(fd: i32) -> bool {
     readable_any([fd, -1, -1, -1])
+}
+
+/// Sleeps until one of `fds` is readable or `d` has passed.
+fn sleep_on_for(fds: [i32; 4], d: Duration) {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    let t = libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
+    };
+    // SAFETY: a valid pollfd array and timespec; no signal mask change.
+    unsafe {
+        libc::ppoll(
+            p.as_mut_ptr(),
+            p.len() as libc::nfds_t,
+            &t,
+            std::ptr::null(),
+        )
+    };
 }
 
 /// Sleeps until one of `fds` is readable.
