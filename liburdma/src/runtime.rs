@@ -25,13 +25,14 @@
 //! made one within [`APP_ACTIVE`]; `ibv_req_notify_cq` ends that at once) the
 //! helper stays out of its way: it sleeps without watching for frames and looks
 //! again when the application may have stopped, less often the longer it polls
-//! ([`LOOK_MAX`]). Its rounds then leave the ACKs peers asked for to the
-//! application's reply, as the application's own rounds do (`Shared::helper_round`). Otherwise, while traffic flows it
-//! keeps going (yielding the CPU between rounds); once the application has
-//! been away for [`APP_QUIET`] it may spin on for [`SPIN_ROUNDS`] idle rounds
-//! while its yields find the CPU free ([`YIELD_FREE`]); then it posts `ARM` to
-//! urdmad (unless it is armed already, or every connection is on the direct
-//! path, whose socket wakes it by itself) and sleeps in `poll()` on the
+//! ([`LOOK_MAX`]). Its rounds leave the ACKs peers asked for to the application's
+//! reply while the application may still post one (`Shared::helper_round`), as the
+//! application's own rounds do. Otherwise, while traffic flows it keeps going
+//! (yielding the CPU between rounds); once the application has been away for
+//! [`APP_QUIET`] it may spin on for [`SPIN_ROUNDS`] idle rounds while its yields
+//! find the CPU free ([`YIELD_FREE`]); then it posts `ARM` to urdmad (unless it
+//! is armed already, or every connection is on the direct path, whose socket
+//! wakes it by itself) and sleeps in `poll()` on the
 //! control socket, its own eventfd, its alarm (a timerfd) and the epoll set
 //! of the direct connections' sockets until an event (`EVENT WAKE`,
 //! `EVENT CONNECTED`, `EVENT DISCONNECT`), a frame on a direct connection,
@@ -140,6 +141,12 @@ const APP_QUIET: Duration = Duration::from_millis(10);
 /// after a long poll to wait on its memory (a one-sided Write's target) has its first
 /// Write placed up to this late; later ones find the helper watching.
 const LOOK_MAX: Duration = Duration::from_millis(2);
+
+/// The helper's next wait before it looks again at an application that still polls, after
+/// waiting `d`: twice as long, from [`APP_ACTIVE`] up to [`LOOK_MAX`].
+fn next_look(d: Duration) -> Duration {
+    (d * 2).min(LOOK_MAX).max(app_active())
+}
 
 /// When an application thread last made a data verb call (ns on [`now`]'s clock; 0 after
 /// `ibv_req_notify_cq`). Read by the helper without the lock.
@@ -268,11 +275,6 @@ pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     }
     IN_CALLS.fetch_add(1, Ordering::Relaxed);
     let _in_call = InCall;
-    with_counted(f)
-}
-
-#[track_caller]
-fn with_counted<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     let mut g = lock();
     let now = now();
     APP_LAST.store(now.as_nanos(), Ordering::Relaxed);
@@ -883,7 +885,7 @@ fn helper_loop() {
                 // (Every 50 µs, the helper of a process with 256 QPs, whose calls hold the
                 // lock for long, took a quarter of a CPU in the bed for nothing.)
                 sleep_on_for([ctl, kick, -1, -1], busy);
-                busy = (busy * 2).min(LOOK_MAX);
+                busy = next_look(busy);
                 continue;
             }
         };
@@ -942,7 +944,7 @@ fn helper_loop() {
             // The longer it has polled, the longer the helper stays away ([`LOOK_MAX`]).
             if app_polling && !readable_any([fd, kick, -1, -1]) && self::app_polling(self::now()) {
                 drain([-1, alarm]);
-                look = (look * 2).min(LOOK_MAX).max(app_active());
+                look = next_look(look);
                 set_alarm(Some(self::now() + look));
                 continue;
             }
@@ -968,13 +970,7 @@ fn drain(fds: [i32; 2]) {
 
 /// Whether any of `fds` (-1: none) has something to read, without waiting.
 fn readable_any(fds: [i32; 4]) -> bool {
-    let mut p = fds.map(|fd| libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    });
-    // SAFETY: a valid pollfd array, no wait.
-    unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, 0) > 0 }
+    wait_readable(fds, Some(Duration::ZERO))
 }
 
 /// Whether `fd` has something to read (one poll() that does not wait).
@@ -984,42 +980,38 @@ fn readable(fd: i32) -> bool {
 
 /// Sleeps until one of `fds` is readable or `d` has passed.
 fn sleep_on_for(fds: [i32; 4], d: Duration) {
-    let mut p = fds.map(|fd| libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    });
-    let t = libc::timespec {
-        tv_sec: d.as_secs() as libc::time_t,
-        tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
-    };
-    // SAFETY: a valid pollfd array and timespec; no signal mask change.
-    unsafe {
-        libc::ppoll(
-            p.as_mut_ptr(),
-            p.len() as libc::nfds_t,
-            &t,
-            std::ptr::null(),
-        )
-    };
+    wait_readable(fds, Some(d));
 }
 
 /// Sleeps until one of `fds` is readable.
 fn sleep_on(fds: [i32; 4]) {
+    wait_readable(fds, None);
+}
+
+/// Waits until one of `fds` (-1: none) is readable, for at most `timeout` (`None`: no
+/// bound); whether one is.
+fn wait_readable(fds: [i32; 4], timeout: Option<Duration>) -> bool {
     let mut p = fds.map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     });
-    // SAFETY: a valid pollfd array; no timeout, no signal mask change.
+    let t = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
+    });
+    let tp = t
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: a valid pollfd array and timespec (or none); no signal mask change.
     unsafe {
         libc::ppoll(
             p.as_mut_ptr(),
             p.len() as libc::nfds_t,
+            tp,
             std::ptr::null(),
-            std::ptr::null(),
-        )
-    };
+        ) > 0
+    }
 }
 
 #[cfg(test)]

@@ -699,11 +699,12 @@ impl Receiver {
     #[inline(always)]
     fn schedule_in_order(&mut self, now: Instant, ack_request: bool) {
         self.unacked += 1;
-        let delay = if self.unacked >= 2 || (ack_request && self.hold_ns == 0) {
+        if self.unacked >= 2 || (ack_request && self.hold_ns == 0) {
             self.ack_now = true;
             return;
-        } else if ack_request {
-            self.held = true;
+        }
+        self.held |= ack_request;
+        let delay = if ack_request {
             self.hold_ns
         } else {
             self.ack_delay_ns
@@ -994,6 +995,7 @@ mod tests {
         assert!(r.take_in_order(14));
         assert_eq!(r.sack_ranges().as_slice(), &[]);
     }
+
     /// An ACK a segment asks for waits up to the hold for data of ours to carry it; every
     /// second segment, an out-of-order one, a release or the hold's end sends it.
     #[test]
@@ -1020,7 +1022,8 @@ mod tests {
         assert_eq!(r.ack_deadline(), None);
         assert!(!r.ack_due());
 
-        // A segment that did not ask sets the longer delay; one that asks shortens it.
+        // A segment that did not ask sets the longer delay; a second one is acknowledged
+        // at once, whether it asked or not.
         assert!(r.accept_next(us(200), 12, false));
         assert_eq!(r.ack_deadline(), Some(us(400)));
         r.ack_sent();
