@@ -9,8 +9,7 @@
 //! everything here runs under it, which is what makes a deregistration
 //! unable to race a placement and an arm unable to miss a completion.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::ops::Bound::{Excluded, Unbounded};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use trp::mr::check;
@@ -20,7 +19,9 @@ use trp::{
 };
 
 use crate::cq::{post_errno, to_wc, Cq, Notify};
+use crate::int_hash::IntMap;
 use crate::mem::{InlineBuf, MrTable, INLINE_STAG};
+use crate::qp_table::QpTable;
 use urdmad::proto::{Connected, Role};
 
 /// (device id, QP number).
@@ -177,9 +178,9 @@ pub struct Progress {
 #[derive(Default)]
 pub struct Engine {
     pub mrs: MrTable,
-    cqs: HashMap<CqKey, Cq>,
+    cqs: IntMap<CqKey, Cq>,
     /// Ordered, so that [`Engine::progress`] can start each round elsewhere.
-    qps: BTreeMap<QpKey, Qp>,
+    qps: QpTable<Qp>,
     notices: Vec<Notice>,
     /// The QP the last round of progress started at.
     turn: Option<QpKey>,
@@ -510,26 +511,15 @@ impl Engine {
     fn round(&mut self, now: Instant, who: Attended) -> Progress {
         self.posts_since_full = 0;
         let mut p = Progress::default();
-        // The QP after the one the last round started at, or the first.
-        let after = self.turn.map_or(Unbounded, Excluded);
-        let Some(first) = self
-            .qps
-            .range((after, Unbounded))
-            .chain(self.qps.iter())
-            .map(|(&k, _)| k)
-            .next()
-        else {
+        // From the QP after the one the last round started at, or the first.
+        let (from, before) = self.qps.rotated_after(self.turn);
+        let Some(&(first, _)) = from.first() else {
             return p;
         };
         self.turn = Some(first);
         let (mrs, cqs, notices) = (&mut self.mrs, &mut self.cqs, &mut self.notices);
-        let mut one =
-            |key: QpKey, qp: &mut Qp| progress_one(mrs, cqs, notices, key, qp, now, who, &mut p);
-        for (&key, qp) in self.qps.range_mut(first..) {
-            one(key, qp);
-        }
-        for (&key, qp) in self.qps.range_mut(..first) {
-            one(key, qp);
+        for (key, qp) in from.iter_mut().chain(before.iter_mut()) {
+            progress_one(mrs, cqs, notices, *key, qp, now, who, &mut p);
         }
         p
     }
@@ -592,7 +582,7 @@ enum Attended {
 #[allow(clippy::too_many_arguments)]
 fn progress_one(
     mrs: &mut MrTable,
-    cqs: &mut HashMap<CqKey, Cq>,
+    cqs: &mut IntMap<CqKey, Cq>,
     notices: &mut Vec<Notice>,
     key: QpKey,
     qp: &mut Qp,
@@ -744,7 +734,7 @@ fn sends_first(out: &mut VecDeque<Completion>, start: usize) {
 }
 
 /// Moves a QP's completions into its CQs while they have room.
-fn deliver(cqs: &mut HashMap<CqKey, Cq>, key: QpKey, qp: &mut Qp) -> bool {
+fn deliver(cqs: &mut IntMap<CqKey, Cq>, key: QpKey, qp: &mut Qp) -> bool {
     let mut any = false;
     while let Some(c) = qp.out.front() {
         let cqk = match c.queue {

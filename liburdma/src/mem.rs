@@ -13,9 +13,9 @@
 //! address differs from its address (`ibv_reg_mr_iova`) is refused, as the
 //! copies use the addresses trp hands them as pointers.
 
-use std::collections::HashMap;
-
 use trp::mr::InvalidateError;
+
+use crate::int_hash::IntMap;
 use trp::{Access, Memory, Region};
 
 /// The STag of a QP's private inline buffer. The kernel's STags are
@@ -34,7 +34,7 @@ pub struct Mr {
 /// per device only.
 #[derive(Default, Debug)]
 pub struct MrTable {
-    mrs: HashMap<(u32, u32), Mr>,
+    mrs: IntMap<(u32, u32), Mr>,
 }
 
 /// `ibv_access_flags` → trp's rights (the same three bits).
