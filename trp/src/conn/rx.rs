@@ -2,7 +2,7 @@
 //! after the protection checks, and applying each PSN's effect in order.
 
 use super::complete::Failure;
-use super::sgl::scatter;
+use super::sgl::{scatter, SgeList};
 use super::states::{Closing, Phase};
 use super::tx::{read_request_header, ReadJob};
 use super::{take_msn, Connection, Event, Msn};
@@ -11,7 +11,7 @@ use crate::reliability::{psn_lt, Arrival};
 use crate::state;
 use crate::terminate::{Cause, Malformed, OperationCode, ProtectionCode, UntaggedCode};
 use crate::time::Instant;
-use crate::verbs::{Completion, RecvWr, Sge, WcStatus};
+use crate::verbs::{Completion, RecvWr, WcStatus};
 use crate::wire::ddp::{self, BufferRef};
 use crate::wire::handshake;
 use crate::wire::predict::Datagram;
@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 #[derive(Debug)]
 pub(super) struct RqEntry {
     pub(super) wr_id: u64,
-    sges: Vec<Sge>,
+    sges: SgeList,
     len: u64,
 }
 
@@ -76,7 +76,7 @@ impl RecvSide {
     pub(super) fn post(&mut self, wr: &RecvWr<'_>, len: u32) {
         self.rq.push_back(RqEntry {
             wr_id: wr.wr_id,
-            sges: wr.sges.to_vec(),
+            sges: SgeList::new(wr.sges),
             len: u64::from(len),
         });
     }

@@ -1,12 +1,12 @@
 //! Transmit: the send queue, cutting its work requests (and the peer's
 //! Reads we answer) into segments, and writing datagrams.
 
-use super::sgl::gather;
+use super::sgl::{gather, SgeList};
 use super::states::Phase;
 use super::{take_msn, Connection, Msn};
 use crate::mr::Memory;
 use crate::time::Instant;
-use crate::verbs::{SendOp, SendWr, Sge};
+use crate::verbs::{SendOp, SendWr};
 use crate::wire::ddp::{self, BufferRef};
 use crate::wire::handshake;
 use crate::wire::predict::{self, Datagram};
@@ -50,7 +50,7 @@ pub(super) struct SqEntry {
     pub(super) seq: u64,
     pub(super) wr_id: u64,
     pub(super) op: SendOp,
-    sges: Vec<Sge>,
+    sges: SgeList,
     pub(super) signaled: bool,
     pub(super) len: u32,
     off: u32,
@@ -171,7 +171,7 @@ impl SendQueue {
             seq,
             wr_id: wr.wr_id,
             op: wr.op,
-            sges: wr.sges.to_vec(),
+            sges: SgeList::new(wr.sges),
             signaled: wr.signaled,
             len,
             off: 0,
