@@ -39,9 +39,13 @@ impl Hasher for IntHasher {
     fn write_u64(&mut self, n: u64) {
         self.add(n);
     }
+    /// A product's low bits depend only on its factors' low bits, and the table picks a
+    /// bucket by the hash's low bits: the rotation brings the well-mixed high bits down, so
+    /// that keys differing only above their low bits (STags of one random key byte) do not
+    /// share buckets.
     #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        self.0.rotate_left(26)
     }
 }
 
@@ -75,6 +79,15 @@ mod tests {
         let tops: std::collections::HashSet<u64> =
             (1..200u32).map(|i| hash((1, i << 8)) >> 57).collect();
         assert!(tops.len() > 64, "only {} of 128 top-bit values", tops.len());
+    }
+
+    #[test]
+    fn keys_alike_in_their_low_bits_spread_over_the_buckets() {
+        // The same key byte in every STag: the bucket (the low 9 bits of 512) must still vary.
+        let buckets: std::collections::HashSet<u64> = (1..257u32)
+            .map(|i| hash((1, i << 8 | 0x5a)) & 511)
+            .collect();
+        assert!(buckets.len() > 128, "only {} of 512 buckets", buckets.len());
     }
 
     #[test]
