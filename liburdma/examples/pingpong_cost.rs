@@ -22,7 +22,6 @@
 //! instead of 64: the cost of full segments.
 
 use std::collections::VecDeque;
-use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use trp::{Access, Connecting, Instant, Region, SendOp, Sge};
@@ -180,12 +179,19 @@ impl End {
     }
 }
 
-fn endpoints(local: &str, remote: &str) -> Endpoints {
-    Endpoints {
-        local_mac: [2, 0, 0, 0, 0, 1],
-        remote_mac: [2, 0, 0, 0, 0, 2],
-        local: local.parse::<SocketAddrV4>().expect("address"),
-        remote: remote.parse::<SocketAddrV4>().expect("address"),
+impl FrameFlow {
+    /// The flow of the connection `c` names, frames in from `rx` and out to `tx`.
+    fn new(c: &Connected, rx: *mut Wire, tx: *mut Wire) -> FrameFlow {
+        FrameFlow {
+            rx,
+            tx,
+            ep: Endpoints {
+                local_mac: [2, 0, 0, 0, 0, 1],
+                remote_mac: [2, 0, 0, 0, 0, 2],
+                local: c.local,
+                remote: c.remote,
+            },
+        }
     }
 }
 
@@ -219,33 +225,26 @@ fn connect(a: &mut End, b: &mut End, ab: *mut Wire, ba: *mut Wire, now: Instant)
         pdata: Vec::new(),
         pkt: req,
     };
-    let fb = FrameFlow {
-        rx: ab,
-        tx: ba,
-        ep: endpoints("10.0.0.2:7000", "10.0.0.1:7001"),
-    };
+    let fb = FrameFlow::new(&passive, ab, ba);
     b.e.connected(QP, &passive, Box::new(fb), now)
         .expect("passive");
     b.e.progress(now);
     // SAFETY: one thread, the wire outlives this call.
     let (accept, len) = unsafe { &mut *ba }.frames.pop_front().expect("Accept");
-    let accept = frame::payload(&accept[..len], &endpoints("10.0.0.1:7001", "10.0.0.2:7000"))
+    let accept = frame::datagram(&accept[..len])
         .expect("Accept's frame")
+        .payload
         .to_vec();
     let active = Connected {
         role: Role::Active,
-        local: "10.0.0.1:7001".parse().expect("address"),
-        remote: "10.0.0.2:7000".parse().expect("address"),
+        local: passive.remote,
+        remote: passive.local,
         conn: 0xA,
         isn: 100,
         pkt: accept,
         ..passive
     };
-    let fa = FrameFlow {
-        rx: ba,
-        tx: ab,
-        ep: endpoints("10.0.0.1:7001", "10.0.0.2:7000"),
-    };
+    let fa = FrameFlow::new(&active, ba, ab);
     a.e.connected(QP, &active, Box::new(fa), now)
         .expect("active");
 }

@@ -559,16 +559,7 @@ fn an_asked_for_ack_waits_for_the_reply_only_while_the_application_calls() {
         assert_eq!(t.ab.lock().unwrap().len(), 0, "the Write was taken");
         assert_eq!(t.ba.lock().unwrap().len(), 0, "its ACK is held");
         assert!(t.poll(ACQ).is_empty());
-        let acks = |t: &Bed| {
-            t.e.qps
-                .get(&B)
-                .unwrap()
-                .conn
-                .as_ref()
-                .unwrap()
-                .stats()
-                .tx_acks
-        };
+        let acks = |t: &Bed| t.e.qps[&B].conn.as_ref().unwrap().stats().tx_acks;
         if reply {
             t.e.post_send(B, &write(2, &sge(b_addr, 0x200), a_addr + 8, 0x100))
                 .unwrap();
@@ -788,16 +779,7 @@ fn queued_acknowledgements_are_read_before_timers_fire() {
     // A sends while B is away.
     let b_flow = t.e.qps.get_mut(&B).unwrap().flow.take();
     t.e.progress(t.now);
-    assert!(t
-        .e
-        .qps
-        .get(&A)
-        .unwrap()
-        .conn
-        .as_ref()
-        .unwrap()
-        .poll_timeout()
-        .is_some());
+    assert!(t.e.qps[&A].conn.as_ref().unwrap().poll_timeout().is_some());
     // B receives and acknowledges while A is away.
     let a_flow = t.e.qps.get_mut(&A).unwrap().flow.take();
     t.e.qps.get_mut(&B).unwrap().flow = b_flow;

@@ -14,9 +14,9 @@
 //! copies use the addresses trp hands them as pointers.
 
 use trp::mr::InvalidateError;
+use trp::{Access, Memory, Region};
 
 use crate::int_hash::IntMap;
-use trp::{Access, Memory, Region};
 
 /// The STag of a QP's private inline buffer. The kernel's STags are
 /// `(index << 8) | key` with index ≥ 1, so index 0 never names an MR; the

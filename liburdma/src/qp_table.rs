@@ -89,6 +89,15 @@ impl<V> QpTable<V> {
     }
 }
 
+/// `table[&key]`, for tests: panics when there is no such QP.
+#[cfg(test)]
+impl<V> std::ops::Index<&QpKey> for QpTable<V> {
+    type Output = V;
+    fn index(&self, key: &QpKey) -> &V {
+        self.get(key).expect("no such QP")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

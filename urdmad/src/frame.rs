@@ -300,7 +300,7 @@ mod tests {
         assert_eq!(payload(&padded, &mirror(&e)), Some(&b""[..]));
     }
 
-    /// The sum taken four bytes at a time in native order is the one of RFC 768's 16-bit
+    /// The sum taken eight bytes at a time in native order is the one of RFC 768's 16-bit
     /// big-endian words, for every length and alignment.
     #[test]
     fn checksum_sum_matches_the_word_by_word_definition() {

@@ -18,25 +18,20 @@ pub(super) enum SgeList {
 
 impl SgeList {
     pub(super) fn new(sges: &[Sge]) -> SgeList {
-        const NONE: Sge = Sge {
+        let n = sges.len();
+        if n > 2 {
+            return SgeList::Heap(sges.to_vec());
+        }
+        let none = Sge {
             addr: 0,
             len: 0,
             lkey: 0,
         };
-        match sges {
-            [] => SgeList::Inline {
-                n: 0,
-                sges: [NONE; 2],
-            },
-            [a] => SgeList::Inline {
-                n: 1,
-                sges: [*a, NONE],
-            },
-            [a, b] => SgeList::Inline {
-                n: 2,
-                sges: [*a, *b],
-            },
-            _ => SgeList::Heap(sges.to_vec()),
+        let mut inline = [none; 2];
+        inline[..n].copy_from_slice(sges);
+        SgeList::Inline {
+            n: n as u8,
+            sges: inline,
         }
     }
 }
@@ -45,7 +40,7 @@ impl Deref for SgeList {
     type Target = [Sge];
     fn deref(&self) -> &[Sge] {
         match self {
-            SgeList::Inline { n, sges } => &sges[..usize::from(*n).min(2)],
+            SgeList::Inline { n, sges } => &sges[..usize::from(*n)],
             SgeList::Heap(v) => v,
         }
     }
