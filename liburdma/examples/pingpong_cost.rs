@@ -251,10 +251,14 @@ fn connect(a: &mut End, b: &mut End, ab: *mut Wire, ba: *mut Wire, now: Instant)
 
 fn main() {
     let mut args = std::env::args().skip(1);
+    let usage = || -> ! {
+        eprintln!("usage: pingpong_cost MESSAGES [idle | SIZE], SIZE from 1 to 65536");
+        std::process::exit(2)
+    };
     let n: u64 = args
         .next()
         .and_then(|s| s.parse().ok())
-        .expect("usage: pingpong_cost MESSAGES [idle | SIZE]");
+        .unwrap_or_else(|| usage());
     let mode = args.next();
     let idle = mode.as_deref() == Some("idle");
     let size: u32 = match mode.as_deref() {
@@ -263,8 +267,11 @@ fn main() {
             .parse()
             .ok()
             .filter(|&n| (1..=MAX as u32).contains(&n))
-            .expect("SIZE: 1 to 65536"),
+            .unwrap_or_else(|| usage()),
     };
+    if args.next().is_some() {
+        usage();
+    }
     // The mark is the Write's last byte, which arrives last.
     let last = size as usize - 1;
     let mut wires = Box::new([Wire::default(), Wire::default()]);
