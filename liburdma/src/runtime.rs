@@ -321,10 +321,17 @@ fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
         (ctl.send(req)?, ctl.as_raw_fd())
     };
     let deadline = asked + CONTROL_TIMEOUT;
+    // Time spent waiting for this process's own lock, which a slow answer's log line tells
+    // apart from urdmad's: under overload a thread preempted while it holds the lock delays
+    // every look at the socket, and the answer with it.
+    let mut lock_wait_ns = 0u64;
+    let mut wait_ms = ASK_POLL_MS;
     loop {
         {
+            let before = now();
             let mut g = lock_of(state);
             let now = now();
+            lock_wait_ns += now.as_nanos().saturating_sub(before.as_nanos());
             g.pump(now);
             let Some(ctl) = g.control() else {
                 return Err("urdmad closed the connection".into());
@@ -333,8 +340,9 @@ fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
                 let took = ms_between(asked, now);
                 if took >= SLOW_MS {
                     log::info(format_args!(
-                        "urdmad took {took} ms to answer {}",
-                        req.encode().trim_end()
+                        "urdmad took {took} ms to answer {} ({} ms of it waiting for the provider's lock)",
+                        req.encode().trim_end(),
+                        lock_wait_ns / 1_000_000
                     ));
                 }
                 return match r? {
@@ -356,12 +364,20 @@ fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
         };
         // SAFETY: one valid pollfd. The descriptor stays open while the control connection
         // does, which the look above checks after every wait.
-        unsafe { libc::poll(&mut p, 1, ASK_POLL_MS) };
+        unsafe { libc::poll(&mut p, 1, wait_ms) };
+        wait_ms = (wait_ms * 2).min(ASK_POLL_MAX_MS);
     }
 }
 
-/// How long [`ask`] waits on the socket before looking again (milliseconds).
+/// How long [`ask`] first waits on the socket before looking again (milliseconds). The
+/// wait ends early when anything comes on the socket; its timeout is for the reply that
+/// another thread read first.
 const ASK_POLL_MS: i32 = 2;
+/// ... doubling up to this. Every look takes the lock: in the overload test each of a
+/// process's 32 threads waited seconds in `rdma_create_qp` for urdmad's answer; looking
+/// every 2 ms, they would take the lock up to 16,000 times a second between them, and the
+/// CPU with it, from the threads that had work to do.
+const ASK_POLL_MAX_MS: i32 = 32;
 
 /// `QP dev= qpn=`: the QP is this process's.
 pub fn register_qp(key: QpKey) -> Result<(), String> {
