@@ -52,13 +52,15 @@ wait_res() {
 	fail "$1: resource counts '$now', expected '$2'"
 }
 
-# Starts a server in node $1 in the background (output in $OUT/$2.log), waits until it
-# prints a line matching $3 (a regular expression), and sets SERVER_PID to the server's
-# own pid (ip netns exec and stdbuf exec it; a shell function in between would not).
+# Starts a server in node $1 (host: the root namespace) in the background (output in
+# $OUT/$2.log), waits until it prints a line matching $3 (a regular expression), and sets
+# SERVER_PID to the server's own pid (ip netns exec and stdbuf exec it; a shell function in
+# between would not).
 start_server() {
-	local n=$1 name=$2 ready=$3 i
+	local n=$1 name=$2 ready=$3 i ns=(ip netns exec "urdma$1")
 	shift 3
-	ip netns exec "urdma$n" stdbuf -oL "$@" >"$OUT/$name.log" 2>&1 &
+	[ "$n" = host ] && ns=()	# the root namespace (a kernel stack's comparison run)
+	"${ns[@]}" stdbuf -oL "$@" >"$OUT/$name.log" 2>&1 &
 	SERVER_PID=$!
 	for i in $(seq 300); do
 		grep -qE "$ready" "$OUT/$name.log" 2>/dev/null && return 0

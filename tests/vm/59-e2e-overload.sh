@@ -38,6 +38,12 @@ STALL=${OVERLOAD_STALL:-5}
 LIMIT=${OVERLOAD_LIMIT:-600}	# seconds a phase may take (the full case: OVERLOAD_LIMIT=1200)
 MAXSIZE=${OVERLOAD_MAXSIZE:-65536}
 EVENTS=${OVERLOAD_EVENTS:-0}	# verify.c's -e: threads per connection waiting on its CQ's events (0: it polls)
+STACK=${OVERLOAD_STACK:-urdma}
+case "$STACK" in
+urdma) SRV_NODE=B CLI=(ip netns exec urdmaA) ;;
+rxe) SRV_NODE=host CLI=() STALL=0 ;;
+*) fail "OVERLOAD_STACK=$STACK: urdma or rxe" ;;
+esac
 prog=$(build_e2e verify) || exit 1
 port=7800
 export URDMA_BED_RING_SIZE=${URDMA_BED_RING_SIZE:-16}
@@ -64,7 +70,7 @@ phase() {
 	local name=$1 stalled=$2 i spids=() cpids=() start t_conn slow_pid p ops
 	SLOW_DROPS=0
 	for i in $(seq "$PROCS"); do
-		start_server B "overload-$name-s$i" "listening" "$prog" server "$ADDR_B" "$((port + i))" \
+		start_server "$SRV_NODE" "overload-$name-s$i" "listening" "$prog" server "$ADDR_B" "$((port + i))" \
 			-c "$CONNS" -s "$i" -m "$MAXSIZE" -t "$LIMIT" -e "$EVENTS"
 		spids+=("$SERVER_PID")
 	done
@@ -77,7 +83,7 @@ phase() {
 		# had seen them all)
 		ops=$OPS
 		[ "$i" = 1 ] && ops=$((OPS * 30))
-		ip netns exec urdmaA "$prog" client "$ADDR_B" "$((port + i))" -c "$CONNS" -n "$ops" \
+		"${CLI[@]}" "$prog" client "$ADDR_B" "$((port + i))" -c "$CONNS" -n "$ops" \
 			-s "$i" -m "$MAXSIZE" -t "$LIMIT" -e "$EVENTS" >"$OUT/overload-$name-c$i.log" 2>&1 &
 		cpids+=("$!")
 	done
@@ -141,7 +147,13 @@ phase() {
 			[ $((SECONDS - t_conn)) -lt "$LIMIT" ] || fail "$name: client $i did not finish"
 			sleep 0.2
 		done
-		wait "$p" || fail "$name: client $i: $(grep -m1 FAIL "$OUT/overload-$name-c$i.log" || tail -n1 "$OUT/overload-$name-c$i.log")"
+		wait "$p" || {
+			# the ports' and processes' counters (socket and ring drops) as the run failed
+			[ "$STACK" = urdma ] && for n in A B; do
+				t "$BED" status "$n" >"$OUT/overload-$name-status-$n.txt" 2>&1
+			done
+			fail "$name: client $i: $(grep -m1 FAIL "$OUT/overload-$name-c$i.log" || tail -n1 "$OUT/overload-$name-c$i.log")"
+		}
 		grep -q "verify: ok client $CONNS connections" "$OUT/overload-$name-c$i.log" ||
 			fail "$name: client $i did not report success"
 		SERVER_PID=${spids[$((i - 1))]}
@@ -150,10 +162,39 @@ phase() {
 	done
 }
 
-bed_up
-before_a=$(res_counts urdmaA)
-before_b=$(res_counts urdmaB)
-echo "overload: $PROCS pairs of processes x $CONNS connections x $OPS operations, all at once"
+# rxe's two devices on a veth pair whose ends klink_up routes to each other.
+KV_A=ovl-kva KV_B=ovl-kvb
+kstack_down() {
+	local p
+	for p in $(jobs -p); do kill -9 "$p" 2>/dev/null; done
+	t rdma link delete "${STACK}0" 2>/dev/null
+	t rdma link delete "${STACK}1" 2>/dev/null
+	klink_down "$KV_A" "$KV_B" 2>/dev/null
+	ip link del "$KV_A" 2>/dev/null
+	true
+}
+kstack_up() {
+	. scripts/klink.sh
+	t modprobe rdma_rxe || fail "cannot load rdma_rxe"
+	trap kstack_down EXIT
+	ip link add "$KV_A" type veth peer name "$KV_B" || fail "cannot make a veth pair"
+	klink_up "$KV_A" "$KV_B" 10.78.0.1 10.78.0.2 || fail "klink_up failed"
+	t rdma link add "${STACK}0" type "$STACK" netdev "$KV_A" || fail "rdma link add ${STACK}0"
+	t rdma link add "${STACK}1" type "$STACK" netdev "$KV_B" || fail "rdma link add ${STACK}1"
+	ADDR_B=10.78.0.2
+	dmesg_mark
+}
+
+if [ "$STACK" = urdma ]; then
+	bed_up
+	DEV_A=urdmaA DEV_B=urdmaB
+else
+	kstack_up
+	DEV_A=${STACK}0 DEV_B=${STACK}1
+fi
+before_a=$(res_counts "$DEV_A")
+before_b=$(res_counts "$DEV_B")
+echo "overload ($STACK): $PROCS pairs of processes x $CONNS connections x $OPS operations, all at once"
 
 phase baseline 0
 base_s=$OTHERS_S
@@ -172,6 +213,7 @@ if [ "$STALL" -gt 0 ]; then
 fi
 
 for n in A B; do
+	[ "$STACK" = urdma ] || break
 	flows=$("$BED" status "$n" | awk '$1 == "daemon" {for (i = 2; i <= NF; i++) if ($i ~ /^flows=/) print substr($i, 7)}')
 	for _ in $(seq 150); do
 		[ "$flows" = 0 ] && break
@@ -180,7 +222,7 @@ for n in A B; do
 	done
 	[ "$flows" = 0 ] || fail "urdmad of node $n still has $flows flows"
 done
-wait_res urdmaA "$before_a" 60
-wait_res urdmaB "$before_b" 60
+wait_res "$DEV_A" "$before_a" 60
+wait_res "$DEV_B" "$before_b" 60
 dmesg_check
 echo "PASS"
