@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 # Sourced, not run: the link the kernel's RDMA stacks (rxe, siw) use when both ends live in one
-# host, by scripts/bench-guest and scripts/profile-guest (and tested by tests/host/klink.sh).
+# host, by scripts/bench-guest, scripts/profile-guest and tests/vm/59-e2e-overload.sh (and
+# tested by tests/host/klink.sh).
 #
 # klink_up IA IB AA AB: policy routing that sends what one local address sends to the other
 # across the link between interfaces IA and IB (address AA on IA, AB on IB) instead of
@@ -10,6 +11,11 @@
 # local source address, rp_filter is off and neighbours are permanent (ARP between two local
 # addresses would not resolve).  Takes any two interfaces: a veth pair or two NICs cabled to
 # each other.  klink_down IA IB undoes it (the interfaces stay).
+#
+# kstack_up STACK IA IB AA AB [SIW_KO]: a new veth pair IA-IB joined by klink_up, and a device
+# of the kernel's STACK (rxe or siw) on each end, STACK0 on IA and STACK1 on IB (siw.ko is
+# loaded from SIW_KO unless siw is loaded already).  kstack_down STACK IA IB removes the
+# devices and the pair.
 
 KTABLE=${KTABLE:-178}
 
@@ -45,5 +51,32 @@ klink_down() {
 	fi
 	ip addr flush dev "$ia" 2>/dev/null
 	ip addr flush dev "$ib" 2>/dev/null
+	true
+}
+
+kstack_up() {
+	local s=$1 ia=$2 ib=$3 aa=$4 ab=$5 ko=${6:-}
+	case "$s" in
+	rxe) modprobe rdma_rxe || return 1 ;;
+	siw)
+		if ! grep -q "^siw " /proc/modules; then
+			modprobe ib_core && modprobe libcrc32c && insmod "$ko" || return 1
+		fi
+		;;
+	*) return 1 ;;
+	esac
+	ip link del "$ia" 2>/dev/null
+	ip link add "$ia" type veth peer name "$ib" || return 1
+	klink_up "$ia" "$ib" "$aa" "$ab" || return 1
+	timeout -k 5 120 rdma link add "${s}0" type "$s" netdev "$ia" || return 1
+	timeout -k 5 120 rdma link add "${s}1" type "$s" netdev "$ib" || return 1
+}
+
+kstack_down() {
+	local s=$1 ia=$2 ib=$3
+	timeout -k 5 120 rdma link del "${s}0" 2>/dev/null
+	timeout -k 5 120 rdma link del "${s}1" 2>/dev/null
+	klink_down "$ia" "$ib"
+	ip link del "$ia" 2>/dev/null
 	true
 }

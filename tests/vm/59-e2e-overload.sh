@@ -37,7 +37,7 @@ PROCS=${OVERLOAD_PROCS:-4}
 CONNS=${OVERLOAD_CONNS:-8}
 OPS=${OVERLOAD_OPS:-40}
 STALL=${OVERLOAD_STALL:-5}
-LIMIT=${OVERLOAD_LIMIT:-600}	# seconds a phase may take (the full case: OVERLOAD_LIMIT=1200)
+LIMIT=${OVERLOAD_LIMIT:-600}	# seconds a phase may take
 MAXSIZE=${OVERLOAD_MAXSIZE:-65536}
 EVENTS=${OVERLOAD_EVENTS:-0}	# verify.c's -e: threads per connection waiting on its CQ's events (0: it polls)
 STACK=${OVERLOAD_STACK:-urdma}
@@ -164,35 +164,17 @@ phase() {
 	done
 }
 
-# rxe's two devices on a veth pair whose ends klink_up routes to each other.
-KV_A=ovl-kva KV_B=ovl-kvb
-kstack_down() {
-	local p
-	for p in $(jobs -p); do kill -9 "$p" 2>/dev/null; done
-	t rdma link delete "${STACK}0" 2>/dev/null
-	t rdma link delete "${STACK}1" 2>/dev/null
-	klink_down "$KV_A" "$KV_B" 2>/dev/null
-	ip link del "$KV_A" 2>/dev/null
-	true
-}
-kstack_up() {
-	. scripts/klink.sh
-	t modprobe rdma_rxe || fail "cannot load rdma_rxe"
-	trap kstack_down EXIT
-	ip link add "$KV_A" type veth peer name "$KV_B" || fail "cannot make a veth pair"
-	klink_up "$KV_A" "$KV_B" 10.78.0.1 10.78.0.2 || fail "klink_up failed"
-	t rdma link add "${STACK}0" type "$STACK" netdev "$KV_A" || fail "rdma link add ${STACK}0"
-	t rdma link add "${STACK}1" type "$STACK" netdev "$KV_B" || fail "rdma link add ${STACK}1"
-	ADDR_B=10.78.0.2
-	dmesg_mark
-}
-
 if [ "$STACK" = urdma ]; then
 	bed_up
 	DEV_A=urdmaA DEV_B=urdmaB
 else
-	kstack_up
-	DEV_A=${STACK}0 DEV_B=${STACK}1
+	# rxe0 and rxe1 on a veth pair (scripts/klink.sh)
+	. scripts/klink.sh
+	trap 'kill -9 $(jobs -p) 2>/dev/null; kstack_down rxe ovl-kva ovl-kvb >/dev/null 2>&1' EXIT
+	kstack_up rxe ovl-kva ovl-kvb 10.78.0.1 10.78.0.2 || fail "cannot set rxe up on a veth pair"
+	ADDR_B=10.78.0.2
+	DEV_A=rxe0 DEV_B=rxe1
+	dmesg_mark
 fi
 before_a=$(res_counts "$DEV_A")
 before_b=$(res_counts "$DEV_B")
