@@ -49,6 +49,9 @@ esac
 prog=$(build_e2e verify) || exit 1
 port=7800
 export URDMA_BED_RING_SIZE=${URDMA_BED_RING_SIZE:-16}
+# Each process's log says how every connection ended (a failure with trp's figures, or a
+# close), so that a failed run shows which end gave up first and why.
+export URDMA_LOG=${URDMA_LOG:-info}
 
 # The drops node B's urdmad counts on the flows of the process with pid $1 (while it runs).
 flow_drops() {
