@@ -303,6 +303,9 @@ impl Flow for DpdkFlow {
                 // SAFETY: allocation from the shared pool.
                 let m = unsafe { sys::rte_pktmbuf_alloc(self.pool) };
                 if m.is_null() {
+                    // No buffer on the way out either: what is left waits in trp as for
+                    // a full ring, and comes back once urdmad has freed some.
+                    self.backlogged = true;
                     break;
                 }
                 // SAFETY: ours, fresh.

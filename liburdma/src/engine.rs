@@ -43,8 +43,8 @@ pub trait Flow: Send {
         fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
     ) -> usize;
     /// Whether the last `transmit` stopped for want of room on the way out
-    /// (the process's TX ring full) rather than because nothing was left:
-    /// what is left waits in trp, and progress must come back soon.
+    /// (the process's TX ring full, or no buffer to send in) rather than because nothing
+    /// was left: what is left waits in trp, and progress must come back soon.
     fn backlogged(&self) -> bool {
         false
     }
@@ -158,7 +158,18 @@ struct Qp {
     out: VecDeque<Completion>,
     /// `Notice::Closed` was issued.
     closed: bool,
+    /// The connection ended (its status) but its last datagrams have not all left yet
+    /// (see [`FINAL_SEND_LIMIT`]), and how long they are waited for.
+    ending: Option<(i32, Instant)>,
 }
+
+/// How long an ended connection keeps its flow for datagrams it still has to send: the ACK
+/// of the peer's FIN, or the Abort that tells a peer we gave up. urdmad closes the flow as
+/// soon as it hears `Notice::Closed`; were that sent while the process's TX ring was full,
+/// the ACK would never leave, and the peer, retransmitting its FIN to a flow that is gone,
+/// would give up (RetryExceeded) after trp's give-up time instead of closing. Bounded, so
+/// that a TX path that stopped draining cannot hold the close back for good.
+const FINAL_SEND_LIMIT: Duration = Duration::from_secs(2);
 
 impl Qp {
     fn inline_region(&self) -> Option<trp::Region> {
@@ -219,6 +230,7 @@ impl Engine {
                 errored: false,
                 out: VecDeque::new(),
                 closed: false,
+                ending: None,
             },
         );
     }
@@ -239,6 +251,11 @@ impl Engine {
                 conn.stats(),
                 conn.sender_stats()
             ));
+        }
+        // Ended, its last datagrams still waiting: they go with the QP, and urdmad hears
+        // how it ended (before `UNQP`, which would otherwise abort it).
+        if let Some((status, _)) = qp.ending {
+            self.notices.push(Notice::Closed(key, status));
         }
         true
     }
@@ -469,6 +486,7 @@ impl Engine {
         for qp in self.qps.values_mut() {
             qp.flow = None;
             qp.closed = true;
+            qp.ending = None;
             match qp.conn.as_mut() {
                 Some(c) => c.abort(now),
                 None => {
@@ -657,9 +675,11 @@ fn progress_qp(
                 // (URDMA_LOG=info), for applications that exit without
                 // destroying their QPs.
                 crate::log::info(format_args!(
-                    "QP {}/{}: connection closed (stats {:?}, {:?})",
+                    "QP {}/{}: connection closed (conn {:#x} peer {:#x}; stats {:?}, {:?})",
                     key.0,
                     key.1,
+                    conn.local_conn(),
+                    conn.peer_conn(),
                     conn.stats(),
                     conn.sender_stats()
                 ));
@@ -688,7 +708,15 @@ fn progress_qp(
         }
     }
     if let Some(status) = ended {
-        if !qp.closed {
+        if !qp.closed && qp.ending.is_none() {
+            qp.ending = Some((status, now + FINAL_SEND_LIMIT));
+        }
+    }
+    if let Some((status, until)) = qp.ending {
+        // This round's transmit came after what ended the connection, so it made the last
+        // datagrams; a flow that took them all has nothing left (see FINAL_SEND_LIMIT).
+        if !qp.flow.as_ref().is_some_and(|f| f.backlogged()) || now >= until {
+            qp.ending = None;
             qp.closed = true;
             qp.flow = None;
             notices.push(Notice::Closed(key, status));

@@ -3,6 +3,7 @@
 
 use super::*;
 use rdma_core_sys::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use trp::{Config, Region};
 use urdmad::proto::{Connected, Role};
@@ -847,7 +848,7 @@ fn a_round_reports_sends_before_receives_keeping_each_queue_in_order() {
 /// A flow that counts what it is handed and says when it is dropped.
 struct Watched {
     inner: MemFlow,
-    dropped: Arc<std::sync::atomic::AtomicBool>,
+    dropped: Arc<AtomicBool>,
 }
 
 impl Flow for Watched {
@@ -1029,6 +1030,113 @@ fn a_full_tx_ring_keeps_progress_coming_back() {
     assert!(!t.e.progress(t.now).busy, "nothing to do yet");
     record(&mut t, true);
     assert!(t.e.progress(t.now).busy);
+}
+
+/// A flow whose way out shuts, as a process's full TX ring shuts it, once it has received
+/// something (`shut` set) and opens again when `shut` is cleared.
+struct Gated {
+    flow: MemFlow,
+    shut: Arc<AtomicBool>,
+    armed: bool,
+}
+
+impl Flow for Gated {
+    fn receive(&mut self, handle: &mut dyn FnMut(&[&[u8]])) -> usize {
+        let n = self.flow.receive(handle);
+        if n > 0 && std::mem::take(&mut self.armed) {
+            self.shut.store(true, Ordering::Relaxed);
+        }
+        n
+    }
+    fn transmit(
+        &mut self,
+        datagram: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> usize {
+        if self.backlogged() {
+            return 0;
+        }
+        self.flow.transmit(datagram, fill)
+    }
+    fn backlogged(&self) -> bool {
+        self.shut.load(Ordering::Relaxed)
+    }
+}
+
+/// Closes A, whose way out shuts at the first answer from B: B's FIN then ends A's
+/// connection while A cannot send its ACK. The flag opens A's way out when cleared.
+fn close_a_with_its_way_out_shut(t: &mut Bed) -> Arc<AtomicBool> {
+    let shut = Arc::new(AtomicBool::new(false));
+    t.e.qps.get_mut(&A).unwrap().flow = Some(Box::new(Gated {
+        flow: MemFlow {
+            rx: t.ba.clone(),
+            tx: t.ab.clone(),
+        },
+        shut: shut.clone(),
+        armed: true,
+    }));
+    t.e.close(A);
+    t.run(20);
+    assert!(shut.load(Ordering::Relaxed));
+    assert_eq!(
+        t.e.qp_state(A),
+        Some(trp::QpState::Closed),
+        "B's FIN arrived"
+    );
+    shut
+}
+
+#[test]
+fn a_closed_connection_keeps_its_flow_until_its_last_ack_is_out() {
+    // urdmad closes a flow when it hears Closed: told while A's ACK of B's FIN still
+    // waited for room, that ACK would never leave, and B, its FIN unacknowledged, would
+    // end in RetryExceeded after trp's give-up time instead of closing.
+    let mut t = Bed::new();
+    t.connect();
+    let shut = close_a_with_its_way_out_shut(&mut t);
+    let n = t.e.take_notices();
+    assert!(n.contains(&Notice::PeerClosed(B)), "{n:?}");
+    assert!(
+        !n.contains(&Notice::Closed(A, 0)),
+        "told while its ACK waits: {n:?}"
+    );
+    assert!(!n.contains(&Notice::Closed(B, 0)), "{n:?}");
+    assert!(t.e.qps.get(&A).unwrap().flow.is_some());
+    assert!(
+        t.e.progress(t.now).busy,
+        "the waiting ACK keeps progress coming"
+    );
+    shut.store(false, Ordering::Relaxed);
+    t.run(20);
+    let n = t.e.take_notices();
+    assert!(n.contains(&Notice::Closed(A, 0)), "{n:?}");
+    assert!(
+        n.contains(&Notice::Closed(B, 0)),
+        "B's FIN acknowledged: {n:?}"
+    );
+    assert!(t.e.qps.get(&A).unwrap().flow.is_none());
+}
+
+#[test]
+fn a_qp_destroyed_while_its_last_ack_waits_reports_its_close() {
+    let mut t = Bed::new();
+    t.connect();
+    close_a_with_its_way_out_shut(&mut t);
+    assert!(!t.e.take_notices().contains(&Notice::Closed(A, 0)));
+    assert!(t.e.destroy_qp(A));
+    assert_eq!(t.e.take_notices(), [Notice::Closed(A, 0)]);
+}
+
+#[test]
+fn a_way_out_that_stays_shut_holds_the_close_back_for_a_bounded_time() {
+    let mut t = Bed::new();
+    t.connect();
+    close_a_with_its_way_out_shut(&mut t);
+    assert!(!t.e.take_notices().contains(&Notice::Closed(A, 0)));
+    t.now = t.now + FINAL_SEND_LIMIT;
+    t.e.progress(t.now);
+    assert!(t.e.take_notices().contains(&Notice::Closed(A, 0)));
+    assert!(t.e.qps.get(&A).unwrap().flow.is_none());
 }
 
 /// Host CPU time per 64-byte Write with `pairs` connected QP pairs in one engine, each

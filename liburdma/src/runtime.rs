@@ -142,6 +142,14 @@ const APP_QUIET: Duration = Duration::from_millis(10);
 /// Write placed up to this late; later ones find the helper watching.
 const LOOK_MAX: Duration = Duration::from_millis(2);
 
+/// How often an application polling its CQs reads urdmad's socket itself. The helper reads
+/// it when urdmad writes, but takes the lock only when no application thread holds it
+/// (`try_lock`): with a thread per connection spinning in `ibv_poll_cq` the lock is hardly
+/// ever free, and an `EVENT CONNECTED` that waited there for the helper left the peer's
+/// Accept unacknowledged until the peer gave the connection up (10 s). One read is one
+/// system call, which a poll every few microseconds must not pay each time.
+const EVENT_LOOK: Duration = Duration::from_millis(1);
+
 /// The helper's next wait before it looks again at an application that still polls, after
 /// waiting `d`: twice as long, from [`APP_ACTIVE`] up to [`LOOK_MAX`].
 fn next_look(d: Duration) -> Duration {
@@ -223,6 +231,8 @@ pub struct Shared {
     /// `ARM` was posted and no `EVENT WAKE` has come since: urdmad will
     /// send one when a frame comes.
     armed: bool,
+    /// When an application's round next reads urdmad's socket ([`EVENT_LOOK`]).
+    event_look: Instant,
 }
 
 struct Runtime {
@@ -244,6 +254,7 @@ fn rt() -> &'static Runtime {
             attach_failed: None,
             helper_sleep: None,
             armed: false,
+            event_look: Instant::ZERO,
         }),
         kick: OnceLock::new(),
         alarm: OnceLock::new(),
@@ -275,8 +286,27 @@ pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     }
     IN_CALLS.fetch_add(1, Ordering::Relaxed);
     let _in_call = InCall;
-    let mut g = lock();
+    // Uncontended, the lock costs no clock reading; contended, the wait is timed: threads
+    // spinning in verbs take the lock back as soon as they let it go, and one that waits
+    // for it long enough stalls its QPs as surely as a holder does.
+    let (mut g, asked) = match rt().state.try_lock() {
+        Ok(g) => (g, None),
+        Err(std::sync::TryLockError::Poisoned(p)) => (p.into_inner(), None),
+        Err(std::sync::TryLockError::WouldBlock) => {
+            let asked = now();
+            (lock(), Some(asked))
+        }
+    };
     let now = now();
+    if let Some(asked) = asked {
+        let waited = ms_between(asked, now);
+        if waited >= SLOW_MS {
+            log::info(format_args!(
+                "the call at {} waited {waited} ms for the provider's lock",
+                std::panic::Location::caller()
+            ));
+        }
+    }
     APP_LAST.store(now.as_nanos(), Ordering::Relaxed);
     let r = f(&mut g, now);
     // Again at the end: a call that took long (a round over hundreds of QPs under
@@ -389,8 +419,14 @@ pub fn register_qp(key: QpKey) -> Result<(), String> {
 
 /// `UNQP dev= qpn=`, when urdmad is still there.
 pub fn unregister_qp(key: QpKey) {
-    if lock().control().is_none() {
-        return;
+    {
+        let mut g = lock();
+        if g.control().is_none() {
+            return;
+        }
+        // The QP's own QPCLOSED, if destroying it made one, goes first (urdmad takes
+        // requests in order).
+        g.deliver_notices();
     }
     if let Err(e) = ask(&Request::Unqp {
         dev: key.0,
@@ -588,10 +624,14 @@ impl Shared {
         match e {
             Event::Wake => self.armed = false,
             Event::Disconnect { dev, qpn, status } => {
-                log::debug(format_args!("disconnect {dev}/{qpn} status {status}"));
                 if status == 0 {
+                    log::debug(format_args!("QP {dev}/{qpn}: disconnect"));
                     self.engine.close((dev, qpn));
                 } else {
+                    // Not the application's doing: say so, as for a failure of trp's.
+                    log::info(format_args!(
+                        "QP {dev}/{qpn}: aborted by the connection manager (status {status})"
+                    ));
                     self.engine.abort((dev, qpn), now);
                 }
             }
@@ -628,6 +668,10 @@ impl Shared {
     /// A round over every QP, for an application call that polls a CQ (which any QP may
     /// complete into).
     pub fn full_round(&mut self, now: Instant) -> crate::engine::Progress {
+        if now >= self.event_look {
+            self.event_look = now + EVENT_LOOK;
+            self.pump(now);
+        }
         let p = self.engine.progress(now);
         self.engine.full_round_ended(self::now());
         p
@@ -1162,8 +1206,35 @@ mod tests {
             attach_failed: None,
             helper_sleep: None,
             armed: false,
+            event_look: Instant::ZERO,
         };
         (Mutex::new(sh), daemon)
+    }
+
+    #[test]
+    fn an_application_polling_reads_urdmads_events_now_and_then() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("urdma-look-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (state, daemon) = attached_to_fake(&dir);
+        let mut sh = state.into_inner().unwrap();
+        // What urdmad wrote waits until a round looks: the helper may not get the lock.
+        let wake = |sh: &mut Shared| {
+            sh.armed = true;
+            (&daemon).write_all(b"EVENT WAKE\n").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let t = now();
+        wake(&mut sh);
+        sh.full_round(t);
+        assert!(!sh.armed, "read by the application's round");
+        // Not on every poll: the next look is EVENT_LOOK later.
+        wake(&mut sh);
+        sh.full_round(t + EVENT_LOOK / 2);
+        assert!(sh.armed, "a poll within EVENT_LOOK reads nothing");
+        sh.full_round(t + EVENT_LOOK);
+        assert!(!sh.armed);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
