@@ -874,3 +874,44 @@ fn trailer_is_used_when_either_end_asks() {
         }
     }
 }
+
+#[test]
+fn a_lost_last_ack_still_closes_the_peer_gracefully() {
+    // A closes first; B's FIN closes A, and A's ACK of it is lost, as is everything A
+    // would send after (its flow goes with the connection). B, its FIN unacknowledged,
+    // retransmits until it gives up, and then closes: every byte both ways was delivered.
+    let mut p = pair(Config::default(), Config::default());
+    post_recv(&mut p.b, 10, 0, 4096);
+    p.a.conn.close();
+    let limit = trp::Instant(p.now.0 + 1_000_000_000);
+    assert!(p.run_until(limit, |p| p.a.conn.state() == QpState::Closed));
+    p.ab.up = false;
+    let limit = trp::Instant(p.now.0 + 120_000_000_000);
+    assert!(p.run_until(limit, |p| p.b.conn.state() == QpState::Closed));
+    assert_eq!(
+        events(&mut p.b.conn),
+        vec![Event::PeerClosed, Event::Closed]
+    );
+    assert_eq!(
+        drain(&mut p.b.conn)
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect::<Vec<_>>(),
+        vec![(10, WcStatus::Flush)]
+    );
+}
+
+#[test]
+fn a_fin_the_peer_never_answers_fails_the_connection() {
+    // The peer's FIN never came: B cannot know that A has everything, so B's FIN
+    // unacknowledged still ends in RetryExceeded.
+    let mut p = pair(Config::default(), Config::default());
+    p.ab.up = false;
+    p.b.conn.close();
+    let limit = trp::Instant(p.now.0 + 120_000_000_000);
+    assert!(p.run_until(limit, |p| p.b.conn.state() == QpState::Closed));
+    assert_eq!(
+        events(&mut p.b.conn),
+        vec![Event::Failed(FailReason::RetryExceeded)]
+    );
+}

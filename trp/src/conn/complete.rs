@@ -160,9 +160,7 @@ impl Connection {
         }
         match &self.state {
             Phase::Closing(c) if c.peer_fin && c.fin_psn.is_some_and(|p| psn_lt(p, una)) => {
-                self.goto::<state::Closing, state::Closed>(Phase::Closed(Closed::default()));
-                self.flush_rq(None);
-                self.events.push_back(Event::Closed);
+                self.finish_close();
             }
             Phase::Error(e) if e.term_psn.is_some_and(|p| psn_lt(p, una)) => {
                 self.tx.clear();
@@ -179,6 +177,13 @@ impl Connection {
             let status = first.take().unwrap_or(WcStatus::Flush);
             self.cq.push_back(Completion::recv_failed(e.wr_id, status));
         }
+    }
+
+    /// Closing ends, gracefully: the receives left are flushed.
+    pub(super) fn finish_close(&mut self) {
+        self.goto::<state::Closing, state::Closed>(Phase::Closed(Closed::default()));
+        self.flush_rq(None);
+        self.events.push_back(Event::Closed);
     }
 
     /// Moves to Error: completes all outstanding work (the requests `f`

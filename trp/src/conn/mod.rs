@@ -304,7 +304,15 @@ impl Connection {
             self.rx.request_ack();
         }
         if self.tx.on_timeout(now) == Timeout::RetryExceeded {
-            match self.state {
+            match &self.state {
+                // Only our FIN is unacknowledged, and the peer's has come: every byte
+                // both ways was delivered. The peer has most likely closed already and
+                // its last ACK was lost (its flow, gone with it, cannot repeat it): the
+                // connection closed, it did not fail.
+                Phase::Closing(c) if c.peer_fin && c.fin_psn == Some(self.tx.una()) => {
+                    self.tx.clear();
+                    self.finish_close();
+                }
                 Phase::Rts | Phase::Closing(_) => self.fail(Failure::retry_exceeded()),
                 Phase::Error(_) => {
                     self.tx.clear();
