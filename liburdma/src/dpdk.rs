@@ -1,11 +1,12 @@
 //! The process as urdmad's DPDK secondary: EAL initialisation (once per
-//! process), the mempool and TX rings urdmad hands out, and a connected
-//! QP's [`Flow`] over its RX ring and its port's TX ring.
+//! process), the rings urdmad hands out (the process's mbuf rings,
+//! `urdmad::lending`, and a TX ring per port), and a connected QP's
+//! [`Flow`] over its RX ring and its port's TX ring.
 //!
 //! Ring discipline (docs/urdmad.md): the process is the only consumer of
-//! its flows' RX rings and the only producer of its TX rings. Every ring
-//! operation here runs under the engine lock, which serialises the
-//! application's threads and the helper thread.
+//! its flows' RX rings and its alloc ring, and the only producer of its TX
+//! rings and its free ring. Every ring operation here runs under the engine
+//! lock, which serialises the application's threads and the helper thread.
 
 use std::ffi::c_void;
 use std::path::Path;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 
 use dpdk_sys as sys;
 use urdmad::doorbell::Ringer;
-use urdmad::holder;
+use urdmad::lending::Borrower;
 use urdmad::proto::Attachment;
 use urdmad::secondary;
 
@@ -88,12 +89,10 @@ fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, String> {
     secondary::lookup_ring(name).map_err(|e| e.to_string())
 }
 
-/// What the attachment gave the process: its mbuf pool and one TX ring per
-/// port.
+/// What the attachment gave the process: its mbuf rings and one TX ring
+/// per port.
 pub struct Rings {
-    /// This process's id at urdmad, which marks the mbufs it holds (`urdmad::holder`).
-    client: u32,
-    pool: *mut sys::rte_mempool,
+    mbufs: Borrower,
     tx: Vec<*mut sys::rte_ring>,
     macs: Vec<[u8; 6]>,
     /// Wakes urdmad after frames are put on a TX ring while it sleeps.
@@ -109,21 +108,19 @@ impl Rings {
     #[cfg(test)]
     pub fn none() -> Rings {
         Rings {
-            client: 0,
-            pool: std::ptr::null_mut(),
+            mbufs: Borrower::new(std::ptr::null_mut(), std::ptr::null_mut()),
             tx: Vec::new(),
             macs: Vec::new(),
             ringer: None,
         }
     }
 
-    /// Looks up the pool, the TX rings and the doorbell of the urdmad whose
-    /// control socket is `control` (after [`eal_init`]).
+    /// Looks up the rings and the doorbell of the urdmad whose control
+    /// socket is `control` (after [`eal_init`]).
     pub fn lookup(a: &Attachment, control: &Path) -> Result<Rings, String> {
-        let (pool, tx) = secondary::lookup_attachment(a).map_err(|e| e.to_string())?;
+        let (mbufs, tx) = secondary::lookup_attachment(a).map_err(|e| e.to_string())?;
         Ok(Rings {
-            client: a.client,
-            pool,
+            mbufs,
             tx,
             macs: a.ports.iter().map(|p| p.mac.0).collect(),
             ringer: secondary::lookup_ringer(control).map(Arc::new),
@@ -149,8 +146,7 @@ impl Rings {
         Ok(DpdkFlow {
             rx: lookup_ring(rx_ring)?,
             tx,
-            client: self.client,
-            pool: self.pool,
+            mbufs: self.mbufs,
             ringer: self.ringer.clone(),
             backlogged: false,
             spare: std::ptr::null_mut(),
@@ -167,16 +163,15 @@ impl Rings {
 pub struct DpdkFlow {
     rx: *mut sys::rte_ring,
     tx: *mut sys::rte_ring,
-    client: u32,
-    pool: *mut sys::rte_mempool,
+    mbufs: Borrower,
     ringer: Option<Arc<Ringer>>,
-    /// The last `transmit` stopped because the TX ring was full.
+    /// The last `transmit` stopped because the TX ring was full, or no mbuf
+    /// was left to send with.
     backlogged: bool,
-    /// An mbuf of ours (marked) that the last `transmit` had no datagram for. Most calls
-    /// find nothing to send; allocating and freeing an mbuf in each would keep opening the
-    /// two moments at which a kill loses an mbuf to the pool for good (`urdmad::holder`):
-    /// after the allocation and before the mark, after the mark is cleared and before the
-    /// free.
+    /// A lent mbuf that the last `transmit` had no datagram for. Most calls
+    /// find nothing to send; taking and giving back an mbuf in each would
+    /// move both mbuf rings' indexes, cache lines that urdmad reads on
+    /// another CPU, for nothing.
     spare: *mut sys::rte_mbuf,
     ep: Endpoints,
 }
@@ -184,9 +179,9 @@ pub struct DpdkFlow {
 impl Drop for DpdkFlow {
     fn drop(&mut self) {
         if !self.spare.is_null() {
-            // SAFETY: ours and handed to no ring; a flow is dropped before the process
+            // Ours and handed to no ring; a flow is dropped before the process
             // lets go of urdmad's memory (`detach`).
-            unsafe { holder::free(self.spare) };
+            self.mbufs.give_back(&[self.spare]);
         }
     }
 }
@@ -220,10 +215,8 @@ impl DpdkFlow {
                 r.ring();
             }
         }
-        for &m in &pkts[n..] {
-            // SAFETY: not handed over: still ours.
-            unsafe { holder::free(m) };
-        }
+        // Not handed over: still ours.
+        self.mbufs.give_back(&pkts[n..]);
     }
 }
 
@@ -266,10 +259,8 @@ impl Flow for DpdkFlow {
         if k > 0 {
             handle(&payloads[..k]);
         }
-        for &mb in &m[..n] {
-            // SAFETY: ours; the payload slices are no longer used.
-            unsafe { holder::free(mb) };
-        }
+        // Ours; the payload slices are no longer used.
+        self.mbufs.give_back(&m[..n]);
         n
     }
 
@@ -297,19 +288,18 @@ impl Flow for DpdkFlow {
                 self.backlogged = true;
                 break;
             }
-            // From urdmad's pool (shared with this process), marked as ours, or the spare
-            // the last call kept (marked, empty).
+            // Lent by urdmad, or the spare the last call kept (empty).
             let m = if self.spare.is_null() {
-                // SAFETY: allocation from the shared pool.
-                let m = unsafe { sys::rte_pktmbuf_alloc(self.pool) };
-                if m.is_null() {
-                    // No buffer on the way out either: what is left waits in trp as for
-                    // a full ring, and comes back once urdmad has freed some.
+                let Some(m) = self.mbufs.take() else {
+                    // No buffer on the way out either: what is left waits in trp as
+                    // for a full ring, and goes once urdmad has lent more, which a
+                    // sleeping urdmad does once woken.
+                    if let Some(r) = &self.ringer {
+                        r.ring();
+                    }
                     self.backlogged = true;
                     break;
-                }
-                // SAFETY: ours, fresh.
-                unsafe { holder::mark(m, self.client) };
+                };
                 m
             } else {
                 std::mem::replace(&mut self.spare, std::ptr::null_mut())
@@ -319,7 +309,7 @@ impl Flow for DpdkFlow {
             let buf = unsafe {
                 let p = sys::rte_pktmbuf_append(m, full) as *mut u8;
                 if p.is_null() {
-                    holder::free(m);
+                    self.mbufs.give_back(&[m]);
                     break;
                 }
                 std::slice::from_raw_parts_mut(p, usize::from(full))

@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::demux::FlowTable;
 use crate::holder;
 use crate::hwflow::{self, FlowQueue, Match, QueueUse};
+use crate::lending::Lender;
 use crate::port::{self, Port, SteeringError};
 use crate::proto::{self, Attachment, ErrorCode, FlowSpec, PortInfo, Request, Response, Steering};
 use crate::service::{ServiceError, StartupError};
@@ -39,6 +40,10 @@ const MAX_CONNECTIONS: usize = 1024;
 /// refusal, before it is disconnected regardless.
 const REFUSAL_GRACE: Duration = Duration::from_secs(1);
 const POOL_CACHE: u32 = 256;
+/// The pool's mempool operations: the default ones. Only urdmad uses them (processes
+/// borrow mbufs through rings of their own, lending.rs), so they need no agreement with
+/// any other process.
+const POOL_OPS: &str = "ring_mp_mc";
 
 /// Set by SIGTERM/SIGINT.
 pub static STOP: AtomicBool = AtomicBool::new(false);
@@ -101,6 +106,8 @@ struct Attached {
     lcore: u32,
     /// One per port, indexed like `Daemon::ports`.
     tx: Vec<TxRing>,
+    /// The mbufs the process sends and gives back (lending.rs).
+    lender: Lender,
 }
 
 struct Client {
@@ -160,7 +167,7 @@ struct FlowSpecOpened {
 
 /// Why a flow's or a process's ring was not created.
 #[derive(Debug, thiserror::Error)]
-enum RingError {
+pub enum RingError {
     #[error("ring name")]
     Name,
     /// `reason` is `rte_strerror` of DPDK's error.
@@ -168,15 +175,22 @@ enum RingError {
     Create { name: String, reason: String },
 }
 
-fn ring_create(name: &str, size: u32) -> Result<*mut sys::rte_ring, RingError> {
+/// A single-producer, single-consumer ring of `size` slots: a power of two of which one
+/// stays empty, or exactly `size` when `exact`.
+pub(crate) fn ring_create(
+    name: &str,
+    size: u32,
+    exact: bool,
+) -> Result<*mut sys::rte_ring, RingError> {
     let c = CString::new(name).map_err(|_| RingError::Name)?;
-    // SAFETY: valid name; flags make it single-producer single-consumer.
+    let exact = if exact { sys::RING_F_EXACT_SZ } else { 0 };
+    // SAFETY: valid name.
     let r = unsafe {
         sys::rte_ring_create(
             c.as_ptr(),
             size,
             sys::SOCKET_ID_ANY,
-            sys::RING_F_SP_ENQ | sys::RING_F_SC_DEQ,
+            sys::RING_F_SP_ENQ | sys::RING_F_SC_DEQ | exact,
         )
     };
     if r.is_null() {
@@ -203,7 +217,7 @@ fn runs(pid: u32) -> bool {
 }
 
 /// Frees every mbuf left on a ring, then the ring.
-unsafe fn ring_drain_free(r: *mut sys::rte_ring) {
+pub(crate) unsafe fn ring_drain_free(r: *mut sys::rte_ring) {
     let mut objs = [std::ptr::null_mut::<std::ffi::c_void>(); BURST];
     loop {
         let n = sys::rte_ring_sc_dequeue_burst(
@@ -244,7 +258,7 @@ impl Daemon {
     /// whatever was created is released again.
     pub fn start(cfg: Config, listener: UnixListener) -> Result<Daemon, ServiceError> {
         let name = CString::new(POOL_NAME).unwrap();
-        let ops = CString::new(crate::proto::POOL_OPS).unwrap();
+        let ops = CString::new(POOL_OPS).unwrap();
         // SAFETY: EAL is up.
         let pool = unsafe {
             sys::rte_pktmbuf_pool_create_by_ops(
@@ -448,8 +462,13 @@ impl Daemon {
                     }
                 }
             }
+            let pool = self.pool;
             for c in self.clients.iter_mut() {
                 let Some(a) = &mut c.attached else { continue };
+                // Not work: mbufs given back need no quick answer, and a refill before
+                // each sleep leaves every process something to send with.
+                // SAFETY: urdmad's thread, its pool; the process's rings while attached.
+                unsafe { a.lender.serve(pool) };
                 for (pi, t) in a.tx.iter_mut().enumerate() {
                     // SAFETY: the ring holds mbufs the process handed over.
                     unsafe {
@@ -588,9 +607,9 @@ impl Daemon {
     fn sleep(&mut self, limit: Duration) -> Woken {
         let bell = self.idle.bell();
         bell.going_to_sleep();
-        // The last look, after the flag is up: a frame put on a TX ring before a process
-        // could see the flag is found here (doorbell.rs).
-        if self.clients_tx_nonempty() {
+        // The last look, after the flag is up: a frame put on a TX ring, or mbufs taken,
+        // before a process could see the flag are found here (doorbell.rs).
+        if self.clients_need_a_pass() {
             self.idle.bell().awake();
             return Woken::Kick;
         }
@@ -642,14 +661,16 @@ impl Daemon {
         Woken::Frame
     }
 
-    /// Whether any process's TX ring holds frames.
-    fn clients_tx_nonempty(&self) -> bool {
+    /// Whether any process's TX ring holds frames, or its alloc ring wants a refill.
+    fn clients_need_a_pass(&self) -> bool {
         self.clients
             .iter()
             .filter_map(|c| c.attached.as_ref())
-            .flat_map(|a| a.tx.iter())
-            // SAFETY: the ring lives while the process is attached.
-            .any(|t| unsafe { sys::rte_ring_count(t.ring) } > 0)
+            .any(|a| {
+                a.lender.wants_refill()
+                    // SAFETY: the ring lives while the process is attached.
+                    || a.tx.iter().any(|t| unsafe { sys::rte_ring_count(t.ring) } > 0)
+            })
     }
 
     /// Writes `EVENT WAKE` to every armed process that has received frames since it armed.
@@ -965,7 +986,7 @@ impl Daemon {
         let mut tx = Vec::new();
         for p in &self.ports {
             let name = format!("urd_tx_{id}_{}", p.port.index);
-            match ring_create(&name, self.cfg.daemon.ring_size) {
+            match ring_create(&name, self.cfg.daemon.ring_size, false) {
                 Ok(ring) => tx.push(TxRing {
                     name,
                     ring,
@@ -981,7 +1002,22 @@ impl Daemon {
                 }
             }
         }
-        self.rings += tx.len();
+        // SAFETY: the pool lives as long as the daemon.
+        let pool_size = unsafe { (*self.pool).size };
+        let mut lender = match Lender::new(id, pool_size) {
+            Ok(l) => l,
+            Err(e) => {
+                for t in tx {
+                    // SAFETY: just created, unused.
+                    unsafe { sys::rte_ring_free(t.ring) };
+                }
+                return error(ErrorCode::NoResources, &e.to_string()).encode();
+            }
+        };
+        // Filled now: an idle urdmad may sleep before its loop comes to the process.
+        // SAFETY: urdmad's thread and pool; the rings are new.
+        unsafe { lender.serve(self.pool) };
+        self.rings += tx.len() + 2;
         self.lcores_used[lcore] = true;
         let ports = self
             .ports
@@ -995,10 +1031,12 @@ impl Daemon {
                 steering: p.port.steering,
             })
             .collect();
+        let (alloc_ring, free_ring) = (lender.alloc_name.clone(), lender.free_name.clone());
         let c = &mut self.clients[i];
         c.attached = Some(Attached {
             lcore: lcore as u32,
             tx,
+            lender,
         });
         tracing::info!(
             client = id,
@@ -1011,7 +1049,8 @@ impl Daemon {
             client: id,
             file_prefix: self.cfg.daemon.file_prefix.clone(),
             lcore: lcore as u32,
-            pool: POOL_NAME.into(),
+            alloc_ring,
+            free_ring,
             ports,
         })
         .encode()
@@ -1046,7 +1085,7 @@ impl Daemon {
         }
         let flow = self.next_flow;
         let name = format!("urd_rx_{flow}");
-        let ring = match ring_create(&name, self.cfg.daemon.ring_size) {
+        let ring = match ring_create(&name, self.cfg.daemon.ring_size, false) {
             Ok(r) => r,
             Err(e) => return Err(error(ErrorCode::NoResources, &e.to_string())),
         };
@@ -1147,7 +1186,9 @@ impl Daemon {
                 // SAFETY: the process detached or died; nothing enqueues any more.
                 unsafe { ring_drain_free(t.ring) };
             }
-            self.rings -= a.tx.len();
+            // SAFETY: as for the TX rings.
+            unsafe { a.lender.release() };
+            self.rings -= a.tx.len() + 2;
             self.lcores_used[a.lcore as usize] = false;
             tracing::info!(client = id, pid, flows = nflows, "process released: {why}");
             self.departed.push((pid, id));
@@ -1276,13 +1317,14 @@ impl Daemon {
                 let tx_packets: u64 = a.tx.iter().map(|t| t.packets).sum();
                 let tx_drops: u64 = a.tx.iter().map(|t| t.drops).sum();
                 out.push(format!(
-                    "process client={} pid={} uid={} lcore={} flows={} tx_queued={} tx_packets={tx_packets} tx_drops={tx_drops}",
+                    "process client={} pid={} uid={} lcore={} flows={} tx_queued={} tx_packets={tx_packets} tx_drops={tx_drops} mbufs_lent={}",
                     c.id,
                     c.peer.pid,
                     c.peer.uid,
                     a.lcore,
                     c.flows.len(),
-                    queued
+                    queued,
+                    a.lender.lent()
                 ));
             }
         }

@@ -1,21 +1,22 @@
 //! Which process holds an mbuf of urdmad's pool, so that urdmad can take back the mbufs of
 //! a process that was killed.
 //!
-//! A process takes mbufs from the pool to send and from its flow rings to receive, and gives
-//! them back when it is done. Killed in between, it never does: nothing else knows the mbuf
-//! is no longer used, and the pool is one mbuf smaller for good. So each mbuf carries, in
-//! its private area, the id of the process that holds it (0: urdmad or nobody):
+//! A process takes mbufs from its alloc ring to send and from its flow rings to receive, and
+//! gives them back when it is done (`crate::lending`). Killed in between, it never does:
+//! nothing else knows the mbuf is no longer used, and the pool is one mbuf smaller for good.
+//! So each mbuf carries, in its private area, the id of the process that holds it (0: urdmad
+//! or nobody). Only urdmad sets and clears marks:
 //!
-//! - urdmad marks an mbuf with the flow's process when it puts it on the flow's ring;
-//! - a process marks an mbuf it allocates with its own id;
-//! - whoever frees an mbuf clears the mark first ([`free`]), and urdmad clears it when it
-//!   takes an mbuf off a process's TX ring;
-//! - once a process is gone and its rings are emptied, urdmad frees every mbuf of the pool
-//!   still marked with its id ([`reclaim`]).
+//! - it marks an mbuf with a process's id when it puts it on the process's alloc ring or on
+//!   one of its flows' rings;
+//! - it clears the mark when it takes the mbuf back, off the process's free ring or TX ring;
+//! - once a process is gone and its rings are emptied, it frees every mbuf of the pool still
+//!   marked with the process's id ([`reclaim`]).
 //!
-//! Clearing before freeing means a kill between the two loses that one mbuf, and never frees
-//! one twice. The marks live in the pool's private area ([`PRIV_SIZE`], zeroed when the pool
-//! is made); an mbuf of a pool without one (`priv_size` 0) is neither marked nor reclaimed.
+//! So an mbuf is marked for as long as a process could hold it, and a kill at any moment
+//! neither loses one nor frees one twice. The marks live in the pool's private area
+//! ([`PRIV_SIZE`], zeroed when the pool is made); an mbuf of a pool without one
+//! (`priv_size` 0) is neither marked nor reclaimed.
 
 use dpdk_sys as sys;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -71,7 +72,6 @@ pub unsafe fn free(m: *mut sys::rte_mbuf) {
 /// # Safety
 /// `client` is not 0, no process of that id runs any more, and nothing but that process
 /// could hold an mbuf marked with it (its rings are freed).
-#[cfg(feature = "daemon")]
 pub unsafe fn reclaim(pool: *mut sys::rte_mempool, client: u32) -> u32 {
     struct Sweep {
         client: u32,

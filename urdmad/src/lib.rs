@@ -5,7 +5,8 @@
 //! socket) need only `std` and `libc` and are what other crates use: depend on `urdmad` with
 //! `default-features = false`. [`secondary`] (attaching to urdmad as a DPDK secondary
 //! process) needs DPDK and is behind the `secondary` feature, which the provider turns on,
-//! and so is [`doorbell`] (waking an idle urdmad). The daemon's modules are behind the
+//! and so are [`doorbell`] (waking an idle urdmad) and [`lending`] (the mbufs a process
+//! sends). The daemon's modules are behind the
 //! `daemon` feature (on by default).
 
 pub mod client;
@@ -27,10 +28,12 @@ pub mod demux;
 pub mod doorbell;
 #[cfg(feature = "daemon")]
 pub mod eal;
-#[cfg(feature = "secondary")]
+#[cfg(feature = "daemon")]
 pub mod holder;
 #[cfg(feature = "daemon")]
 pub mod hwflow;
+#[cfg(feature = "secondary")]
+pub mod lending;
 #[cfg(feature = "daemon")]
 pub mod logging;
 #[cfg(feature = "daemon")]

@@ -14,7 +14,7 @@
 //!
 //! ```text
 //! HELLO version=4 pid=4242                 -> HELLO version=4 daemon=0.1.0
-//! ATTACH                                   -> ATTACHED client=3 prefix=urdma lcore=3 pool=urd_mbufs ports=1
+//! ATTACH                                   -> ATTACHED client=3 prefix=urdma lcore=3 alloc=urd_alloc_3 free=urd_free_3 ports=1
 //!                                             PORT index=0 name=port0 mac=02:00:00:00:00:01 tx=urd_tx_3_0 steering=software
 //! OPEN port=0 local=10.0.0.1:4791 remote=10.0.0.2:4791 mac=02:..   (remote and mac optional)
 //!                                          -> OPENED flow=7 rx=urd_rx_7 steering=hardware queue=3
@@ -44,7 +44,7 @@
 //!
 //! The first request on a connection must be `HELLO`; a daemon refuses other versions with
 //! `ERROR code=EVERSION`. After `ATTACH` the process is a DPDK secondary of the daemon: it
-//! initialises EAL with [`Attachment::eal_args`], looks up the mempool and rings by name and
+//! initialises EAL with [`Attachment::eal_args`], looks up its rings by name and
 //! owns them until it detaches or its connection closes. Closing the connection (including
 //! by dying) is a detach: the daemon then removes the process's flows and frees its rings.
 //!
@@ -71,8 +71,10 @@ use std::str::FromStr;
 /// process's id once it is gone, so a process that left marks behind would have mbufs
 /// freed twice; version 5 the virtio header in front of every frame of a direct
 /// connection's rings (`crate::direct::Rings`), without which the kernel would take a frame's
-/// first bytes for one.
-pub const VERSION: u32 = 5;
+/// first bytes for one; version 6 the process's own rings for the mbufs it sends and gives
+/// back (`ATTACHED ... alloc= free=`, `crate::lending`) in place of the pool, which a
+/// process no longer touches and whose marks it no longer sets or clears.
+pub const VERSION: u32 = 6;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -167,22 +169,19 @@ pub struct PortInfo {
     pub steering: Steering,
 }
 
-/// The mempool operations of urdmad's mbuf pool. A pool names its operations by an index
-/// into a table that each process fills itself, in the order its drivers register; a
-/// secondary checks that the index names these operations in it too.
-pub const POOL_OPS: &str = "ring_mp_mc";
-
 /// What a process needs to become a DPDK secondary of the daemon.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attachment {
     pub client: u32,
     /// DPDK `--file-prefix` of the daemon.
     pub file_prefix: String,
-    /// The EAL lcore id reserved for this process (mempool caches are per lcore id and
-    /// shared between processes, so two processes must never use the same one).
+    /// The EAL lcore id reserved for this process (EAL keeps state per lcore id in memory
+    /// that every process shares, so two processes must never use the same one).
     pub lcore: u32,
-    /// Mempool to allocate TX mbufs from.
-    pub pool: String,
+    /// The ring urdmad keeps filled with mbufs for the process to send with.
+    pub alloc_ring: String,
+    /// The ring on which the process gives back the mbufs it is done with.
+    pub free_ring: String,
     pub ports: Vec<PortInfo>,
 }
 
@@ -745,11 +744,12 @@ impl Response {
             }
             Response::Attached(a) => {
                 let mut out = format!(
-                    "ATTACHED client={} prefix={} lcore={} pool={} ports={}\n",
+                    "ATTACHED client={} prefix={} lcore={} alloc={} free={} ports={}\n",
                     a.client,
                     a.file_prefix,
                     a.lcore,
-                    a.pool,
+                    a.alloc_ring,
+                    a.free_ring,
                     a.ports.len()
                 );
                 for p in &a.ports {
@@ -826,7 +826,8 @@ impl Response {
                     client: f.num("client")?,
                     file_prefix: f.name("prefix")?,
                     lcore: f.num("lcore")?,
-                    pool: f.name("pool")?,
+                    alloc_ring: f.name("alloc")?,
+                    free_ring: f.name("free")?,
                     ports,
                 })
             }
@@ -911,7 +912,8 @@ mod tests {
             client: 3,
             file_prefix: "urdma".into(),
             lcore: 3,
-            pool: "urd_mbufs".into(),
+            alloc_ring: "urd_alloc_3".into(),
+            free_ring: "urd_free_3".into(),
             ports: vec![PortInfo {
                 index: 0,
                 name: "port0".into(),
@@ -976,9 +978,11 @@ mod tests {
             let _ = Response::decode(s, || None);
         }
         assert!(Request::decode(&"A".repeat(MAX_LINE + 1)).is_err());
-        assert!(
-            Response::decode("ATTACHED client=1 prefix=p lcore=1 pool=p ports=2", || None).is_err()
-        );
+        assert!(Response::decode(
+            "ATTACHED client=1 prefix=p lcore=1 alloc=a free=f ports=2",
+            || None
+        )
+        .is_err());
     }
 
     #[test]
@@ -987,7 +991,8 @@ mod tests {
             client: 1,
             file_prefix: "p".into(),
             lcore: 1,
-            pool: "x".into(),
+            alloc_ring: "x".into(),
+            free_ring: "y".into(),
             ports: vec![],
         })
         .encode()

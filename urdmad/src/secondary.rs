@@ -1,14 +1,14 @@
 //! Attaching to urdmad as a DPDK secondary process and using what it hands out: EAL's
-//! initialisation and the lookups of urdmad's pool and rings, which the provider (liburdma's
+//! initialisation and the lookups of the process's rings, which the provider (liburdma's
 //! `dpdk` module) shares, and a [`Session`] over a flow's RX ring and the process's TX ring
 //! for `urdmad-testclient` and the daemon's tests. Frames are built by [`crate::frame`].
 
 use crate::client::{self, Connection};
 use crate::doorbell::{self, Bell, Ringer};
-use crate::holder;
-use crate::proto::{self, Attachment, FlowSpec, Request, Response, Steering};
+use crate::lending::Borrower;
+use crate::proto::{Attachment, FlowSpec, Request, Response, Steering};
 use dpdk_sys as sys;
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::os::raw::c_char;
 use std::sync::OnceLock;
 
@@ -24,18 +24,6 @@ pub enum SecondaryError {
     /// EAL is up already, for another urdmad (one EAL per process).
     #[error("this process is already attached to prefix {prefix}")]
     OtherPrefix { prefix: String },
-    #[error("pool name")]
-    PoolName,
-    #[error("mempool {pool} not found")]
-    PoolNotFound { pool: String },
-    /// The pool's operations index names other operations in this process than in urdmad,
-    /// whose drivers registered theirs in another order.
-    #[error(
-        "urdmad's pool uses mempool operations #{index}, which are {found:?} in this \
-         process, not {}",
-        proto::POOL_OPS
-    )]
-    PoolOps { index: i32, found: String },
     #[error("ring name")]
     RingName,
     #[error("ring {name} not found in urdmad's memory")]
@@ -44,8 +32,9 @@ pub enum SecondaryError {
     NoPort { port: usize },
     #[error("frame larger than an mbuf")]
     FrameTooLarge,
-    #[error("mbuf pool exhausted")]
-    PoolExhausted,
+    /// urdmad has not refilled the process's alloc ring yet.
+    #[error("no mbuf lent")]
+    NoMbuf,
     #[error("TX ring full")]
     TxRingFull,
 }
@@ -115,48 +104,18 @@ pub fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, SecondaryError> {
     }
 }
 
-/// urdmad's mbuf pool, by name (after [`eal_init`]).
-pub fn lookup_pool(name: &str) -> Result<*mut sys::rte_mempool, SecondaryError> {
-    let c = CString::new(name).map_err(|_| SecondaryError::PoolName)?;
-    // SAFETY: valid C string; EAL is up (a lookup before finds nothing).
-    let pool = unsafe { sys::rte_mempool_lookup(c.as_ptr()) };
-    if pool.is_null() {
-        return Err(SecondaryError::PoolNotFound {
-            pool: name.to_string(),
-        });
-    }
-    // SAFETY: a pool in urdmad's memory, mapped here; the index is below the table's size,
-    // which every DPDK process shares (RTE_MEMPOOL_MAX_OPS_IDX), and an entry no driver
-    // filled in this process has an empty name.
-    let (index, found) = unsafe {
-        let index = (*pool).ops_index;
-        let ops = sys::rte_mempool_get_ops(index);
-        (
-            index,
-            CStr::from_ptr((*ops).name.as_ptr()).to_string_lossy(),
-        )
-    };
-    if found != proto::POOL_OPS {
-        return Err(SecondaryError::PoolOps {
-            index,
-            found: found.into_owned(),
-        });
-    }
-    Ok(pool)
-}
-
-/// What `ATTACH` handed out, in urdmad's memory (after [`eal_init`]): its mbuf pool and
-/// the process's TX ring of each port, in port order.
+/// What `ATTACH` handed out, in urdmad's memory (after [`eal_init`]): the process's mbuf
+/// rings and its TX ring of each port, in port order.
 pub fn lookup_attachment(
     a: &Attachment,
-) -> Result<(*mut sys::rte_mempool, Vec<*mut sys::rte_ring>), SecondaryError> {
-    let pool = lookup_pool(&a.pool)?;
+) -> Result<(Borrower, Vec<*mut sys::rte_ring>), SecondaryError> {
+    let mbufs = Borrower::new(lookup_ring(&a.alloc_ring)?, lookup_ring(&a.free_ring)?);
     let tx = a
         .ports
         .iter()
         .map(|p| lookup_ring(&p.tx_ring))
         .collect::<Result<_, _>>()?;
-    Ok((pool, tx))
+    Ok((mbufs, tx))
 }
 
 /// The doorbell of the urdmad whose control socket is `control` (after [`eal_init`]);
@@ -191,27 +150,27 @@ pub struct Flow {
 pub struct Session {
     conn: Connection,
     pub attachment: Attachment,
-    pool: *mut sys::rte_mempool,
+    mbufs: Borrower,
     tx: Vec<*mut sys::rte_ring>,
     ringer: Option<Ringer>,
     pub flows: Vec<Flow>,
 }
 
 impl Session {
-    /// Sends `ATTACH`, initialises EAL as a secondary (once per process) and finds the pool
-    /// and TX rings.
+    /// Sends `ATTACH`, initialises EAL as a secondary (once per process) and finds the
+    /// process's rings.
     pub fn attach(mut conn: Connection) -> Result<Session, SecondaryError> {
         let attachment = match conn.request(&Request::Attach)? {
             Response::Attached(a) => a,
             other => return Err(client::refusal(other).into()),
         };
         eal_init(&attachment, "urdma-secondary")?;
-        let (pool, tx) = lookup_attachment(&attachment)?;
+        let (mbufs, tx) = lookup_attachment(&attachment)?;
         let ringer = lookup_ringer(conn.path());
         Ok(Session {
             conn,
             attachment,
-            pool,
+            mbufs,
             tx,
             ringer,
             flows: Vec::new(),
@@ -254,16 +213,16 @@ impl Session {
         if self.recv_burst(i, &mut m) == 0 {
             return None;
         }
-        // SAFETY: the mbuf is ours; it is freed after copying.
-        unsafe {
-            let data = std::slice::from_raw_parts(
+        // SAFETY: the mbuf is ours; it is given back after copying.
+        let data = unsafe {
+            std::slice::from_raw_parts(
                 sys::rte_pktmbuf_mtod::<u8>(m[0]) as *const u8,
                 usize::from((*m[0]).data_len),
             )
-            .to_vec();
-            holder::free(m[0]);
-            Some(data)
-        }
+            .to_vec()
+        };
+        self.mbufs.give_back(&m);
+        Some(data)
     }
 
     /// Queues a copy of one frame for transmission on port `port`.
@@ -274,47 +233,38 @@ impl Session {
         let Ok(len) = u16::try_from(frame.len()) else {
             return Err(SecondaryError::FrameTooLarge);
         };
-        // SAFETY: the mbuf comes from urdmad's pool; it is handed over or freed.
+        let m = self.mbufs.take().ok_or(SecondaryError::NoMbuf)?;
+        // SAFETY: a lent mbuf, empty; it is handed over or given back.
         unsafe {
-            let m = sys::rte_pktmbuf_alloc(self.pool);
-            if m.is_null() {
-                return Err(SecondaryError::PoolExhausted);
-            }
-            holder::mark(m, self.attachment.client);
             let dst = sys::rte_pktmbuf_append(m, len) as *mut u8;
             if dst.is_null() {
-                holder::free(m);
+                self.mbufs.give_back(&[m]);
                 return Err(SecondaryError::FrameTooLarge);
             }
             std::ptr::copy_nonoverlapping(frame.as_ptr(), dst, frame.len());
-            if self.send_burst(port, &[m]) == 0 {
-                holder::free(m);
-                return Err(SecondaryError::TxRingFull);
-            }
+        }
+        if self.send_burst(port, &[m]) == 0 {
+            self.mbufs.give_back(&[m]);
+            return Err(SecondaryError::TxRingFull);
         }
         Ok(())
     }
 
-    /// Allocates `n` mbufs from the pool, marked as this process's, and keeps them for good
-    /// (a test's stand-in for a process killed between taking mbufs and handing them on);
-    /// returns how many it got.
+    /// Takes `n` lent mbufs and keeps them for good (a test's stand-in for a process killed
+    /// between taking mbufs and handing them on); returns how many it got.
     pub fn allocate_kept(&self, n: usize) -> usize {
-        (0..n)
-            .take_while(|_| {
-                // SAFETY: allocation from urdmad's pool; the mbuf is never used again.
-                unsafe {
-                    let m = sys::rte_pktmbuf_alloc(self.pool);
-                    if !m.is_null() {
-                        holder::mark(m, self.attachment.client);
-                    }
-                    !m.is_null()
-                }
-            })
-            .count()
+        (0..n).take_while(|_| self.mbufs.take().is_some()).count()
+    }
+
+    /// Takes up to `n` lent mbufs, then gives them all back; returns how many it took.
+    pub fn churn(&self, n: usize) -> usize {
+        let held: Vec<_> = (0..n).map_while(|_| self.mbufs.take()).collect();
+        self.mbufs.give_back(&held);
+        held.len()
     }
 
     /// Zero-copy receive: moves up to `out.len()` of flow `i`'s mbufs into `out` and
-    /// returns how many. The caller owns them and frees them with [`holder::free`].
+    /// returns how many. The caller owns them and gives them back with [`Session::give_back`].
     pub fn recv_burst(&self, i: usize, out: &mut [*mut sys::rte_mbuf]) -> usize {
         let Some(f) = self.flows.get(i) else { return 0 };
         // SAFETY: this process is the ring's only consumer; `out` has room for the count.
@@ -328,7 +278,7 @@ impl Session {
         }
     }
 
-    /// Zero-copy send: hands as many of `pkts` (mbufs from [`Session::pool`]) as fit to port
+    /// Zero-copy send: hands as many of `pkts` (mbufs from [`Session::take`]) as fit to port
     /// `port`'s TX ring and returns how many; the rest remain the caller's.
     pub fn send_burst(&self, port: usize, pkts: &[*mut sys::rte_mbuf]) -> usize {
         let Some(&ring) = self.tx.get(port) else {
@@ -351,9 +301,14 @@ impl Session {
         n
     }
 
-    /// The pool to allocate frames to send from.
-    pub fn pool(&self) -> *mut sys::rte_mempool {
-        self.pool
+    /// A lent mbuf to send with, if urdmad has refilled the process's ring.
+    pub fn take(&self) -> Option<*mut sys::rte_mbuf> {
+        self.mbufs.take()
+    }
+
+    /// Gives back mbufs the process is done with.
+    pub fn give_back(&self, mbufs: &[*mut sys::rte_mbuf]) {
+        self.mbufs.give_back(mbufs)
     }
 
     /// Stops using the rings, then tells urdmad.

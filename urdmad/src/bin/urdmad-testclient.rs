@@ -41,6 +41,11 @@ struct Args {
     /// Allocate this many mbufs after attaching and keep them, never sent or freed.
     #[arg(long, default_value_t = 0)]
     allocate: usize,
+    /// After READY, take up to this many lent mbufs and give them back, over and over
+    /// until --run-secs ends: a process killed at a random moment of it may be in the
+    /// middle of either.
+    #[arg(long, default_value_t = 0)]
+    churn: usize,
     /// Connect without saying anything and report when urdmad hangs up (at most 5 s).
     #[arg(long)]
     silent: bool,
@@ -157,6 +162,17 @@ fn run(args: &Args) -> CliResult<()> {
     let allocated = s.allocate_kept(args.allocate);
     println!("READY allocated={allocated}");
     let end = Instant::now() + Duration::from_secs_f64(args.run_secs);
+    if args.churn > 0 {
+        let mut rounds = 0u64;
+        while Instant::now() < end {
+            // None lent: urdmad refills the ring on its next pass.
+            if s.churn(args.churn) == 0 {
+                std::thread::yield_now();
+            }
+            rounds += 1;
+        }
+        println!("CHURNED rounds={rounds}");
+    }
     let mut kept = Vec::new();
     while kept.len() < args.keep && Instant::now() < end {
         let mut m = [std::ptr::null_mut(); 1];
