@@ -156,11 +156,20 @@ struct Qp {
     errored: bool,
     /// Completions waiting for room in their CQ, in order.
     out: VecDeque<Completion>,
-    /// `Notice::Closed` was issued.
-    closed: bool,
-    /// The connection ended (its status) but its last datagrams have not all left yet
-    /// (see [`FINAL_SEND_LIMIT`]), and how long they are waited for.
-    ending: Option<(i32, Instant)>,
+    /// Whether urdmad has heard how the connection ended.
+    end: End,
+}
+
+/// How far a QP's connection has got towards `Notice::Closed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// Not ended (or no connection yet).
+    Open,
+    /// Ended with `status`, its last datagrams not all gone yet (see [`FINAL_SEND_LIMIT`]);
+    /// they are waited for until `until`.
+    Draining { status: i32, until: Instant },
+    /// `Notice::Closed` was issued, or there is nobody to tell (urdmad is gone).
+    Told,
 }
 
 /// How long an ended connection keeps its flow for datagrams it still has to send: the ACK
@@ -229,8 +238,7 @@ impl Engine {
                 inline: None,
                 errored: false,
                 out: VecDeque::new(),
-                closed: false,
-                ending: None,
+                end: End::Open,
             },
         );
     }
@@ -254,7 +262,7 @@ impl Engine {
         }
         // Ended, its last datagrams still waiting: they go with the QP, and urdmad hears
         // how it ended (before `UNQP`, which would otherwise abort it).
-        if let Some((status, _)) = qp.ending {
+        if let End::Draining { status, .. } = qp.end {
             self.notices.push(Notice::Closed(key, status));
         }
         true
@@ -485,8 +493,7 @@ impl Engine {
     pub fn fail_all(&mut self, now: Instant) {
         for qp in self.qps.values_mut() {
             qp.flow = None;
-            qp.closed = true;
-            qp.ending = None;
+            qp.end = End::Told;
             match qp.conn.as_mut() {
                 Some(c) => c.abort(now),
                 None => {
@@ -666,7 +673,7 @@ fn progress_qp(
         work = true;
         match e {
             Event::PeerClosed => {
-                if !qp.closed {
+                if qp.end != End::Told {
                     notices.push(Notice::PeerClosed(key));
                 }
             }
@@ -708,16 +715,18 @@ fn progress_qp(
         }
     }
     if let Some(status) = ended {
-        if !qp.closed && qp.ending.is_none() {
-            qp.ending = Some((status, now + FINAL_SEND_LIMIT));
+        if qp.end == End::Open {
+            qp.end = End::Draining {
+                status,
+                until: now + FINAL_SEND_LIMIT,
+            };
         }
     }
-    if let Some((status, until)) = qp.ending {
+    if let End::Draining { status, until } = qp.end {
         // This round's transmit came after what ended the connection, so it made the last
         // datagrams; a flow that took them all has nothing left (see FINAL_SEND_LIMIT).
         if !qp.flow.as_ref().is_some_and(|f| f.backlogged()) || now >= until {
-            qp.ending = None;
-            qp.closed = true;
+            qp.end = End::Told;
             qp.flow = None;
             notices.push(Notice::Closed(key, status));
         }
