@@ -216,6 +216,14 @@ fn runs(pid: u32) -> bool {
     !matches!(state, Some('Z') | Some('X') | None)
 }
 
+/// Frees the TX rings of an `ATTACH` that failed half-way.
+fn free_new_rings(tx: Vec<TxRing>) {
+    for t in tx {
+        // SAFETY: just created, never handed out.
+        unsafe { sys::rte_ring_free(t.ring) };
+    }
+}
+
 /// Frees every mbuf left on a ring, then the ring.
 pub(crate) unsafe fn ring_drain_free(r: *mut sys::rte_ring) {
     let mut objs = [std::ptr::null_mut::<std::ffi::c_void>(); BURST];
@@ -994,10 +1002,7 @@ impl Daemon {
                     drops: 0,
                 }),
                 Err(e) => {
-                    for t in tx {
-                        // SAFETY: just created, unused.
-                        unsafe { sys::rte_ring_free(t.ring) };
-                    }
+                    free_new_rings(tx);
                     return error(ErrorCode::NoResources, &e.to_string()).encode();
                 }
             }
@@ -1007,10 +1012,7 @@ impl Daemon {
         let mut lender = match Lender::new(id, pool_size) {
             Ok(l) => l,
             Err(e) => {
-                for t in tx {
-                    // SAFETY: just created, unused.
-                    unsafe { sys::rte_ring_free(t.ring) };
-                }
+                free_new_rings(tx);
                 return error(ErrorCode::NoResources, &e.to_string()).encode();
             }
         };
