@@ -936,10 +936,10 @@ fn processes_killed_while_they_take_and_return_mbufs_leave_urdmad_serving() {
     let bed = Bed::new("ch");
     let d = bed.start();
     let before = warm_baseline(&bed, &d);
-    let kills: u32 = std::env::var("URDMAD_CHURN_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+    let kills: u32 = std::env::var("URDMAD_CHURN_KILLS").map_or(200, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("URDMAD_CHURN_KILLS must be a count, not {v:?}"))
+    });
     // Each process takes every mbuf urdmad lent it and gives them back, in a loop, while
     // urdmad refills and empties the same rings; it is killed a random time into that
     // loop. (When processes took and returned mbufs through the pool's ring of many
@@ -948,7 +948,10 @@ fn processes_killed_while_they_take_and_return_mbufs_leave_urdmad_serving() {
     // failure can be replayed.
     let seed = std::env::var("URDMAD_CHURN_SEED")
         .ok()
-        .and_then(|v| v.parse().ok())
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("URDMAD_CHURN_SEED must be a number, not {v:?}"))
+        })
         .unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
