@@ -25,6 +25,7 @@ mod guard;
 mod int_hash;
 mod log;
 pub mod mem;
+mod progress;
 mod qp_table;
 mod runtime;
 pub mod unsupported;

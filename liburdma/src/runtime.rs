@@ -22,14 +22,14 @@
 //! The helper thread covers the time the application spends elsewhere
 //! (blocked in `ibv_get_cq_event`, `rdma_get_cm_event`, polling its own
 //! memory, ...). While an application thread polls (it is in a data verb or
-//! made one within [`APP_ACTIVE`]; `ibv_req_notify_cq` ends that at once) the
+//! made one within [`crate::progress::APP_ACTIVE`]; `ibv_req_notify_cq` ends that at once) the
 //! helper stays out of its way: it sleeps without watching for frames and looks
 //! again when the application may have stopped, less often the longer it polls
-//! ([`LOOK_MAX`]). Its rounds leave the ACKs peers asked for to the application's
+//! ([`crate::progress::LOOK_MAX`]). Its rounds leave the ACKs peers asked for to the application's
 //! reply while the application may still post one (`Shared::helper_round`), as the
 //! application's own rounds do. Otherwise, while traffic flows it keeps going
 //! (yielding the CPU between rounds); once the application has been away for
-//! [`APP_QUIET`] it may spin on for [`SPIN_ROUNDS`] idle rounds while its yields
+//! [`crate::progress::APP_QUIET`] it may spin on for [`crate::progress::SPIN_ROUNDS`] idle rounds while its yields
 //! find the CPU free ([`YIELD_FREE`]); then it posts `ARM` to urdmad (unless it
 //! is armed already, or every connection is on the direct path, whose socket
 //! wakes it by itself) and sleeps in `poll()` on the
@@ -41,7 +41,11 @@
 //! call) rather than waking the helper to go back to sleep with a shorter
 //! timeout: almost every message does that (the delayed ACK, the
 //! retransmission timer), and on a host whose cores are shared each of
-//! those wake-ups was a context switch on the message's path.
+//! those wake-ups was a context switch on the message's path. A helper asleep
+//! watching for frames is neither kicked when the application arms a CQ nor
+//! has its alarm moved by the application's calls, but for a trp timer: the
+//! next frame wakes it. These rules are [`crate::progress`]'s, tested there; this
+//! module carries them out.
 //!
 //! `ARM`'s reply is not waited for: urdmad looks at the process's rings
 //! when it takes the `ARM` and sends `EVENT WAKE` at once if a frame is
@@ -74,10 +78,8 @@ use crate::direct::SocketFlow;
 use crate::dpdk::{self, DpdkFlow, Rings};
 use crate::engine::{Engine, Flow, Notice, PostFail, QpKey, SendReq};
 use crate::log;
+use crate::progress::{Activity, Round, Sleep, Step, Tuning};
 
-/// Rounds the helper keeps going after the last useful one (`URDMA_SPIN_ROUNDS` overrides),
-/// as long as the CPU is its own to spin on: see [`YIELD_FREE`].
-const SPIN_ROUNDS: u32 = 64;
 /// A yield that returns within this found no other thread wanting the CPU. One that took
 /// longer gave the CPU to another thread, the application's very likely: the helper then
 /// stops spinning and sleeps until a frame or a timer wakes it. A helper that spins on a
@@ -108,39 +110,23 @@ fn env_number(name: &str, default: u64) -> u64 {
     }
 }
 
-fn spin_rounds() -> u32 {
-    static R: OnceLock<u32> = OnceLock::new();
-    *R.get_or_init(|| {
-        let r = env_number("URDMA_SPIN_ROUNDS", u64::from(SPIN_ROUNDS));
-        u32::try_from(r).unwrap_or(u32::MAX).max(1)
+/// The progress policy's knobs: `URDMA_APP_ACTIVE_US` and `URDMA_SPIN_ROUNDS` override
+/// [`crate::progress::APP_ACTIVE`] and [`crate::progress::SPIN_ROUNDS`].
+fn tuning() -> &'static Tuning {
+    static T: OnceLock<Tuning> = OnceLock::new();
+    T.get_or_init(|| {
+        let d = Tuning::default();
+        let spin = env_number("URDMA_SPIN_ROUNDS", u64::from(d.spin_rounds));
+        Tuning {
+            app_active: Duration::from_micros(env_number(
+                "URDMA_APP_ACTIVE_US",
+                d.app_active.as_micros() as u64,
+            )),
+            spin_rounds: u32::try_from(spin).unwrap_or(u32::MAX).max(1),
+            ..d
+        }
     })
 }
-/// An application thread that made a data verb call this recently is taken to be polling
-/// (its own calls make progress), and the helper stays out of its way: it neither spins
-/// nor wakes for frames, only for this long at a time to see whether the application has
-/// stopped. On a host whose cores are shared, a helper woken for every frame the
-/// application is about to take itself costs a context switch per message, and a helper
-/// preempted while it holds the engine lock stalls the application's next call for a time
-/// slice.
-const APP_ACTIVE: Duration = Duration::from_micros(200);
-
-/// The helper spins only after the application has made no data verb call for this long:
-/// it is then the only one making progress (a bandwidth test's passive side, a server
-/// blocked elsewhere). An application that calls now and then (a latency test polling its
-/// CQ between waits on its memory) gains nothing from it: the spin takes the CPU it runs
-/// on, and the helper that used CPU time loses the scheduler's preference for threads that
-/// wake after sleeping, so its next wake-up waits for a time slice to end.
-const APP_QUIET: Duration = Duration::from_millis(10);
-
-/// Longest the helper sleeps while an application thread keeps polling, before it looks
-/// again whether the application has stopped. It starts at [`APP_ACTIVE`] and doubles
-/// each time it finds the application still polling. A look every [`APP_ACTIVE`] woke the
-/// helper 1,200 times a second during an `ib_write_bw` in the emulated bed, each time
-/// taking the CPU from the spinning application (114 us of CPU per look, 13 % of the
-/// run's CPU per helper). The cost of a longer look: an application that stops calling
-/// after a long poll to wait on its memory (a one-sided Write's target) has its first
-/// Write placed up to this late; later ones find the helper watching.
-const LOOK_MAX: Duration = Duration::from_millis(2);
 
 /// How often an application polling its CQs reads urdmad's socket itself. The helper reads
 /// it when urdmad writes, but takes the lock only when no application thread holds it
@@ -150,12 +136,6 @@ const LOOK_MAX: Duration = Duration::from_millis(2);
 /// system call, which a poll every few microseconds must not pay each time.
 const EVENT_LOOK: Duration = Duration::from_millis(1);
 
-/// The helper's next wait before it looks again at an application that still polls, after
-/// waiting `d`: twice as long, from [`APP_ACTIVE`] up to [`LOOK_MAX`].
-fn next_look(d: Duration) -> Duration {
-    (d * 2).min(LOOK_MAX).max(app_active())
-}
-
 /// When an application thread last made a data verb call (ns on [`now`]'s clock; 0 after
 /// `ibv_req_notify_cq`). Read by the helper without the lock.
 static APP_LAST: AtomicU64 = AtomicU64::new(0);
@@ -164,29 +144,12 @@ static APP_LAST: AtomicU64 = AtomicU64::new(0);
 /// Read by the helper without the lock.
 static IN_CALLS: AtomicU32 = AtomicU32::new(0);
 
-/// Whether an application thread is taken to be polling: it is inside a call, or made one
-/// within [`APP_ACTIVE`]. (A round that transmits a 64-KiB message holds the lock for a
-/// millisecond under emulation: judged by the time of its start alone, the application
-/// looked gone during its own calls, and the helper woke every [`APP_ACTIVE`] to find the
-/// lock taken.)
-fn app_polling(now: Instant) -> bool {
-    IN_CALLS.load(Ordering::Relaxed) > 0
-        || now < Instant(APP_LAST.load(Ordering::Relaxed)) + app_active()
-}
-
-/// Whether the application has been away long enough for the helper to spin ([`APP_QUIET`]).
-fn app_quiet(now: Instant) -> bool {
-    now >= Instant(APP_LAST.load(Ordering::Relaxed)) + APP_QUIET
-}
-
-fn app_active() -> Duration {
-    static D: OnceLock<Duration> = OnceLock::new();
-    *D.get_or_init(|| {
-        Duration::from_micros(env_number(
-            "URDMA_APP_ACTIVE_US",
-            APP_ACTIVE.as_micros() as u64,
-        ))
-    })
+/// What the application's threads did, for the policy.
+fn activity() -> Activity {
+    Activity {
+        in_calls: IN_CALLS.load(Ordering::Relaxed),
+        last_call: Instant(APP_LAST.load(Ordering::Relaxed)),
+    }
 }
 
 /// A request or a verb that takes this long (milliseconds) is logged (`URDMA_LOG=info`).
@@ -226,8 +189,8 @@ pub struct Shared {
     attached: Option<Attached>,
     /// Why attaching failed for good (EAL can be initialised only once).
     attach_failed: Option<i32>,
-    /// The helper sleeps until this (inner None: no timer).
-    helper_sleep: Option<Option<Instant>>,
+    /// How the helper sleeps (None: it is awake).
+    helper_sleep: Option<Sleep>,
     /// `ARM` was posted and no `EVENT WAKE` has come since: urdmad will
     /// send one when a frame comes.
     armed: bool,
@@ -677,7 +640,7 @@ impl Shared {
         p
     }
 
-    /// The helper's round over every QP. An application that called within [`APP_QUIET`]
+    /// The helper's round over every QP. An application that called within [`crate::progress::APP_QUIET`]
     /// may be waiting on its memory for what this round places, and reply at once (a
     /// ping-pong of Writes): an ACK its peer asked for waits for that reply as in the
     /// application's own rounds (`trp::Config::ack_hold`). Were it sent alone, it would
@@ -686,7 +649,7 @@ impl Shared {
     /// message. An application that has been away longer, or went to sleep in
     /// `ibv_get_cq_event`, is not about to reply ([`Engine::progress_unattended`]).
     fn helper_round(&mut self, now: Instant) -> crate::engine::Progress {
-        let p = if app_quiet(now) {
+        let p = if tuning().quiet(activity(), now) {
             self.engine.progress_unattended(now)
         } else {
             self.engine.progress(now)
@@ -697,7 +660,10 @@ impl Shared {
 
     /// The round of a post on QP `key` ([`Engine::progress_after_post`]).
     pub fn progress_after_post(&mut self, key: QpKey, now: Instant) {
-        if self.engine.progress_after_post(key, now, app_active()) {
+        if self
+            .engine
+            .progress_after_post(key, now, tuning().app_active)
+        {
             self.engine.full_round_ended(self::now());
         }
     }
@@ -744,37 +710,25 @@ impl Shared {
     }
 
     /// The application is about to block (`ibv_req_notify_cq`, then
-    /// `ibv_get_cq_event`): the helper must watch for frames from now on.
+    /// `ibv_get_cq_event`): the helper must watch for frames from now on
+    /// ([`Tuning::kick_on_sleep`]).
     pub fn app_going_to_sleep(&mut self) {
         APP_LAST.store(0, Ordering::Relaxed);
-        if self.helper_sleep.is_some() {
+        if tuning().kick_on_sleep(self.helper_sleep) {
             self.helper_sleep = None;
             kick_helper();
         }
     }
 
-    /// When the helper must wake: at the earliest trp timer, or, while the
-    /// application polls (its calls run the timers), when it may have stopped.
-    fn helper_wake_at(&self, now: Instant) -> Option<Instant> {
-        if app_polling(now) {
-            Some(Instant(APP_LAST.load(Ordering::Relaxed)) + app_active())
-        } else {
-            self.engine.deadline()
-        }
-    }
-
+    /// Moves the helper's alarm forward where the call made that necessary
+    /// ([`Tuning::alarm_after_call`]).
     fn after_app_call(&mut self) {
         let now = now();
         self.deliver_notices();
         if let Some(sleep) = self.helper_sleep {
-            let d = self.helper_wake_at(now);
-            let earlier = match (d, sleep) {
-                (Some(d), Some(s)) => d < s,
-                (Some(_), None) => true,
-                _ => false,
-            };
-            if earlier {
-                self.helper_sleep = Some(d);
+            let deadline = self.engine.deadline();
+            if let Some(d) = tuning().alarm_after_call(sleep, activity(), now, deadline) {
+                self.helper_sleep = Some(Sleep { until: d, ..sleep });
                 set_alarm(d);
             }
         }
@@ -911,6 +865,7 @@ fn helper_loop() {
     let kick = rt().kick.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
     let alarm = rt().alarm.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
     let sockets = rt().sockets.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
+    let t = tuning();
     let mut idle = 0u32;
     // The last yield found the CPU free: spinning costs nobody.
     let mut free = true;
@@ -919,11 +874,13 @@ fn helper_loop() {
     let mut quiet = false;
     let mut ctl = -1;
     // How long to stay away from a lock the application holds.
-    let mut busy = app_active();
+    let mut busy = t.app_active;
+    // When the helper woke from a sleep that watched for frames (Round::woke).
+    let mut woke = None;
     loop {
         if quiet {
             let woken = readable_any([ctl, kick, alarm, sockets]);
-            if !woken && idle < spin_rounds() && free && app_quiet(now()) {
+            if !woken && t.keep_spinning(idle, free, activity(), now()) {
                 idle += 1;
                 free = yield_cpu();
                 continue;
@@ -945,11 +902,11 @@ fn helper_loop() {
                 // (Every 50 µs, the helper of a process with 256 QPs, whose calls hold the
                 // lock for long, took a quarter of a CPU in the bed for nothing.)
                 sleep_on_for([ctl, kick, -1, -1], busy);
-                busy = next_look(busy);
+                busy = t.next_look(busy);
                 continue;
             }
         };
-        busy = app_active();
+        busy = t.app_active;
         let Some(fd) = g
             .attached
             .as_ref()
@@ -964,57 +921,67 @@ fn helper_loop() {
         let events = readable(fd) && g.pump(now);
         let p = g.helper_round(now);
         g.deliver_notices();
-        // While the application polls, its own calls carry on from here.
-        let app_polling = app_polling(now);
-        if p.busy || events {
-            idle = 0;
-            if !app_polling {
+        let round = Round {
+            worked: p.busy || events,
+            idle,
+            cpu_free: free,
+            needs_arm: g.engine.needs_arm(),
+            armed: g.armed,
+            deadline: g.engine.deadline(),
+            woke,
+        };
+        let (step, next_idle) = t.after_round(round, activity(), now);
+        idle = next_idle;
+        let sleep = match step {
+            Step::Again => {
                 drop(g);
                 free = yield_cpu();
                 continue;
             }
-        }
-        idle += 1;
-        if idle < spin_rounds() && free && app_quiet(now) {
-            // Rounds under the lock would hold off the application's calls (and a
-            // helper preempted while holding it stalls them for a time slice): where
-            // the descriptors can tell, spin on them instead.
-            quiet = !g.engine.needs_arm();
-            if quiet {
-                set_alarm(g.helper_wake_at(now));
+            Step::Spin { on_descriptors } => {
+                quiet = on_descriptors;
+                if quiet {
+                    set_alarm(round.deadline);
+                }
+                drop(g);
+                free = yield_cpu();
+                continue;
             }
-            drop(g);
-            free = yield_cpu();
-            continue;
-        }
-        if !g.armed && !app_polling && g.engine.needs_arm() {
-            g.arm();
-        }
-        let wake_at = g.helper_wake_at(now);
-        g.helper_sleep = Some(wake_at);
-        set_alarm(wake_at);
+            Step::Sleep { sleep, arm } => {
+                if arm {
+                    g.arm();
+                }
+                woke = None;
+                sleep
+            }
+        };
+        g.helper_sleep = Some(sleep);
+        set_alarm(sleep.until);
         drop(g);
-        let mut look = app_active();
+        let mut look = t.app_active;
         loop {
-            sleep_on([fd, kick, alarm, if app_polling { -1 } else { sockets }]);
+            sleep_on([fd, kick, alarm, if sleep.watching { sockets } else { -1 }]);
             // Woken by its alarm while the application still calls: the calls make the
             // progress, and a round here would only take the lock from them (under
             // emulation, a quarter of a CPU per helper at 256 QPs). Look again when the
             // application may have stopped. urdmad's messages and kicks take their round.
-            // The longer it has polled, the longer the helper stays away ([`LOOK_MAX`]).
-            if app_polling && !readable_any([fd, kick, -1, -1]) && self::app_polling(self::now()) {
+            // The longer it has polled, the longer the helper stays away.
+            if !readable_any([fd, kick, -1, -1]) && t.look_again(sleep, activity(), self::now()) {
                 drain([-1, alarm]);
-                look = next_look(look);
+                look = t.next_look(look);
                 set_alarm(Some(self::now() + look));
                 continue;
             }
             break;
         }
         lock().helper_sleep = None;
+        if sleep.watching {
+            woke = Some(self::now());
+        }
         drain([kick, alarm]);
         // One round to see what woke it: anything to do starts the spin
         // again, nothing (ARM's reply, a timer with nothing due) sleeps.
-        idle = spin_rounds() - 1;
+        idle = t.spin_rounds - 1;
         free = true;
     }
 }

@@ -1,0 +1,484 @@
+//! The progress policy: when the helper thread makes progress, when it sleeps, what wakes
+//! it, and when an application call must wake it or move its alarm. Deterministic: no
+//! clock, no lock, no descriptor of its own; `runtime` passes the time and what the
+//! application's threads did, and carries out the answer.
+//!
+//! The application's own calls make progress while it polls; the helper covers the time
+//! it spends elsewhere (docs/architecture.md, "Processes and threads"). On a host whose
+//! cores are shared, every wake-up of the helper is a context switch, and a helper that
+//! spins takes the CPU of the application it serves: the rules below keep both to what a
+//! frame needs.
+
+use std::time::Duration;
+
+use trp::Instant;
+
+/// An application thread that made a data verb call this recently is taken to be polling
+/// (its own calls make progress), and the helper stays out of its way: it neither spins
+/// nor wakes for frames, only for this long at a time to see whether the application has
+/// stopped. On a host whose cores are shared, a helper woken for every frame the
+/// application is about to take itself costs a context switch per message, and a helper
+/// preempted while it holds the engine lock stalls the application's next call for a time
+/// slice.
+pub const APP_ACTIVE: Duration = Duration::from_micros(200);
+
+/// The helper spins only after the application has made no data verb call for this long:
+/// it is then the only one making progress (a bandwidth test's passive side, a server
+/// blocked elsewhere). An application that calls now and then (a latency test polling its
+/// CQ between waits on its memory) gains nothing from it: the spin takes the CPU it runs
+/// on, and the helper that used CPU time loses the scheduler's preference for threads that
+/// wake after sleeping, so its next wake-up waits for a time slice to end.
+pub const APP_QUIET: Duration = Duration::from_millis(10);
+
+/// Longest the helper sleeps while an application thread keeps polling, before it looks
+/// again whether the application has stopped. It starts at [`APP_ACTIVE`] and doubles
+/// each time it finds the application still polling. A look every [`APP_ACTIVE`] woke the
+/// helper 1,200 times a second during an `ib_write_bw` in the emulated bed, each time
+/// taking the CPU from the spinning application (114 us of CPU per look, 13 % of the
+/// run's CPU per helper). The cost of a longer look: an application that stops calling
+/// after a long poll to wait on its memory (a one-sided Write's target) has its first
+/// Write placed up to this late; later ones find the helper watching.
+pub const LOOK_MAX: Duration = Duration::from_millis(2);
+
+/// Rounds the helper keeps going after the last useful one, as long as the CPU is its own
+/// to spin on (`runtime`'s yield tells).
+pub const SPIN_ROUNDS: u32 = 64;
+
+/// The policy's knobs (`URDMA_APP_ACTIVE_US` and `URDMA_SPIN_ROUNDS` set two of them).
+#[derive(Clone, Copy, Debug)]
+pub struct Tuning {
+    pub app_active: Duration,
+    pub app_quiet: Duration,
+    pub look_max: Duration,
+    pub spin_rounds: u32,
+}
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        Tuning {
+            app_active: APP_ACTIVE,
+            app_quiet: APP_QUIET,
+            look_max: LOOK_MAX,
+            spin_rounds: SPIN_ROUNDS,
+        }
+    }
+}
+
+/// What the application's threads did, as the helper sees it (read without the lock).
+#[derive(Clone, Copy, Debug)]
+pub struct Activity {
+    /// Application threads inside a verb call now.
+    pub in_calls: u32,
+    /// When one last made a data verb call; [`Instant::ZERO`] once it said it goes to
+    /// sleep (`ibv_req_notify_cq`).
+    pub last_call: Instant,
+}
+
+/// How the helper sleeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sleep {
+    /// Its alarm (None: none).
+    pub until: Option<Instant>,
+    /// Whether a frame wakes it: the direct connections' sockets are in its poll set and
+    /// urdmad is asked to wake it (`ARM`) for the rest.
+    pub watching: bool,
+}
+
+/// What the helper does after a round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Another round at once (after a yield): traffic flows and nobody else makes progress.
+    Again,
+    /// Spin, yielding: without the lock, on the descriptors, when `on_descriptors` (every
+    /// connection has one that says when something comes); else with rounds.
+    Spin { on_descriptors: bool },
+    /// Sleep as `sleep`, asking urdmad first for an `EVENT WAKE` when `arm`.
+    Sleep { sleep: Sleep, arm: bool },
+}
+
+/// What a round of the helper found.
+#[derive(Clone, Copy, Debug)]
+pub struct Round {
+    /// It received, transmitted or handled urdmad's events.
+    pub worked: bool,
+    /// Rounds since the last one that worked, this one not counted.
+    pub idle: u32,
+    /// The helper's last yield found the CPU free.
+    pub cpu_free: bool,
+    /// Some connection's frames come through urdmad, which must be asked to wake the helper.
+    pub needs_arm: bool,
+    /// urdmad was asked already and has not woken the helper since.
+    pub armed: bool,
+    /// The earliest trp timer.
+    pub deadline: Option<Instant>,
+    /// When the helper woke from a sleep that watched for frames, if it has not slept
+    /// since. See [`Tuning::after_round`].
+    pub woke: Option<Instant>,
+}
+
+impl Tuning {
+    /// Whether an application thread is taken to be polling: it is inside a call, or made
+    /// one within [`Tuning::app_active`]. (A round that transmits a 64-KiB message holds
+    /// the lock for a millisecond under emulation: judged by the time of its start alone,
+    /// the application looked gone during its own calls.)
+    pub fn polling(&self, a: Activity, now: Instant) -> bool {
+        a.in_calls > 0 || now < a.last_call + self.app_active
+    }
+
+    /// Whether the application has been away long enough for the helper to spin.
+    pub fn quiet(&self, a: Activity, now: Instant) -> bool {
+        now >= a.last_call + self.app_quiet
+    }
+
+    /// The wait before the helper looks again at an application that still polls, after
+    /// waiting `d`: twice as long, from [`Tuning::app_active`] up to [`Tuning::look_max`].
+    pub fn next_look(&self, d: Duration) -> Duration {
+        (d * 2).min(self.look_max).max(self.app_active)
+    }
+
+    /// The helper's sleep: watching for frames, to the earliest trp timer; or, while the
+    /// application polls (its calls receive and run the timers), not watching, until it
+    /// may have stopped.
+    pub fn sleep(&self, a: Activity, now: Instant, deadline: Option<Instant>) -> Sleep {
+        if self.polling(a, now) {
+            Sleep {
+                until: Some(a.last_call + self.app_active),
+                watching: false,
+            }
+        } else {
+            Sleep {
+                until: deadline,
+                watching: true,
+            }
+        }
+    }
+
+    /// The helper's next step after round `r` (and the idle count to carry on with), `a`
+    /// read after the round.
+    ///
+    /// After a wake-up for a frame, an application that has made no call since, and is in
+    /// none, did not take the frame itself, however recent its last call: it waits on its
+    /// memory (a Write ping-pong's ends) or elsewhere, and the helper goes on watching.
+    /// Judged by its last call alone, the application of a Write ping-pong, which posts
+    /// and then spins on its buffer, looked like one polling at every message, and its
+    /// next frame waited for the helper's look. An application that polls is in a call
+    /// when the round ends (waiting for the lock the round held) or has made one since.
+    pub fn after_round(&self, r: Round, a: Activity, now: Instant) -> (Step, u32) {
+        let polling = match r.woke {
+            Some(w) => a.in_calls > 0 || a.last_call >= w,
+            None => self.polling(a, now),
+        };
+        let mut idle = r.idle;
+        if r.worked {
+            idle = 0;
+            if !polling {
+                return (Step::Again, idle);
+            }
+        }
+        idle += 1;
+        if idle < self.spin_rounds && r.cpu_free && self.quiet(a, now) {
+            // Rounds under the lock would hold off the application's calls (and a helper
+            // preempted while holding it stalls them for a time slice): where the
+            // descriptors can tell, spin on them instead.
+            let on_descriptors = !r.needs_arm;
+            return (Step::Spin { on_descriptors }, idle);
+        }
+        let sleep = if polling {
+            self.sleep(a, now, r.deadline)
+        } else {
+            Sleep {
+                until: r.deadline,
+                watching: true,
+            }
+        };
+        let arm = !r.armed && sleep.watching && r.needs_arm;
+        (Step::Sleep { sleep, arm }, idle)
+    }
+
+    /// Whether a helper spinning on its descriptors goes on (none was readable).
+    pub fn keep_spinning(&self, idle: u32, cpu_free: bool, a: Activity, now: Instant) -> bool {
+        idle < self.spin_rounds && cpu_free && self.quiet(a, now)
+    }
+
+    /// A helper that slept as `s` was woken by its alarm alone: whether it sleeps again
+    /// without a round, because the application still polls and its calls make the
+    /// progress (a round would only take the lock from them).
+    pub fn look_again(&self, s: Sleep, a: Activity, now: Instant) -> bool {
+        !s.watching && self.polling(a, now)
+    }
+
+    /// An application call ended while the helper sleeps as `s`: the alarm to move it to,
+    /// when that is earlier. A helper that watches is woken by the next frame, so only a
+    /// trp timer the call made earlier moves its alarm. (Moved to when the application
+    /// may have stopped polling, it woke the helper of an application waiting on a
+    /// completion channel once per message, to find it asleep again.)
+    pub fn alarm_after_call(
+        &self,
+        s: Sleep,
+        a: Activity,
+        now: Instant,
+        deadline: Option<Instant>,
+    ) -> Option<Option<Instant>> {
+        let d = if s.watching {
+            deadline
+        } else {
+            self.sleep(a, now, deadline).until
+        };
+        let earlier = match (d, s.until) {
+            (Some(d), Some(u)) => d < u,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        earlier.then_some(d)
+    }
+
+    /// The application goes to sleep (`ibv_req_notify_cq`) while the helper sleeps as `s`
+    /// (None: it is awake): whether to kick it, so that it watches for frames. One that
+    /// watches already is left asleep: kicked on every arm, the helper of an application
+    /// waiting on a completion channel woke once more per message, for nothing.
+    pub fn kick_on_sleep(&self, s: Option<Sleep>) -> bool {
+        s.is_some_and(|s| !s.watching)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Tuning = Tuning {
+        app_active: APP_ACTIVE,
+        app_quiet: APP_QUIET,
+        look_max: LOOK_MAX,
+        spin_rounds: SPIN_ROUNDS,
+    };
+
+    fn at(us: u64) -> Instant {
+        Instant::ZERO + Duration::from_micros(us)
+    }
+
+    fn app(in_calls: u32, last_call_us: u64) -> Activity {
+        Activity {
+            in_calls,
+            last_call: at(last_call_us),
+        }
+    }
+
+    /// Asleep in `ibv_get_cq_event`: no call since `ibv_req_notify_cq`.
+    const ASLEEP: Activity = Activity {
+        in_calls: 0,
+        last_call: Instant::ZERO,
+    };
+
+    fn round(worked: bool, idle: u32) -> Round {
+        Round {
+            worked,
+            idle,
+            cpu_free: true,
+            needs_arm: false,
+            armed: false,
+            deadline: Some(at(1_000_000)),
+            woke: None,
+        }
+    }
+
+    #[test]
+    fn a_polling_application_keeps_the_helper_from_watching() {
+        let now = at(100_000);
+        // Inside a call, however long ago it began.
+        assert!(T.polling(app(1, 0), now));
+        // Within APP_ACTIVE of its last call.
+        assert!(T.polling(app(0, 99_900), now));
+        assert!(!T.polling(app(0, 99_800), now));
+        let s = T.sleep(app(0, 99_900), now, Some(at(500_000)));
+        assert_eq!(
+            s,
+            Sleep {
+                until: Some(at(100_100)),
+                watching: false
+            }
+        );
+    }
+
+    #[test]
+    fn an_application_asleep_has_the_helper_watch_until_the_next_timer() {
+        let s = T.sleep(ASLEEP, at(5_000), Some(at(9_000)));
+        assert_eq!(
+            s,
+            Sleep {
+                until: Some(at(9_000)),
+                watching: true
+            }
+        );
+        assert_eq!(
+            T.sleep(ASLEEP, at(5_000), None),
+            Sleep {
+                until: None,
+                watching: true
+            }
+        );
+    }
+
+    /// An event-driven application's message: woken by its channel, it calls (poll_cq,
+    /// post_send, req_notify_cq) while the helper sleeps watching. Nothing of that may wake
+    /// the helper: neither a kick nor a moved alarm. Only a frame does.
+    #[test]
+    fn an_event_driven_message_costs_the_helper_no_wake_up() {
+        let deadline = Some(at(50_000));
+        let s = T.sleep(ASLEEP, at(1_000), deadline);
+        assert!(s.watching);
+        for t in [1_200, 1_250, 1_300] {
+            let a = app(0, t);
+            assert_eq!(T.alarm_after_call(s, a, at(t), deadline), None, "at {t}");
+        }
+        assert!(!T.kick_on_sleep(Some(s)));
+        // A call that makes a trp timer earlier still moves the alarm: no wake-up either.
+        assert_eq!(
+            T.alarm_after_call(s, app(0, 1_300), at(1_300), Some(at(2_000))),
+            Some(Some(at(2_000)))
+        );
+    }
+
+    #[test]
+    fn a_helper_that_does_not_watch_is_kicked_when_the_application_goes_to_sleep() {
+        let s = T.sleep(app(0, 1_000), at(1_000), None);
+        assert!(!s.watching);
+        assert!(T.kick_on_sleep(Some(s)));
+        assert!(!T.kick_on_sleep(None), "an awake helper sees it by itself");
+    }
+
+    #[test]
+    fn a_polling_application_moves_a_non_watching_helpers_alarm_only_earlier() {
+        let s = T.sleep(app(0, 1_000), at(1_000), None);
+        assert_eq!(s.until, Some(at(1_200)));
+        // Later calls push the time the application may have stopped further out: the
+        // alarm stays, and the helper looks again when it rings.
+        assert_eq!(T.alarm_after_call(s, app(0, 1_100), at(1_100), None), None);
+        // A timer due before it moves it.
+        assert_eq!(
+            T.alarm_after_call(s, app(0, 1_100), at(1_100), Some(at(1_150))),
+            None,
+            "the look comes first: the application's calls run the timers meanwhile"
+        );
+    }
+
+    #[test]
+    fn woken_by_its_alarm_while_the_application_polls_the_helper_looks_again_later() {
+        let s = T.sleep(app(0, 1_000), at(1_000), None);
+        assert!(T.look_again(s, app(1, 1_000), at(1_200)));
+        assert!(T.look_again(s, app(0, 1_150), at(1_200)));
+        assert!(
+            !T.look_again(s, app(0, 1_000), at(1_200)),
+            "stopped: a round"
+        );
+        let watching = T.sleep(ASLEEP, at(1_000), None);
+        assert!(!T.look_again(watching, app(1, 1_000), at(1_200)));
+        let mut d = T.app_active;
+        let mut looks = vec![];
+        for _ in 0..6 {
+            d = T.next_look(d);
+            looks.push(d.as_micros());
+        }
+        assert_eq!(looks, [400, 800, 1_600, 2_000, 2_000, 2_000]);
+    }
+
+    #[test]
+    fn work_keeps_the_helper_going_only_while_the_application_is_away() {
+        let (step, idle) = T.after_round(round(true, 7), ASLEEP, at(50_000));
+        assert_eq!((step, idle), (Step::Again, 0));
+        // The application polls: its calls take over from here.
+        let (step, idle) = T.after_round(round(true, 7), app(1, 49_990), at(50_000));
+        assert_eq!(idle, 1);
+        assert!(matches!(step, Step::Sleep { sleep, .. } if !sleep.watching));
+    }
+
+    #[test]
+    fn the_helper_spins_only_when_the_application_is_quiet_and_the_cpu_free() {
+        let now = at(50_000);
+        let (step, _) = T.after_round(round(false, 0), ASLEEP, now);
+        assert_eq!(
+            step,
+            Step::Spin {
+                on_descriptors: true
+            }
+        );
+        let mut r = round(false, 0);
+        r.needs_arm = true;
+        assert_eq!(
+            T.after_round(r, ASLEEP, now).0,
+            Step::Spin {
+                on_descriptors: false
+            }
+        );
+        r.cpu_free = false;
+        assert!(matches!(
+            T.after_round(r, ASLEEP, now).0,
+            Step::Sleep { arm: true, .. }
+        ));
+        // Called 5 ms ago: not quiet, no spin.
+        assert!(matches!(
+            T.after_round(round(false, 0), app(0, 45_000), now).0,
+            Step::Sleep { .. }
+        ));
+        // The spin ends after SPIN_ROUNDS idle rounds.
+        let (step, idle) = T.after_round(round(false, SPIN_ROUNDS - 1), ASLEEP, now);
+        assert_eq!(idle, SPIN_ROUNDS);
+        assert!(matches!(step, Step::Sleep { .. }));
+        assert!(T.keep_spinning(SPIN_ROUNDS - 1, true, ASLEEP, now));
+        assert!(!T.keep_spinning(SPIN_ROUNDS, true, ASLEEP, now));
+        assert!(!T.keep_spinning(1, false, ASLEEP, now));
+    }
+
+    /// A Write ping-pong whose ends spin on their buffers: each posts its Write, then makes
+    /// no call until the peer's lands. The helper woken by that frame must go on watching,
+    /// or the next one waits for its look.
+    #[test]
+    fn an_application_that_took_no_frame_since_the_wake_up_is_not_polling() {
+        let posted = app(0, 10_000);
+        let mut r = round(true, 0);
+        r.woke = Some(at(10_080));
+        // Judged by its last call alone it polls (80 µs ago)...
+        assert!(T.polling(posted, at(10_090)));
+        // ...but it made none since the frame woke the helper.
+        let (step, _) = T.after_round(r, posted, at(10_090));
+        assert_eq!(step, Step::Again);
+        r.worked = false;
+        let (step, _) = T.after_round(r, posted, at(10_120));
+        assert!(matches!(step, Step::Sleep { sleep, .. } if sleep.watching));
+        // An application that polls called since, or waits for the lock the round held.
+        for a in [app(0, 10_100), app(1, 10_000)] {
+            let (step, _) = T.after_round(r, a, at(10_120));
+            assert!(
+                matches!(step, Step::Sleep { sleep, .. } if !sleep.watching),
+                "{a:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn urdmad_is_asked_to_wake_the_helper_only_when_it_must() {
+        let now = at(50_000);
+        let mut r = round(false, SPIN_ROUNDS);
+        r.needs_arm = true;
+        assert!(matches!(
+            T.after_round(r, ASLEEP, now).0,
+            Step::Sleep { arm: true, sleep } if sleep.watching
+        ));
+        r.armed = true;
+        assert!(matches!(
+            T.after_round(r, ASLEEP, now).0,
+            Step::Sleep { arm: false, .. }
+        ));
+        // While the application polls the helper does not watch: nobody to wake.
+        r.armed = false;
+        assert!(matches!(
+            T.after_round(r, app(1, 49_999), now).0,
+            Step::Sleep { arm: false, .. }
+        ));
+        // Every connection's socket wakes it by itself.
+        r.needs_arm = false;
+        assert!(matches!(
+            T.after_round(r, ASLEEP, now).0,
+            Step::Sleep { arm: false, .. }
+        ));
+    }
+}
