@@ -13,6 +13,9 @@
  *   cm_cases client ADDR PORT disconnect       connect, then rdma_disconnect
  *   cm_cases client ADDR PORT wait             connect, wait for the peer's disconnect
  *   cm_cases client ADDR PORT hold             connect, wait for DISCONNECTED (peer died)
+ *   cm_cases client ADDR PORT hold-cq          connect, post a receive, arm the CQ and
+ *                                              block in ibv_get_cq_event until killed
+ *                                              (an event: "FAIL", nothing was sent)
  *
  * Prints "event NAME status N" for each rdma_cm event and "ok" when the
  * scenario went as expected (exit 0); "FAIL ..." and exit 1 otherwise.
@@ -68,6 +71,10 @@ static void expect(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
 	rdma_ack_cm_event(ev);
 }
 
+static struct ibv_comp_channel *comp_channel;
+static struct ibv_pd *qp_pd;
+
+/* The QP's CQ completes through comp_channel when there is one. */
 static void make_qp(struct rdma_cm_id *id)
 {
 	struct ibv_qp_init_attr qpa = {
@@ -75,15 +82,44 @@ static void make_qp(struct rdma_cm_id *id)
 			 .max_send_sge = 1, .max_recv_sge = 1 },
 		.qp_type = IBV_QPT_RC,
 	};
-	struct ibv_pd *pd = ibv_alloc_pd(id->verbs);
 
-	if (!pd)
+	qp_pd = ibv_alloc_pd(id->verbs);
+	if (!qp_pd)
 		fail("ibv_alloc_pd");
-	qpa.send_cq = qpa.recv_cq = ibv_create_cq(id->verbs, 8, NULL, NULL, 0);
+	qpa.send_cq = qpa.recv_cq = ibv_create_cq(id->verbs, 8, NULL,
+						  comp_channel, 0);
 	if (!qpa.send_cq)
 		fail("ibv_create_cq");
-	if (rdma_create_qp(id, pd, &qpa))
+	if (rdma_create_qp(id, qp_pd, &qpa))
 		fail("rdma_create_qp");
+}
+
+/*
+ * With a receive posted and the CQ armed, waits in ibv_get_cq_event: the
+ * peer sends nothing, so no event may come.  Ends when killed.
+ */
+static void hold_on_cq(struct rdma_cm_id *id)
+{
+	static char buf[64];
+	struct ibv_mr *mr = ibv_reg_mr(qp_pd, buf, sizeof(buf),
+				       IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = sizeof(buf) };
+	struct ibv_recv_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1 };
+	struct ibv_recv_wr *bad;
+	struct ibv_cq *cq;
+	void *ctx;
+
+	if (!mr)
+		fail("ibv_reg_mr");
+	sge.lkey = mr->lkey;
+	if (ibv_post_recv(id->qp, &wr, &bad))
+		fail("ibv_post_recv");
+	if (ibv_req_notify_cq(id->qp->recv_cq, 0))
+		fail("ibv_req_notify_cq");
+	printf("waiting on the completion channel\n");
+	if (ibv_get_cq_event(comp_channel, &cq, &ctx))
+		fail("ibv_get_cq_event");
+	fail("a completion event with nothing sent");
 }
 
 static struct rdma_addrinfo *addr(const char *host, const char *port, int passive)
@@ -185,6 +221,11 @@ static int client(const char *host, const char *port, const char *what,
 	if (rdma_resolve_route(id, 5000))
 		fail("rdma_resolve_route");
 	expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+	if (!strcmp(what, "hold-cq")) {
+		comp_channel = ibv_create_comp_channel(id->verbs);
+		if (!comp_channel)
+			fail("ibv_create_comp_channel");
+	}
 	make_qp(id);
 	if (rdma_connect(id, &param)) {
 		printf("FAIL rdma_connect: %s\n", strerror(errno));
@@ -217,6 +258,8 @@ static int client(const char *host, const char *port, const char *what,
 			fail("rdma_disconnect");
 	} else if (!strcmp(what, "hold")) {
 		wait_ms = 3600 * 1000;
+	} else if (!strcmp(what, "hold-cq")) {
+		hold_on_cq(id);
 	} else if (strcmp(what, "wait")) {
 		fail("unknown client scenario");
 	}
