@@ -42,9 +42,8 @@
 //! timeout: almost every message does that (the delayed ACK, the
 //! retransmission timer), and on a host whose cores are shared each of
 //! those wake-ups was a context switch on the message's path. A helper asleep
-//! watching for frames is neither kicked when the application arms a CQ nor
-//! has its alarm moved by the application's calls, but for a trp timer: the
-//! next frame wakes it. These rules are [`crate::progress`]'s, tested there; this
+//! watching for frames does not have its alarm moved by the application's
+//! calls, but for a trp timer: the next frame wakes it. These rules are [`crate::progress`]'s, tested there; this
 //! module carries them out.
 //!
 //! `ARM`'s reply is not waited for: urdmad looks at the process's rings
