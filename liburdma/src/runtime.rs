@@ -41,9 +41,7 @@
 //! call) rather than waking the helper to go back to sleep with a shorter
 //! timeout: almost every message does that (the delayed ACK, the
 //! retransmission timer), and on a host whose cores are shared each of
-//! those wake-ups was a context switch on the message's path. A helper asleep
-//! watching for frames does not have its alarm moved by the application's
-//! calls, but for a trp timer: the next frame wakes it. These rules are [`crate::progress`]'s, tested there; this
+//! those wake-ups was a context switch on the message's path. These rules are [`crate::progress`]'s, tested there; this
 //! module carries them out.
 //!
 //! `ARM`'s reply is not waited for: urdmad looks at the process's rings
@@ -874,8 +872,6 @@ fn helper_loop() {
     let mut ctl = -1;
     // How long to stay away from a lock the application holds.
     let mut busy = t.app_active;
-    // When the helper woke from a sleep that watched for frames (Round::woke).
-    let mut woke = None;
     loop {
         if quiet {
             let woken = readable_any([ctl, kick, alarm, sockets]);
@@ -927,7 +923,6 @@ fn helper_loop() {
             needs_arm: g.engine.needs_arm(),
             armed: g.armed,
             deadline: g.engine.deadline(),
-            woke,
         };
         let (step, next_idle) = t.after_round(round, activity(), now);
         idle = next_idle;
@@ -950,7 +945,6 @@ fn helper_loop() {
                 if arm {
                     g.arm();
                 }
-                woke = None;
                 sleep
             }
         };
@@ -974,9 +968,6 @@ fn helper_loop() {
             break;
         }
         lock().helper_sleep = None;
-        if sleep.watching {
-            woke = Some(self::now());
-        }
         drain([kick, alarm]);
         // One round to see what woke it: anything to do starts the spin
         // again, nothing (ARM's reply, a timer with nothing due) sleeps.
