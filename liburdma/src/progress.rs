@@ -109,8 +109,6 @@ pub struct Round {
     pub needs_arm: bool,
     /// urdmad was asked already and has not woken the helper since.
     pub armed: bool,
-    /// The earliest trp timer.
-    pub deadline: Option<Instant>,
 }
 
 impl Tuning {
@@ -135,8 +133,14 @@ impl Tuning {
 
     /// The helper's sleep: watching for frames, to the earliest trp timer; or, while the
     /// application polls (its calls receive and run the timers), not watching, until it
-    /// may have stopped.
-    pub fn sleep(&self, a: Activity, now: Instant, deadline: Option<Instant>) -> Sleep {
+    /// may have stopped. `deadline` gives the earliest trp timer, a look at every
+    /// connection: asked only when it is needed.
+    pub fn sleep(
+        &self,
+        a: Activity,
+        now: Instant,
+        deadline: impl FnOnce() -> Option<Instant>,
+    ) -> Sleep {
         if self.polling(a, now) {
             Sleep {
                 until: Some(a.last_call + self.app_active),
@@ -144,14 +148,20 @@ impl Tuning {
             }
         } else {
             Sleep {
-                until: deadline,
+                until: deadline(),
                 watching: true,
             }
         }
     }
 
     /// The helper's next step after round `r` (and the idle count to carry on with).
-    pub fn after_round(&self, r: Round, a: Activity, now: Instant) -> (Step, u32) {
+    pub fn after_round(
+        &self,
+        r: Round,
+        a: Activity,
+        now: Instant,
+        deadline: impl FnOnce() -> Option<Instant>,
+    ) -> (Step, u32) {
         let polling = self.polling(a, now);
         let mut idle = r.idle;
         if r.worked {
@@ -168,7 +178,7 @@ impl Tuning {
             let on_descriptors = !r.needs_arm;
             return (Step::Spin { on_descriptors }, idle);
         }
-        let sleep = self.sleep(a, now, r.deadline);
+        let sleep = self.sleep(a, now, deadline);
         let arm = !r.armed && sleep.watching && r.needs_arm;
         (Step::Sleep { sleep, arm }, idle)
     }
@@ -195,7 +205,7 @@ impl Tuning {
         s: Sleep,
         a: Activity,
         now: Instant,
-        deadline: Option<Instant>,
+        deadline: impl FnOnce() -> Option<Instant>,
     ) -> Option<Option<Instant>> {
         let d = self.sleep(a, now, deadline).until;
         let earlier = match (d, s.until) {
@@ -254,7 +264,6 @@ mod tests {
             cpu_free: true,
             needs_arm: false,
             armed: false,
-            deadline: Some(at(1_000_000)),
         }
     }
 
@@ -266,7 +275,7 @@ mod tests {
         // Within APP_ACTIVE of its last call.
         assert!(T.polling(app(0, 99_900), now));
         assert!(!T.polling(app(0, 99_800), now));
-        let s = T.sleep(app(0, 99_900), now, Some(at(500_000)));
+        let s = T.sleep(app(0, 99_900), now, || Some(at(500_000)));
         assert_eq!(
             s,
             Sleep {
@@ -278,7 +287,7 @@ mod tests {
 
     #[test]
     fn an_application_asleep_has_the_helper_watch_until_the_next_timer() {
-        let s = T.sleep(ASLEEP, at(5_000), Some(at(9_000)));
+        let s = T.sleep(ASLEEP, at(5_000), || Some(at(9_000)));
         assert_eq!(
             s,
             Sleep {
@@ -287,7 +296,7 @@ mod tests {
             }
         );
         assert_eq!(
-            T.sleep(ASLEEP, at(5_000), None),
+            T.sleep(ASLEEP, at(5_000), || None),
             Sleep {
                 until: None,
                 watching: true
@@ -299,45 +308,48 @@ mod tests {
     /// helper is to look when it may have stopped; a trp timer due sooner comes first.
     #[test]
     fn an_application_call_moves_a_watching_helpers_alarm_to_its_next_look() {
-        let s = T.sleep(ASLEEP, at(1_000), Some(at(50_000)));
+        let s = T.sleep(ASLEEP, at(1_000), || Some(at(50_000)));
         assert!(s.watching);
         assert_eq!(
-            T.alarm_after_call(s, app(0, 1_200), at(1_200), Some(at(50_000))),
+            T.alarm_after_call(s, app(0, 1_200), at(1_200), || Some(at(50_000))),
             Some(Some(at(1_400)))
         );
         assert_eq!(
-            T.alarm_after_call(s, app(0, 1_200), at(1_200), Some(at(1_300))),
+            T.alarm_after_call(s, app(0, 1_200), at(1_200), || Some(at(1_300))),
             Some(Some(at(1_400))),
             "while it polls, its calls run the timers"
         );
-        let quiet = T.sleep(ASLEEP, at(1_000), Some(at(50_000)));
+        let quiet = T.sleep(ASLEEP, at(1_000), || Some(at(50_000)));
         assert_eq!(
-            T.alarm_after_call(quiet, ASLEEP, at(1_200), Some(at(2_000))),
+            T.alarm_after_call(quiet, ASLEEP, at(1_200), || Some(at(2_000))),
             Some(Some(at(2_000)))
         );
-        assert_eq!(T.alarm_after_call(quiet, ASLEEP, at(1_200), None), None);
+        assert_eq!(T.alarm_after_call(quiet, ASLEEP, at(1_200), || None), None);
     }
 
     #[test]
     fn a_sleeping_helper_is_kicked_when_the_application_goes_to_sleep() {
-        let s = T.sleep(app(0, 1_000), at(1_000), None);
+        let s = T.sleep(app(0, 1_000), at(1_000), || None);
         assert!(!s.watching);
         assert!(T.kick_on_sleep(Some(s)));
         // Watching already: kicked all the same, to spin for the reply (kick_on_sleep).
-        assert!(T.kick_on_sleep(Some(T.sleep(ASLEEP, at(1_000), None))));
+        assert!(T.kick_on_sleep(Some(T.sleep(ASLEEP, at(1_000), || None))));
         assert!(!T.kick_on_sleep(None), "an awake helper sees it by itself");
     }
 
     #[test]
     fn a_polling_application_moves_a_non_watching_helpers_alarm_only_earlier() {
-        let s = T.sleep(app(0, 1_000), at(1_000), None);
+        let s = T.sleep(app(0, 1_000), at(1_000), || None);
         assert_eq!(s.until, Some(at(1_200)));
         // Later calls push the time the application may have stopped further out: the
         // alarm stays, and the helper looks again when it rings.
-        assert_eq!(T.alarm_after_call(s, app(0, 1_100), at(1_100), None), None);
+        assert_eq!(
+            T.alarm_after_call(s, app(0, 1_100), at(1_100), || None),
+            None
+        );
         // A timer due before it moves it.
         assert_eq!(
-            T.alarm_after_call(s, app(0, 1_100), at(1_100), Some(at(1_150))),
+            T.alarm_after_call(s, app(0, 1_100), at(1_100), || Some(at(1_150))),
             None,
             "the look comes first: the application's calls run the timers meanwhile"
         );
@@ -345,14 +357,14 @@ mod tests {
 
     #[test]
     fn woken_by_its_alarm_while_the_application_polls_the_helper_looks_again_later() {
-        let s = T.sleep(app(0, 1_000), at(1_000), None);
+        let s = T.sleep(app(0, 1_000), at(1_000), || None);
         assert!(T.look_again(s, app(1, 1_000), at(1_200)));
         assert!(T.look_again(s, app(0, 1_150), at(1_200)));
         assert!(
             !T.look_again(s, app(0, 1_000), at(1_200)),
             "stopped: a round"
         );
-        let watching = T.sleep(ASLEEP, at(1_000), None);
+        let watching = T.sleep(ASLEEP, at(1_000), || None);
         assert!(!T.look_again(watching, app(1, 1_000), at(1_200)));
         let mut d = T.app_active;
         let mut looks = vec![];
@@ -365,10 +377,13 @@ mod tests {
 
     #[test]
     fn work_keeps_the_helper_going_only_while_the_application_is_away() {
-        let (step, idle) = T.after_round(round(true, 7), ASLEEP, at(50_000));
+        let (step, idle) =
+            T.after_round(round(true, 7), ASLEEP, at(50_000), || Some(at(1_000_000)));
         assert_eq!((step, idle), (Step::Again, 0));
         // The application polls: its calls take over from here.
-        let (step, idle) = T.after_round(round(true, 7), app(1, 49_990), at(50_000));
+        let (step, idle) = T.after_round(round(true, 7), app(1, 49_990), at(50_000), || {
+            Some(at(1_000_000))
+        });
         assert_eq!(idle, 1);
         assert!(matches!(step, Step::Sleep { sleep, .. } if !sleep.watching));
     }
@@ -376,7 +391,7 @@ mod tests {
     #[test]
     fn the_helper_spins_only_when_the_application_is_quiet_and_the_cpu_free() {
         let now = at(50_000);
-        let (step, _) = T.after_round(round(false, 0), ASLEEP, now);
+        let (step, _) = T.after_round(round(false, 0), ASLEEP, now, || Some(at(1_000_000)));
         assert_eq!(
             step,
             Step::Spin {
@@ -386,23 +401,26 @@ mod tests {
         let mut r = round(false, 0);
         r.needs_arm = true;
         assert_eq!(
-            T.after_round(r, ASLEEP, now).0,
+            T.after_round(r, ASLEEP, now, || Some(at(1_000_000))).0,
             Step::Spin {
                 on_descriptors: false
             }
         );
         r.cpu_free = false;
         assert!(matches!(
-            T.after_round(r, ASLEEP, now).0,
+            T.after_round(r, ASLEEP, now, || Some(at(1_000_000))).0,
             Step::Sleep { arm: true, .. }
         ));
         // Called 5 ms ago: not quiet, no spin.
         assert!(matches!(
-            T.after_round(round(false, 0), app(0, 45_000), now).0,
+            T.after_round(round(false, 0), app(0, 45_000), now, || Some(at(1_000_000)))
+                .0,
             Step::Sleep { .. }
         ));
         // The spin ends after SPIN_ROUNDS idle rounds.
-        let (step, idle) = T.after_round(round(false, SPIN_ROUNDS - 1), ASLEEP, now);
+        let (step, idle) = T.after_round(round(false, SPIN_ROUNDS - 1), ASLEEP, now, || {
+            Some(at(1_000_000))
+        });
         assert_eq!(idle, SPIN_ROUNDS);
         assert!(matches!(step, Step::Sleep { .. }));
         assert!(T.keep_spinning(SPIN_ROUNDS - 1, true, ASLEEP, now));
@@ -416,24 +434,25 @@ mod tests {
         let mut r = round(false, SPIN_ROUNDS);
         r.needs_arm = true;
         assert!(matches!(
-            T.after_round(r, ASLEEP, now).0,
+            T.after_round(r, ASLEEP, now, || Some(at(1_000_000))).0,
             Step::Sleep { arm: true, sleep } if sleep.watching
         ));
         r.armed = true;
         assert!(matches!(
-            T.after_round(r, ASLEEP, now).0,
+            T.after_round(r, ASLEEP, now, || Some(at(1_000_000))).0,
             Step::Sleep { arm: false, .. }
         ));
         // While the application polls the helper does not watch: nobody to wake.
         r.armed = false;
         assert!(matches!(
-            T.after_round(r, app(1, 49_999), now).0,
+            T.after_round(r, app(1, 49_999), now, || Some(at(1_000_000)))
+                .0,
             Step::Sleep { arm: false, .. }
         ));
         // Every connection's socket wakes it by itself.
         r.needs_arm = false;
         assert!(matches!(
-            T.after_round(r, ASLEEP, now).0,
+            T.after_round(r, ASLEEP, now, || Some(at(1_000_000))).0,
             Step::Sleep { arm: false, .. }
         ));
     }

@@ -22,15 +22,17 @@
 //! The helper thread covers the time the application spends elsewhere
 //! (blocked in `ibv_get_cq_event`, `rdma_get_cm_event`, polling its own
 //! memory, ...). While an application thread polls (it is in a data verb or
-//! made one within [`crate::progress::APP_ACTIVE`]; `ibv_req_notify_cq` ends that at once) the
-//! helper stays out of its way: it sleeps without watching for frames and looks
-//! again when the application may have stopped, less often the longer it polls
-//! ([`crate::progress::LOOK_MAX`]). Its rounds leave the ACKs peers asked for to the application's
-//! reply while the application may still post one (`Shared::helper_round`), as the
-//! application's own rounds do. Otherwise, while traffic flows it keeps going
-//! (yielding the CPU between rounds); once the application has been away for
-//! [`crate::progress::APP_QUIET`] it may spin on for [`crate::progress::SPIN_ROUNDS`] idle rounds while its yields
-//! find the CPU free ([`YIELD_FREE`]); then it posts `ARM` to urdmad (unless it
+//! made one within [`crate::progress::APP_ACTIVE`]; `ibv_req_notify_cq` ends
+//! that at once) the helper stays out of its way: it sleeps without watching
+//! for frames and looks again when the application may have stopped, less
+//! often the longer it polls ([`crate::progress::LOOK_MAX`]). Its rounds leave
+//! the ACKs peers asked for to the application's reply while the application
+//! may still post one (`Shared::helper_round`), as the application's own rounds
+//! do. Otherwise, while traffic flows it keeps going (yielding the CPU between
+//! rounds); once the application has been away for
+//! [`crate::progress::APP_QUIET`] it may spin on for
+//! [`crate::progress::SPIN_ROUNDS`] idle rounds while its yields find the CPU
+//! free ([`YIELD_FREE`]); then it posts `ARM` to urdmad (unless it
 //! is armed already, or every connection is on the direct path, whose socket
 //! wakes it by itself) and sleeps in `poll()` on the
 //! control socket, its own eventfd, its alarm (a timerfd) and the epoll set
@@ -41,8 +43,8 @@
 //! call) rather than waking the helper to go back to sleep with a shorter
 //! timeout: almost every message does that (the delayed ACK, the
 //! retransmission timer), and on a host whose cores are shared each of
-//! those wake-ups was a context switch on the message's path. These rules are [`crate::progress`]'s, tested there; this
-//! module carries them out.
+//! those wake-ups was a context switch on the message's path. These rules
+//! are [`crate::progress`]'s, tested there; this module carries them out.
 //!
 //! `ARM`'s reply is not waited for: urdmad looks at the process's rings
 //! when it takes the `ARM` and sends `EVENT WAKE` at once if a frame is
@@ -637,9 +639,9 @@ impl Shared {
         p
     }
 
-    /// The helper's round over every QP. An application that called within [`crate::progress::APP_QUIET`]
-    /// may be waiting on its memory for what this round places, and reply at once (a
-    /// ping-pong of Writes): an ACK its peer asked for waits for that reply as in the
+    /// The helper's round over every QP. An application that called within
+    /// [`crate::progress::APP_QUIET`] may be waiting on its memory for what this round
+    /// places, and reply at once (a ping-pong of Writes): an ACK its peer asked for waits for that reply as in the
     /// application's own rounds (`trp::Config::ack_hold`). Were it sent alone, it would
     /// end the peer's wait for its completion before the reply came, and the peer's
     /// helper would have to be scheduled to place the reply in turn, message after
@@ -723,8 +725,9 @@ impl Shared {
         let now = now();
         self.deliver_notices();
         if let Some(sleep) = self.helper_sleep {
-            let deadline = self.engine.deadline();
-            if let Some(d) = tuning().alarm_after_call(sleep, activity(), now, deadline) {
+            let engine = &self.engine;
+            if let Some(d) = tuning().alarm_after_call(sleep, activity(), now, || engine.deadline())
+            {
                 self.helper_sleep = Some(Sleep { until: d, ..sleep });
                 set_alarm(d);
             }
@@ -922,9 +925,8 @@ fn helper_loop() {
             cpu_free: free,
             needs_arm: g.engine.needs_arm(),
             armed: g.armed,
-            deadline: g.engine.deadline(),
         };
-        let (step, next_idle) = t.after_round(round, activity(), now);
+        let (step, next_idle) = t.after_round(round, activity(), now, || g.engine.deadline());
         idle = next_idle;
         let sleep = match step {
             Step::Again => {
@@ -935,7 +937,7 @@ fn helper_loop() {
             Step::Spin { on_descriptors } => {
                 quiet = on_descriptors;
                 if quiet {
-                    set_alarm(round.deadline);
+                    set_alarm(g.engine.deadline());
                 }
                 drop(g);
                 free = yield_cpu();
