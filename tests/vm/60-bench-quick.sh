@@ -7,7 +7,8 @@
 # do not fail the test: under the VM's emulation their runs sometimes exceed the bench's
 # per-run bound, which says nothing about urdma. scripts/bench (the full run) wants them all.
 # The quick run includes the latency by how the application waits (tests/e2e/lat.c: a
-# completion channel, a spin on memory, a target that sleeps); the report must show its matrix.
+# completion channel, a spin on memory, a target that sleeps) and the floor beside it of any
+# user-space data path (tests/e2e/floor.c); the report must show its matrix.
 #
 # siw.ko: out/siw/siw.ko when scripts/bench or scripts/build-siw built it on the host,
 # otherwise scripts/bench-guest builds it here (slower under emulation).
@@ -27,6 +28,7 @@ grep -E "^bench: (round|done)|BENCH FAILURE" "$dir.log"
 awk -F, '$1 == "urdma" && $6 == "failed" {bad = 1} END {exit !bad}' "$dir/bench.csv" &&
 	fail "a urdma run failed: $(grep -m1 'BENCH FAILURE: urdma' "$dir.log")"
 scripts/bench-report --check "$dir" urdma || fail "urdma lacks a figure (above)"
+scripts/bench-report --check "$dir" floor floor-spin || fail "the user-space floor (tests/e2e/floor.c) lacks a figure (above)"
 echo "the kernel stacks' figures:"
 scripts/bench-report --check "$dir" rxe siw | sed 's/^/  /'
 timeout -k 5 300 scripts/bench-report "$dir" "$dir/report" || fail "scripts/bench-report failed on the quick run's CSV"
