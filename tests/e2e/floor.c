@@ -46,6 +46,7 @@
 #include <time.h>
 #include <sched.h>
 #include <unistd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 
 #define USAGE "usage: floor server|client ADDR PORT -p mem-write|sleep-read|busy-read " \
@@ -161,6 +162,8 @@ static void run_client(int iters)
 
 	if (!t)
 		fail("out of memory");
+	/* marks the exchange in a scheduler trace (scripts/trace-wakes) */
+	prctl(PR_SET_NAME, "floor-exchange");
 	for (seq = 1; seq <= (uint32_t)(iters + WARMUP); seq++) {
 		double start = now_us();
 
@@ -195,6 +198,7 @@ static void run_server(void)
 {
 	volatile uint64_t work = 0;
 
+	prctl(PR_SET_NAME, "floor-exchange");
 	switch (pattern) {
 	case MEM_WRITE:
 		for (uint32_t seq = 1;; seq++) {

@@ -42,6 +42,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/prctl.h>
 #include <rdma/rdma_cma.h>
 
 #define USAGE "usage: lat server|client ADDR PORT -p poll-send|chan-send|chan-write|fd-send|" \
@@ -496,6 +497,8 @@ static void run_one(struct conn *c, int client)
 
 	if (!t)
 		fail("out of memory");
+	/* marks the exchange in a scheduler trace (scripts/trace-wakes) */
+	prctl(PR_SET_NAME, "lat-exchange");
 	if (!is_remote()) {
 		for (i = 0; i < total; i++) {
 			t0 = now_us();
