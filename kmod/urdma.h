@@ -51,10 +51,15 @@
 #define URDMA_MAX_QP_WR		16384
 #define URDMA_MAX_SGE		8
 #define URDMA_MAX_SGE_RD	1
-#define URDMA_MAX_INLINE	128
+#define URDMA_MAX_INLINE	256
 /* Outstanding RDMA READs a QP may issue (ORD) and accept (IRD). */
 #define URDMA_MAX_ORD		32
 #define URDMA_MAX_IRD		32
+/*
+ * No IEEE OUI is ours: the value rxe reports for the same reason. Zero would
+ * read as "no vendor" to tools and test suites that expect one.
+ */
+#define URDMA_VENDOR_ID		0xffffff
 /* 1 TiB */
 #define URDMA_MAX_MR_SIZE	0x10000000000ULL
 

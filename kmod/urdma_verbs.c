@@ -35,6 +35,7 @@ int urdma_query_device(struct ib_device *ibdev, struct ib_device_attr *attr,
 
 	memset(attr, 0, sizeof(*attr));
 	attr->fw_ver = URDMA_FW_VER_RAW;
+	attr->vendor_id = URDMA_VENDOR_ID;
 	attr->sys_image_guid = ibdev->node_guid;
 	attr->max_mr_size = URDMA_MAX_MR_SIZE;
 	attr->page_size_cap = PAGE_SIZE;

@@ -4,7 +4,11 @@
  * more connections, each running thousands of randomly mixed Sends (some
  * inline, some solicited, some empty), RDMA Writes, Writes with Immediate and
  * RDMA Reads of random sizes and scatter/gather lists, with every byte and
- * every completion checked against what was posted.
+ * every completion checked against what was posted. Inline requests (up to
+ * 256 bytes where the device allows) have their buffers overwritten as soon as
+ * the post returns, so that a device that read them later delivers the wrong
+ * bytes; each connection's line reports how many there were and the QP's
+ * max_inline_data.
  *
  *   verify server ADDR PORT [options]
  *   verify client ADDR PORT [options]
@@ -159,6 +163,7 @@ struct conn {
 	uint8_t *shadow;	/* client: what the region should hold */
 	uint64_t raddr;
 	uint32_t rkey, rlen, max_inline, max_sge_rd;
+	uint64_t inlined;	/* client: requests posted with IBV_SEND_INLINE */
 	/* completions handed over by the waiting threads (-e) */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -299,7 +304,7 @@ static void setup_qp(struct conn *c, struct rdma_cm_id *id)
 		.cap = { .max_send_wr = MAX_BATCH * 2 + 8,
 			 .max_recv_wr = MAX_BATCH + 8,
 			 .max_send_sge = MAX_SGE, .max_recv_sge = MAX_SGE,
-			 .max_inline_data = 64 },
+			 .max_inline_data = 256 },
 		.qp_type = IBV_QPT_RC,
 	};
 	struct ibv_device_attr da;
@@ -762,6 +767,15 @@ static void client_batch(struct conn *c, unsigned n, uint64_t *s)
 		if (ret)
 			fail("conn %u: ibv_post_send: %s (bad_wr %" PRIu64 ")", c->index,
 			     strerror(ret), bad ? bad->wr_id : 0);
+		/* Inline data is the device's once the post returns: the buffers are ours again. */
+		for (k = first; k < first + len; k++) {
+			if (!(wr[k].send_flags & IBV_SEND_INLINE))
+				continue;
+			for (int j = 0; j < wr[k].num_sge; j++)
+				memset((void *)(uintptr_t)wr[k].sg_list[j].addr, 0xa5,
+				       wr[k].sg_list[j].length);
+			c->inlined++;
+		}
 		first += len;
 	}
 	/* Signalled completions in posting order, then the server's ACK. */
@@ -918,8 +932,9 @@ static void *client_conn(void *arg)
 		fail("rdma_disconnect: %s", strerror(errno));
 	wait_cm(ch, RDMA_CM_EVENT_DISCONNECTED, NULL);
 	printf("verify: conn %u sends %" PRIu64 " writes %" PRIu64 " write_imms %" PRIu64
-	       " reads %" PRIu64 " empty %" PRIu64 " bytes %" PRIu64 "\n", c->index,
-	       c->sends, c->writes, c->write_imms, c->reads, c->empty, c->bytes);
+	       " reads %" PRIu64 " empty %" PRIu64 " bytes %" PRIu64 " inline %" PRIu64
+	       " max_inline %u\n", c->index, c->sends, c->writes, c->write_imms, c->reads,
+	       c->empty, c->bytes, c->inlined, c->max_inline);
 	fflush(stdout);
 	return NULL;
 }

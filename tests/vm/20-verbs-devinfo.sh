@@ -39,6 +39,9 @@ check_limit max_pd URDMA_MAX_PD max_pd
 check_limit max_mr_size URDMA_MAX_MR_SIZE
 check_limit max_qp_rd_atom URDMA_MAX_IRD
 check_limit max_qp_init_rd_atom URDMA_MAX_ORD
+# rdma-core's test suite rejects a device whose vendor_id is 0.
+[ "$(val vendor_id)" = "$(printf '0x%x' "$(kmod_limit URDMA_VENDOR_ID)")" ] ||
+	fail "vendor_id is '$(val vendor_id)', urdma.ko declares URDMA_VENDOR_ID = $(kmod_limit URDMA_VENDOR_ID)"
 
 # The firmware version the provider decodes from query_device is the one sysfs shows.
 fw_sysfs=$(cat /sys/class/infiniband/urdma0/fw_ver)

@@ -25,6 +25,7 @@ verify_run() {
 	wait_server "verify-$label" 120
 	cat "$OUT/verify-$label.log"
 	grep -q "verify: ok server" "$OUT/verify-$label.log" || fail "verify server $label did not finish"
+	client_out=$out
 }
 
 bed_up
@@ -32,6 +33,10 @@ before_a=$(res_counts urdmaA)
 before_b=$(res_counts urdmaB)
 
 verify_run clean -s 1
+# Inline data (IBV_SEND_INLINE, buffers overwritten once the post returns) up to 256 bytes.
+grep -q "max_inline 256" <<<"$client_out" ||
+	fail "the client's QP was not given 256 bytes of inline data: $(grep -m1 'verify: conn' <<<"$client_out")"
+grep -qE " inline [1-9]" <<<"$client_out" || fail "no request was posted inline: $(grep -m1 'verify: conn' <<<"$client_out")"
 verify_run events -s 2 -e 4
 verify_run conns -s 3 -c 4
 t "$BED" netem loss 2% delay 1ms reorder 25% 50% || fail "scripts/bed netem"
