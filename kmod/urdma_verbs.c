@@ -53,8 +53,12 @@ int urdma_query_device(struct ib_device *ibdev, struct ib_device_attr *attr,
 	attr->max_qp_rd_atom = URDMA_MAX_IRD;
 	attr->max_qp_init_rd_atom = URDMA_MAX_ORD;
 	attr->max_res_rd_atom = lim->qp * URDMA_MAX_IRD;
-	/* RFC 7306 atomics are not placed yet. */
-	attr->atomic_cap = IB_ATOMIC_NONE;
+	/*
+	 * The provider runs RFC 7306 atomics with locked instructions on the
+	 * target memory: atomic against every other atomic on that memory of
+	 * this host, from any QP or process.
+	 */
+	attr->atomic_cap = IB_ATOMIC_HCA;
 	return 0;
 }
 

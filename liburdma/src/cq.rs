@@ -31,6 +31,8 @@ pub fn wc_opcode(o: WcOpcode) -> ibv_wc_opcode {
         WcOpcode::Send => IBV_WC_SEND,
         WcOpcode::RdmaWrite => IBV_WC_RDMA_WRITE,
         WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
+        WcOpcode::CompareSwap => IBV_WC_COMP_SWAP,
+        WcOpcode::FetchAdd => IBV_WC_FETCH_ADD,
         WcOpcode::Recv => IBV_WC_RECV,
         WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
     }
@@ -71,7 +73,9 @@ pub fn post_errno(e: PostError) -> i32 {
     match e {
         PostError::State => libc::EINVAL,
         PostError::QueueFull => libc::ENOMEM,
-        PostError::LocalProtection(_) | PostError::TooLong => libc::EINVAL,
+        PostError::LocalProtection(_) | PostError::TooLong | PostError::AtomicResult => {
+            libc::EINVAL
+        }
     }
 }
 

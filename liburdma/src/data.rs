@@ -7,7 +7,7 @@
 use std::ffi::c_int;
 
 use rdma_core_sys::*;
-use trp::{Instant, SendOp, Sge};
+use trp::{AtomicOp, Instant, SendOp, Sge};
 
 use crate::engine::{QpKey, SendReq};
 use crate::guard::catch;
@@ -42,14 +42,15 @@ unsafe fn sges(list: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Opti
 }
 
 /// The trp operation of a send work request; None for what iWARP has not
-/// (Send with Immediate, atomics, ...).
+/// (Send with Immediate, ...).
 pub fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
     let solicited = wr.send_flags & IBV_SEND_SOLICITED != 0;
     // SAFETY: reading the union members the opcode selects (all plain
     // integers, so any bit pattern is valid).
-    let (rdma, imm, inv) = unsafe {
+    let (rdma, atomic, imm, inv) = unsafe {
         (
             wr.wr.rdma,
+            wr.wr.atomic,
             wr.__bindgen_anon_1.imm_data,
             wr.__bindgen_anon_1.invalidate_rkey,
         )
@@ -76,6 +77,21 @@ pub fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
         IBV_WR_RDMA_READ => SendOp::RdmaRead {
             remote_addr: rdma.remote_addr,
             rkey: rdma.rkey,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::Atomic {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            op: AtomicOp::FetchAdd {
+                add: atomic.compare_add,
+            },
+        },
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::Atomic {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            op: AtomicOp::CompareSwap {
+                compare: atomic.compare_add,
+                swap: atomic.swap,
+            },
         },
         _ => return None,
     })
@@ -300,7 +316,6 @@ mod tests {
             })
         );
         assert_eq!(send_op(&wr(IBV_WR_SEND_WITH_IMM, 0)), None);
-        assert_eq!(send_op(&wr(IBV_WR_ATOMIC_FETCH_AND_ADD, 0)), None);
     }
 
     #[test]

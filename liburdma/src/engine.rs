@@ -123,14 +123,6 @@ pub fn fail_errno(r: FailReason) -> i32 {
     }
 }
 
-fn send_wc_opcode(op: &SendOp) -> WcOpcode {
-    match op {
-        SendOp::Send { .. } => WcOpcode::Send,
-        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteImm { .. } => WcOpcode::RdmaWrite,
-        SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
-    }
-}
-
 fn flush(wr_id: u64, queue: Queue, opcode: WcOpcode) -> Completion {
     Completion {
         wr_id,
@@ -299,7 +291,7 @@ impl Engine {
         if qp.conn.is_none() {
             if qp.errored {
                 qp.out
-                    .push_back(flush(wr.wr_id, Queue::Send, send_wc_opcode(&wr.op)));
+                    .push_back(flush(wr.wr_id, Queue::Send, SendOp::wc_opcode(&wr.op)));
                 return Ok(());
             }
             return Err(PostFail::NotConnected);

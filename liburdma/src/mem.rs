@@ -13,8 +13,9 @@
 //! address differs from its address (`ibv_reg_mr_iova`) is refused, as the
 //! copies use the addresses trp hands them as pointers.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use trp::mr::InvalidateError;
-use trp::{Access, Memory, Region};
+use trp::{Access, AtomicOp, Memory, Region};
 
 use crate::int_hash::IntMap;
 
@@ -39,7 +40,7 @@ pub struct MrTable {
 
 /// `ibv_access_flags` → trp's rights (the same three bits).
 pub fn access_from_ibv(flags: u32) -> Access {
-    Access::from_bits((flags & 7) as u8)
+    Access::from_bits((flags & 15) as u8)
 }
 
 impl MrTable {
@@ -119,6 +120,25 @@ impl Memory for QpMemory<'_> {
         // QP's inline buffer) that trp has checked.
         unsafe {
             std::ptr::copy_nonoverlapping(addr as usize as *const u8, out.as_mut_ptr(), out.len())
+        }
+    }
+
+    /// A locked instruction on the memory itself: indivisible against every
+    /// other atomic on it, from any thread or process of this host, urdma's
+    /// own and the CPU's (more than `IBV_ATOMIC_HCA` asks).
+    fn atomic(&mut self, addr: u64, op: AtomicOp) -> u64 {
+        // SAFETY: trp checked that the 8 bytes at addr lie in a registered
+        // region (pinned) with remote atomic access, and that addr is
+        // 8-byte aligned, as AtomicU64 needs; other accesses to that memory
+        // are the application's, which verbs leaves to it.
+        let cell = unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) };
+        match op {
+            AtomicOp::FetchAdd { add } => cell.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::CompareSwap { compare, swap } => {
+                match cell.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                }
+            }
         }
     }
 }

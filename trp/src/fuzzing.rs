@@ -50,6 +50,16 @@ pub fn parsers(data: &[u8]) {
         r.emit(&mut buf);
         assert_eq!(rdmap::ReadRequest::parse(&buf).unwrap(), r);
     }
+    if let Ok(r) = rdmap::AtomicRequest::parse(data) {
+        let mut buf = [0u8; rdmap::ATOMIC_REQUEST_LEN];
+        r.emit(&mut buf);
+        assert_eq!(rdmap::AtomicRequest::parse(&buf).unwrap(), r);
+    }
+    if let Ok(r) = rdmap::AtomicResponse::parse(data) {
+        let mut buf = [0u8; rdmap::ATOMIC_RESPONSE_LEN];
+        r.emit(&mut buf);
+        assert_eq!(rdmap::AtomicResponse::parse(&buf).unwrap(), r);
+    }
     if let Ok(h) = handshake::Repr::parse(data) {
         let mut buf = vec![0u8; h.buffer_len()];
         h.emit(&mut buf);

@@ -82,4 +82,6 @@ pub use mr::{Access, Memory, Region, VecMemory};
 pub use setup::{ConnectOutcome, Connecting, Incoming, SetupError};
 pub use state::QpState;
 pub use time::Instant;
-pub use verbs::{Completion, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+pub use verbs::{
+    AtomicOp, Completion, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};

@@ -4,6 +4,8 @@
 //! application memory; tests: plain vectors). The core only asks questions
 //! through [`Memory`] and reads or writes ranges it has checked first.
 
+use crate::verbs::AtomicOp;
+
 /// Access rights of a region (a subset of `ibv_access_flags`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Access(u8);
@@ -13,7 +15,8 @@ impl Access {
     pub const LOCAL_WRITE: Access = Access(1);
     pub const REMOTE_WRITE: Access = Access(2);
     pub const REMOTE_READ: Access = Access(4);
-    pub const ALL: Access = Access(7);
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    pub const ALL: Access = Access(15);
 
     pub const fn union(self, o: Access) -> Access {
         Access(self.0 | o.0)
@@ -25,7 +28,7 @@ impl Access {
         self.0
     }
     pub const fn from_bits(b: u8) -> Access {
-        Access(b & 7)
+        Access(b & 15)
     }
 }
 
@@ -86,6 +89,10 @@ pub trait Memory {
     fn invalidate(&mut self, stag: u32, pd: u32) -> Result<(), InvalidateError>;
     fn write(&mut self, addr: u64, data: &[u8]);
     fn read(&self, addr: u64, out: &mut [u8]);
+    /// Applies `op` to the 8-byte-aligned 64-bit integer at `addr`, as one
+    /// indivisible step with respect to every other atomic on that memory,
+    /// and returns the value it found.
+    fn atomic(&mut self, addr: u64, op: AtomicOp) -> u64;
 }
 
 /// A failed protection check, in the order the checks run.
@@ -213,6 +220,14 @@ impl Memory for VecMemory {
     fn read(&self, addr: u64, out: &mut [u8]) {
         let a = addr as usize;
         out.copy_from_slice(&self.bytes[a..a + out.len()]);
+    }
+    /// One thread owns a `VecMemory`: a read and a write are indivisible.
+    fn atomic(&mut self, addr: u64, op: AtomicOp) -> u64 {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b);
+        let old = u64::from_ne_bytes(b);
+        self.write(addr, &op.apply(old).to_ne_bytes());
+        old
     }
 }
 

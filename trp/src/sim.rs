@@ -272,7 +272,7 @@ fn earliest(ts: &[Option<Instant>]) -> Option<Instant> {
 /// The memory the simulated tests start from: `size` bytes in protection
 /// domain `pd`, the lower half registered as [`LKEY`] for local access (the
 /// sources and sinks of SGEs), the upper half as [`RKEY`] for the peer's
-/// RDMA Writes and Reads. Neither may be invalidated by a remote Send.
+/// RDMA Writes, Reads and atomics. Neither may be invalidated by a remote Send.
 pub fn memory(pd: u32, size: u64) -> VecMemory {
     let mut m = VecMemory::new(size as usize);
     m.register(
@@ -286,7 +286,7 @@ pub fn memory(pd: u32, size: u64) -> VecMemory {
             pd,
             size / 2,
             size / 2,
-            Access::REMOTE_WRITE | Access::REMOTE_READ,
+            Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
         ),
         false,
     );

@@ -33,6 +33,65 @@ pub enum SendOp {
         remote_addr: u64,
         rkey: u32,
     },
+    /// RFC 7306 atomic on the 8 bytes at `remote_addr`; the value found
+    /// there lands in the request's first 8 bytes of local memory.
+    Atomic {
+        remote_addr: u64,
+        rkey: u32,
+        op: AtomicOp,
+    },
+}
+
+/// The two atomics of verbs. The remote value is a 64-bit integer in the
+/// responder's byte order, as libibverbs defines it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    FetchAdd { add: u64 },
+    CompareSwap { compare: u64, swap: u64 },
+}
+
+impl AtomicOp {
+    /// Applies the operation to `old`: the value left in memory.
+    #[inline]
+    pub fn apply(self, old: u64) -> u64 {
+        match self {
+            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+            AtomicOp::CompareSwap { compare, swap } => {
+                if old == compare {
+                    swap
+                } else {
+                    old
+                }
+            }
+        }
+    }
+}
+
+impl SendOp {
+    /// The opcode of the request's completion.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send { .. } => WcOpcode::Send,
+            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            SendOp::Atomic {
+                op: AtomicOp::FetchAdd { .. },
+                ..
+            } => WcOpcode::FetchAdd,
+            SendOp::Atomic {
+                op: AtomicOp::CompareSwap { .. },
+                ..
+            } => WcOpcode::CompareSwap,
+        }
+    }
+
+    /// Whether the request completes on the peer's response (an RDMA Read
+    /// or an atomic: each takes one of the peer's IRD slots) rather than on
+    /// the acknowledgement of what it sent.
+    #[inline]
+    pub fn awaits_response(&self) -> bool {
+        matches!(self, SendOp::RdmaRead { .. } | SendOp::Atomic { .. })
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -73,6 +132,8 @@ pub enum WcOpcode {
     Send,
     RdmaWrite,
     RdmaRead,
+    CompareSwap,
+    FetchAdd,
     Recv,
     RecvRdmaWithImm,
 }
@@ -112,6 +173,8 @@ pub enum PostError {
     LocalProtection(crate::mr::ProtectionError),
     /// The total length exceeds 2^31 bytes (EINVAL).
     TooLong,
+    /// An atomic without 8 bytes of local memory for its result (EINVAL).
+    AtomicResult,
 }
 
 impl core::fmt::Display for PostError {
@@ -121,6 +184,7 @@ impl core::fmt::Display for PostError {
             PostError::QueueFull => f.write_str("work queue full"),
             PostError::LocalProtection(e) => write!(f, "local protection error: {e}"),
             PostError::TooLong => f.write_str("message longer than 2^31 bytes"),
+            PostError::AtomicResult => f.write_str("atomic without 8 bytes for its result"),
         }
     }
 }

@@ -1,14 +1,14 @@
-//! Property tests: no tagged placement or read ever touches memory the
-//! application did not register for the peer, and each violation yields the
-//! Terminate code RFC 5040/5041 prescribe.
+//! Property tests: no tagged placement, read or atomic ever touches memory
+//! the application did not register for the peer, and each violation yields
+//! the Terminate code RFC 5040/5041/7306 prescribe.
 
 use proptest::prelude::*;
 use trp::mr::{self, ProtectionError};
 use trp::sim::Pair;
-use trp::terminate::{Cause, ProtectionCode};
+use trp::terminate::{Cause, OperationCode, ProtectionCode};
 use trp::{
-    Access, Config, Event, FailReason, Memory, QpState, Region, SendOp, SendWr, Sge, VecMemory,
-    WcStatus,
+    Access, AtomicOp, Config, Event, FailReason, Memory, QpState, Region, SendOp, SendWr, Sge,
+    VecMemory, WcStatus,
 };
 
 const SIZE: u64 = 64 * 1024;
@@ -56,7 +56,15 @@ fn offsets() -> impl Strategy<Value = u64> {
 }
 
 fn rights() -> impl Strategy<Value = Access> {
-    (0u8..8).prop_map(Access::from_bits)
+    (0u8..16).prop_map(Access::from_bits)
+}
+
+fn atomic_offsets() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        3 => (0..SIZE / 8 * 2).prop_map(|x| x * 8),
+        1 => 0..SIZE * 2,
+        1 => (u64::MAX - 64)..=u64::MAX,
+    ]
 }
 
 fn targets() -> impl Strategy<Value = Target> {
@@ -171,5 +179,81 @@ proptest! {
             }
         }
         let _ = p.b.mem.region(TARGET);
+    }
+
+    #[test]
+    fn atomic_access(
+        target in targets(),
+        base in 0..SIZE,
+        rlen in 0..SIZE,
+        access in rights(),
+        to in atomic_offsets(),
+        fetch_add in any::<bool>(),
+        a1 in any::<u64>(),
+        a2 in any::<u64>(),
+    ) {
+        let rlen = rlen.min(SIZE - base);
+        let (a, b) = setup(target, base, rlen, access);
+        let expect = mr::check(&b, TARGET, PD, to, 8, Access::REMOTE_ATOMIC)
+            .map_err(|e| Cause::RemoteProtection(ProtectionCode::from(e)))
+            .and_then(|()| {
+                if to.is_multiple_of(8) {
+                    Ok(())
+                } else {
+                    Err(Cause::RemoteOperation(OperationCode::AtomicAlignment))
+                }
+            });
+        let cfg = Config { pd: PD, ..Config::default() };
+        let mut p = Pair::builder().config(cfg).seed(1).memories(a, b).connect().unwrap();
+        let before_b = p.b.mem.bytes.clone();
+        let sink = 24;
+        let sge = [Sge { addr: sink, len: 8, lkey: LKEY }];
+        let op = if fetch_add {
+            AtomicOp::FetchAdd { add: a1 }
+        } else {
+            AtomicOp::CompareSwap { compare: a1, swap: a2 }
+        };
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Atomic { remote_addr: to, rkey: TARGET, op },
+            sges: &sge,
+            signaled: true,
+        };
+        p.a.conn.post_send(&p.a.mem, &wr).unwrap();
+        let mut done = None;
+        p.run_until(trp::Instant(p.now.0 + 1_000_000_000), |p| {
+            if let Some(c) = p.a.conn.poll_completion() { done = Some(c); }
+            done.is_some() && p.b.conn.state() != QpState::Error
+        });
+        let c = done.expect("completion");
+        match expect {
+            Ok(()) => {
+                prop_assert_eq!(c.status, WcStatus::Success);
+                prop_assert_eq!(c.byte_len, 8);
+                let at = to as usize;
+                let old = u64::from_ne_bytes(before_b[at..at + 8].try_into().unwrap());
+                let result = &p.a.mem.bytes[sink as usize..sink as usize + 8];
+                prop_assert_eq!(u64::from_ne_bytes(result.try_into().unwrap()), old);
+                let mut want = before_b.clone();
+                want[at..at + 8].copy_from_slice(&op.apply(old).to_ne_bytes());
+                prop_assert_eq!(&p.b.mem.bytes, &want);
+            }
+            Err(cause) => {
+                prop_assert_eq!(&p.b.mem.bytes, &before_b);
+                let status = if matches!(cause, Cause::RemoteProtection(_)) {
+                    WcStatus::RemoteAccess
+                } else {
+                    WcStatus::RemoteOperation
+                };
+                prop_assert_eq!(c.status, status);
+                let t = match p.a.conn.poll_event() {
+                    Some(Event::Failed(FailReason::TerminateReceived(t))) => t,
+                    other => return Err(TestCaseError::fail(format!("event {other:?}"))),
+                };
+                prop_assert_eq!((t.layer, t.etype, t.code), cause.wire());
+                prop_assert!(t.ddp_header.is_some(), "DDP header echoed");
+                prop_assert_eq!(p.b.conn.state(), QpState::Closed);
+            }
+        }
     }
 }

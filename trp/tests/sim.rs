@@ -7,8 +7,8 @@
 
 use trp::sim::{LinkConfig, Pair, Rng, LKEY, RKEY};
 use trp::{
-    Access, Completion, Config, Memory, Queue, RecvWr, Region, SendOp, SendWr, Sge, VecMemory,
-    WcOpcode, WcStatus,
+    Access, AtomicOp, Completion, Config, Memory, Queue, RecvWr, Region, SendOp, SendWr, Sge,
+    VecMemory, WcOpcode, WcStatus,
 };
 
 /// Not 0, so a PD that fails to reach a check shows.
@@ -41,12 +41,22 @@ enum Check {
     Invalidated {
         stag: u32,
     },
+    /// The 64-bit integer (native order) at `at` across `pieces` is `want`.
+    Value {
+        pieces: Vec<(u64, u32)>,
+        want: u64,
+    },
 }
+
+/// Atomic targets in each side's remote area, and the values the model
+/// says they hold: atomics run once each, in the order they were posted.
+const COUNTERS: usize = 4;
 
 struct Side {
     local: Arena,
     remote: Arena,
     next_stag: u32,
+    counters: [(u64, u64); COUNTERS],
 }
 
 struct Expect {
@@ -119,7 +129,17 @@ fn post_workload(p: &mut Pair, rng: &mut Rng, ops: usize, budget: u64, mem_size:
             end: mem_size,
         },
         next_stag: 0x1000,
+        counters: [(0, 0); COUNTERS],
     });
+    for (x, side) in sides.iter_mut().enumerate() {
+        for c in 0..COUNTERS {
+            let at = side.remote.alloc(rng, 16).next_multiple_of(8);
+            let v = rng.next_u64();
+            let (mine, _) = ends(p, x);
+            mine.write(at, &v.to_ne_bytes());
+            side.counters[c] = (at, v);
+        }
+    }
     let mut exp = Expect {
         cq: [Vec::new(), Vec::new()],
         checks: Vec::new(),
@@ -141,6 +161,8 @@ fn post_workload(p: &mut Pair, rng: &mut Rng, ops: usize, budget: u64, mem_size:
         }
         let id = wr_id;
         wr_id += 2;
+        let mut sges = src_sges.clone();
+        let mut byte_len = len as u32;
         let (op, wc) = match kind {
             0..30 => {
                 let invalidate = if rng.chance(0.2) {
@@ -228,6 +250,40 @@ fn post_workload(p: &mut Pair, rng: &mut Rng, ops: usize, budget: u64, mem_size:
                     )
                 }
             }
+            90.. => {
+                // Atomic on one of y's counters; the value found lands in x's result SGEs.
+                let c = rng.below(COUNTERS as u64) as usize;
+                let (at, old) = sides[y].counters[c];
+                let (op, wc) = if rng.chance(0.5) {
+                    let add = rng.next_u64() >> rng.below(64);
+                    (AtomicOp::FetchAdd { add }, WcOpcode::FetchAdd)
+                } else {
+                    let compare = if rng.chance(0.5) { old } else { rng.next_u64() };
+                    let swap = rng.next_u64();
+                    (
+                        AtomicOp::CompareSwap { compare, swap },
+                        WcOpcode::CompareSwap,
+                    )
+                };
+                sides[y].counters[c].1 = op.apply(old);
+                sges = split(rng, &mut sides[x].local, 8);
+                byte_len = 8;
+                exp.checks.push((
+                    x,
+                    Check::Value {
+                        pieces: pieces(&sges),
+                        want: old,
+                    },
+                ));
+                (
+                    SendOp::Atomic {
+                        remote_addr: at,
+                        rkey: RKEY,
+                        op,
+                    },
+                    wc,
+                )
+            }
             _ => {
                 // Read: y's remote area is the source, x's scatter list the sink.
                 let src = sides[y].remote.alloc(rng, len);
@@ -255,7 +311,7 @@ fn post_workload(p: &mut Pair, rng: &mut Rng, ops: usize, budget: u64, mem_size:
         let wr = SendWr {
             wr_id: id,
             op,
-            sges: &src_sges,
+            sges: &sges,
             signaled,
         };
         let e = if x == 0 { &mut p.a } else { &mut p.b };
@@ -266,11 +322,22 @@ fn post_workload(p: &mut Pair, rng: &mut Rng, ops: usize, budget: u64, mem_size:
                 queue: Queue::Send,
                 status: WcStatus::Success,
                 opcode: wc,
-                byte_len: len as u32,
+                byte_len,
                 imm: None,
                 invalidated: None,
                 solicited: false,
             });
+        }
+    }
+    for (y, side) in sides.iter().enumerate() {
+        for &(at, want) in &side.counters {
+            exp.checks.push((
+                y,
+                Check::Value {
+                    pieces: vec![(at, 8)],
+                    want,
+                },
+            ));
         }
     }
     exp
@@ -441,6 +508,15 @@ fn run_driven(
             Check::Invalidated { stag } => {
                 if mine.region(*stag).is_some_and(|r| r.valid) {
                     return Err(format!("side {side}: STag {stag:#x} not invalidated"));
+                }
+            }
+            Check::Value { pieces, want } => {
+                let have = collect(mine, pieces);
+                let have = u64::from_ne_bytes(have[..8].try_into().expect("8 bytes"));
+                if have != *want {
+                    return Err(format!(
+                        "side {side}: {have:#x} at {pieces:?}, the model says {want:#x}"
+                    ));
                 }
             }
         }

@@ -78,11 +78,7 @@ impl Completion {
             wr_id,
             queue: Queue::Send,
             status,
-            opcode: match op {
-                SendOp::Send { .. } => WcOpcode::Send,
-                SendOp::RdmaWrite { .. } | SendOp::RdmaWriteImm { .. } => WcOpcode::RdmaWrite,
-                SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
-            },
+            opcode: op.wc_opcode(),
             byte_len,
             imm: None,
             invalidated: None,
@@ -142,9 +138,10 @@ impl Connection {
         if matches!(self.state, Phase::Rts | Phase::Closing(_)) {
             while let Some(e) = self.sq.entries.front() {
                 let done = e.issued
-                    && match e.op {
-                        SendOp::RdmaRead { .. } => e.reads_done >= e.reads_total,
-                        _ => psn_lt(e.last_psn, una),
+                    && if e.op.awaits_response() {
+                        e.reads_done >= e.reads_total
+                    } else {
+                        psn_lt(e.last_psn, una)
                     };
                 if !done {
                     break;

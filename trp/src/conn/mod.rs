@@ -36,7 +36,7 @@ use keepalive::KeepAlive;
 use rx::RecvSide;
 use states::{Closed, Phase};
 use std::collections::VecDeque;
-use tx::{ReadJob, SendQueue, TxKind};
+use tx::{Reply, SendQueue, TxKind};
 
 /// Why a connection failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +106,8 @@ struct Msn {
     send: u32,
     read_request: u32,
     terminate: u32,
+    atomic_request: u32,
+    atomic_response: u32,
 }
 
 impl Msn {
@@ -113,6 +115,8 @@ impl Msn {
         send: 1,
         read_request: 1,
         terminate: 1,
+        atomic_request: 1,
+        atomic_response: 1,
     };
 }
 
@@ -152,8 +156,9 @@ pub struct Connection {
     rx: Receiver,
     sq: SendQueue,
     recv: RecvSide,
-    /// The peer's RDMA Reads we answer (IRD of them at most), in order.
-    responses: VecDeque<ReadJob>,
+    /// The peer's RDMA Reads and atomics we answer (IRD of them at most),
+    /// in the order they came.
+    responses: VecDeque<Reply>,
     cq: VecDeque<Completion>,
     events: VecDeque<Event>,
     keepalive: KeepAlive,
@@ -381,10 +386,17 @@ impl Connection {
             return Err(PostError::QueueFull);
         }
         let need = match wr.op {
-            SendOp::RdmaRead { .. } => Access::LOCAL_WRITE,
+            SendOp::RdmaRead { .. } | SendOp::Atomic { .. } => Access::LOCAL_WRITE,
             _ => Access::NONE,
         };
-        let len = self.check_sges(mem, wr.sges, need)?;
+        let mut len = self.check_sges(mem, wr.sges, need)?;
+        if let SendOp::Atomic { .. } = wr.op {
+            // Its result takes the first 8 bytes, and its completion says 8.
+            if len < 8 {
+                return Err(PostError::AtomicResult);
+            }
+            len = 8;
+        }
         self.sq.push(wr, len);
         Ok(())
     }

@@ -4,18 +4,20 @@
 use super::complete::Failure;
 use super::sgl::{scatter, SgeList};
 use super::states::{Closing, Phase};
-use super::tx::{read_request_header, ReadJob};
+use super::tx::{atomic_request_header, read_request_header, ReadJob, Reply};
 use super::{take_msn, Connection, Event, Msn};
 use crate::mr::{self, Access, Memory, Region};
 use crate::reliability::{psn_lt, Arrival};
 use crate::state;
 use crate::terminate::{Cause, Malformed, OperationCode, ProtectionCode, UntaggedCode};
 use crate::time::Instant;
-use crate::verbs::{Completion, RecvWr, WcStatus};
+use crate::verbs::{AtomicOp, Completion, RecvWr, SendOp, WcStatus};
 use crate::wire::ddp::{self, BufferRef};
 use crate::wire::handshake;
 use crate::wire::predict::Datagram;
-use crate::wire::rdmap::{self, HeaderCopy, Opcode, ReadRequest, Terminate};
+use crate::wire::rdmap::{
+    self, aop, AtomicRequest, AtomicResponse, HeaderCopy, Opcode, ReadRequest, Terminate,
+};
 use crate::wire::segment::{self, Body};
 use crate::wire::trp::{self, SackRanges};
 use crate::wire::WireError;
@@ -45,6 +47,14 @@ pub(super) enum RxEvent {
         rr: ReadRequest,
     },
     ReadResponseDone,
+    AtomicRequest {
+        msn: u32,
+        req: AtomicRequest,
+    },
+    AtomicResponse {
+        msn: u32,
+        resp: AtomicResponse,
+    },
     Terminate(Terminate),
     /// Boxed: rare, and it would triple the size of every slot.
     Fail(Box<Failure>),
@@ -95,21 +105,54 @@ impl RxEvent {
     }
 }
 
-/// The Terminate for a refused Read Request. Its DDP header is rebuilt
-/// (only the MSN varies in a valid one) and the request quoted whole.
+/// The Terminate for a refused Read or Atomic Request. Its DDP header is
+/// rebuilt (only the MSN varies in a valid one); a Read Request is quoted
+/// whole, as RFC 5040 asks.
 #[cold]
 #[inline(never)]
-fn read_request_terminate(cause: Cause, msn: u32, rr: ReadRequest) -> Terminate {
+fn request_terminate(
+    cause: Cause,
+    hdr: crate::wire::segment::Repr,
+    body_len: usize,
+    read: Option<ReadRequest>,
+) -> Terminate {
     let mut h = [0u8; ddp::UNTAGGED_HEADER_LEN];
-    read_request_header(msn).emit(&mut h);
-    let mut hdr = HeaderCopy::from_segment(&h);
-    if let Some(c) = hdr.as_mut() {
-        c.segment_len = (ddp::UNTAGGED_HEADER_LEN + rdmap::READ_REQUEST_LEN) as u16;
+    hdr.emit(&mut h);
+    let mut copy = HeaderCopy::from_segment(&h);
+    if let Some(c) = copy.as_mut() {
+        c.segment_len = (ddp::UNTAGGED_HEADER_LEN + body_len) as u16;
     }
     Terminate {
-        ddp_header: hdr,
-        rdmap_header: Some(rr),
+        ddp_header: copy,
+        rdmap_header: read,
         ..Terminate::from(cause)
+    }
+}
+
+fn read_request_terminate(cause: Cause, msn: u32, rr: ReadRequest) -> Terminate {
+    let hdr = read_request_header(msn);
+    request_terminate(cause, hdr, rdmap::READ_REQUEST_LEN, Some(rr))
+}
+
+fn atomic_request_terminate(cause: Cause, msn: u32) -> Terminate {
+    let hdr = atomic_request_header(msn);
+    request_terminate(cause, hdr, rdmap::ATOMIC_REQUEST_LEN, None)
+}
+
+/// The operation an Atomic Request asks for, if it is one verbs has: all
+/// bits added or compared (masks all ones).
+fn atomic_op(req: &AtomicRequest) -> Option<AtomicOp> {
+    match req.aop {
+        aop::FETCH_ADD if req.add_swap_mask == u64::MAX => {
+            Some(AtomicOp::FetchAdd { add: req.add_swap })
+        }
+        aop::COMPARE_SWAP if req.add_swap_mask == u64::MAX && req.compare_mask == u64::MAX => {
+            Some(AtomicOp::CompareSwap {
+                compare: req.compare,
+                swap: req.add_swap,
+            })
+        }
+        _ => None,
     }
 }
 
@@ -413,6 +456,12 @@ impl Connection {
             (BufferRef::Untagged { msn, .. }, Body::ReadRequest(rr)) => {
                 Some(RxEvent::ReadRequest { msn, rr })
             }
+            (BufferRef::Untagged { msn, .. }, Body::AtomicRequest(req)) => {
+                Some(RxEvent::AtomicRequest { msn, req })
+            }
+            (BufferRef::Untagged { msn, .. }, Body::AtomicResponse(resp)) => {
+                Some(RxEvent::AtomicResponse { msn, resp })
+            }
             (_, Body::Terminate(t)) => Some(RxEvent::Terminate(t)),
             _ => {
                 let cause = Cause::RemoteOperation(OperationCode::UnexpectedOpcode);
@@ -490,23 +539,52 @@ impl Connection {
                     return;
                 } else {
                     take_msn(&mut self.recv.expected.read_request);
-                    self.responses.push_back(ReadJob {
+                    self.responses.push_back(Reply::Read(ReadJob {
                         src_addr: rr.src_to,
                         sink_stag: rr.sink_stag,
                         sink_to: rr.sink_to,
                         size: rr.size,
                         off: 0,
-                    });
+                    }));
                     return;
                 };
                 let t = read_request_terminate(Cause::DdpUntagged(code), msn, rr);
                 self.fail(Failure::detected(t));
             }
             RxEvent::ReadResponseDone => {
-                if let Some(seq) = self.sq.reads_out.pop_front() {
-                    if let Some(e) = self.sq.get_mut(seq) {
-                        e.reads_done += 1;
+                let Some(&seq) = self.sq.reads_out.front() else {
+                    return;
+                };
+                match self.sq.get_mut(seq) {
+                    Some(e) if matches!(e.op, SendOp::RdmaRead { .. }) => e.reads_done += 1,
+                    // The response to an atomic of ours ended as a Read's.
+                    Some(_) => {
+                        let cause = Cause::RemoteOperation(OperationCode::UnexpectedOpcode);
+                        self.fail(Failure::detected(cause.into()));
+                        return;
                     }
+                    None => {}
+                }
+                self.sq.reads_out.pop_front();
+            }
+            RxEvent::AtomicRequest { msn, req } => self.execute_atomic(mem, msn, req),
+            RxEvent::AtomicResponse { msn, resp } => {
+                let ours = msn == self.recv.expected.atomic_response
+                    && self
+                        .sq
+                        .reads_out
+                        .front()
+                        .and_then(|&seq| self.sq.get(seq))
+                        .is_some_and(|e| e.is_atomic_request(resp.request_id));
+                if !ours {
+                    let cause = Cause::RemoteOperation(OperationCode::UnexpectedOpcode);
+                    self.fail(Failure::detected(cause.into()));
+                    return;
+                }
+                take_msn(&mut self.recv.expected.atomic_response);
+                let seq = self.sq.reads_out.pop_front().expect("checked above");
+                if let Some(e) = self.sq.get_mut(seq) {
+                    e.place_atomic_result(mem, resp.original);
                 }
             }
             RxEvent::Terminate(t) => self.fail(Failure::reported(t)),
@@ -527,5 +605,35 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// Runs the peer's atomic, in order with everything else it sent,
+    /// once its checks pass, and queues the response with the value found.
+    /// It runs only here, once per request: TRP delivers each PSN once, and
+    /// a lost response is retransmitted with that value (`Src::AtomicResp`).
+    #[inline(never)]
+    fn execute_atomic<M: Memory + ?Sized>(&mut self, mem: &mut M, msn: u32, req: AtomicRequest) {
+        let cause = if msn != self.recv.expected.atomic_request {
+            Cause::DdpUntagged(UntaggedCode::MsnRange)
+        } else if self.responses.len() >= usize::from(self.cfg.ird) {
+            Cause::DdpUntagged(UntaggedCode::NoBuffer)
+        } else if let Err(e) =
+            mr::check(mem, req.stag, self.cfg.pd, req.to, 8, Access::REMOTE_ATOMIC)
+        {
+            Cause::RemoteProtection(ProtectionCode::from(e))
+        } else if !req.to.is_multiple_of(8) {
+            Cause::RemoteOperation(OperationCode::AtomicAlignment)
+        } else if let Some(op) = atomic_op(&req) {
+            take_msn(&mut self.recv.expected.atomic_request);
+            let original = mem.atomic(req.to, op);
+            self.responses.push_back(Reply::Atomic(AtomicResponse {
+                request_id: req.request_id,
+                original,
+            }));
+            return;
+        } else {
+            Cause::RemoteOperation(OperationCode::AtomicOpcode)
+        };
+        self.fail(Failure::detected(atomic_request_terminate(cause, msn)));
     }
 }

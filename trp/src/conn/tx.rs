@@ -1,16 +1,18 @@
 //! Transmit: the send queue, cutting its work requests (and the peer's
 //! Reads we answer) into segments, and writing datagrams.
 
-use super::sgl::{gather, SgeList};
+use super::sgl::{gather, scatter, SgeList};
 use super::states::Phase;
 use super::{take_msn, Connection, Msn};
 use crate::mr::Memory;
 use crate::time::Instant;
-use crate::verbs::{SendOp, SendWr};
+use crate::verbs::{AtomicOp, SendOp, SendWr};
 use crate::wire::ddp::{self, BufferRef};
 use crate::wire::handshake;
 use crate::wire::predict::{self, Datagram};
-use crate::wire::rdmap::{self, qn, Immediate, Opcode, ReadRequest};
+use crate::wire::rdmap::{
+    self, aop, qn, AtomicRequest, AtomicResponse, Immediate, Opcode, ReadRequest,
+};
 use crate::wire::segment;
 use crate::wire::trp::{self, SackRanges};
 use std::collections::VecDeque;
@@ -28,6 +30,13 @@ pub(super) enum Src {
         addr: u64,
     },
     ReadReq(ReadRequest),
+    /// Send queue entry `seq`'s Atomic Request.
+    AtomicReq {
+        seq: u64,
+    },
+    /// The result of the peer's atomic, taken when it ran: a retransmission
+    /// carries the same value, and the operation never runs twice.
+    AtomicResp(AtomicResponse),
     Imm(Immediate),
     /// The connection's one Terminate (kept in its Error state).
     Term,
@@ -132,6 +141,46 @@ impl SqEntry {
     }
 }
 
+impl SqEntry {
+    /// The Atomic Request of an atomic entry, its MSN its identifier.
+    fn atomic_request(&self) -> AtomicRequest {
+        let SendOp::Atomic {
+            remote_addr,
+            rkey,
+            op,
+        } = self.op
+        else {
+            return AtomicRequest::default();
+        };
+        let (aop, add_swap, compare) = match op {
+            AtomicOp::FetchAdd { add } => (aop::FETCH_ADD, add, 0),
+            AtomicOp::CompareSwap { compare, swap } => (aop::COMPARE_SWAP, swap, compare),
+        };
+        AtomicRequest {
+            aop,
+            request_id: self.msn,
+            stag: rkey,
+            to: remote_addr,
+            add_swap,
+            add_swap_mask: u64::MAX,
+            compare,
+            compare_mask: u64::MAX,
+        }
+    }
+
+    /// Whether this atomic entry's request carried `request_id`.
+    pub(super) fn is_atomic_request(&self, request_id: u32) -> bool {
+        matches!(self.op, SendOp::Atomic { .. }) && self.started && self.msn == request_id
+    }
+
+    /// Puts an atomic's result, the value the peer found, in the first 8
+    /// bytes of its local memory (checked for local write when posted).
+    pub(super) fn place_atomic_result<M: Memory + ?Sized>(&mut self, mem: &mut M, original: u64) {
+        scatter(mem, &self.sges, 0, &original.to_ne_bytes());
+        self.reads_done += 1;
+    }
+}
+
 /// Our send work requests from posting to completion, and the numbering
 /// of the messages we send.
 #[derive(Debug)]
@@ -179,7 +228,11 @@ impl SendQueue {
             started: false,
             write_done: false,
             read_sge: 0,
-            reads_total: wr.sges.len().max(1),
+            reads_total: if matches!(wr.op, SendOp::Atomic { .. }) {
+                1
+            } else {
+                wr.sges.len().max(1)
+            },
             reads_done: 0,
             issued: false,
             last_psn: 0,
@@ -193,9 +246,16 @@ impl SendQueue {
     }
 
     #[inline]
-    fn get(&self, seq: u64) -> Option<&SqEntry> {
+    pub(super) fn get(&self, seq: u64) -> Option<&SqEntry> {
         self.entries.get(seq.wrapping_sub(self.head_seq) as usize)
     }
+}
+
+/// What we owe the peer for one of its Read or Atomic Requests.
+#[derive(Debug)]
+pub(super) enum Reply {
+    Read(ReadJob),
+    Atomic(AtomicResponse),
 }
 
 /// A Read Response we still have to send.
@@ -258,27 +318,42 @@ impl Connection {
         let next_psn = self.tx.nxt();
         let max_tagged = self.max_tagged();
         let max_untagged = self.max_untagged();
-        if let Some(j) = self.responses.front_mut() {
-            let len = (j.size - j.off).min(max_tagged);
-            let last = j.off + len == j.size;
-            let hdr = segment::Repr {
-                opcode: Opcode::ReadResponse,
-                last,
-                buffer: BufferRef::Tagged {
-                    stag: j.sink_stag,
-                    to: j.sink_to.wrapping_add(u64::from(j.off)),
-                },
-            };
-            let src = Src::Local {
-                addr: j.src_addr + u64::from(j.off),
-            };
-            j.off += len;
-            if last {
-                // The IRD slot is free once the whole response is queued:
-                // retransmissions read the source memory directly.
-                self.responses.pop_front();
+        match self.responses.front_mut() {
+            Some(Reply::Read(j)) => {
+                let len = (j.size - j.off).min(max_tagged);
+                let last = j.off + len == j.size;
+                let hdr = segment::Repr {
+                    opcode: Opcode::ReadResponse,
+                    last,
+                    buffer: BufferRef::Tagged {
+                        stag: j.sink_stag,
+                        to: j.sink_to.wrapping_add(u64::from(j.off)),
+                    },
+                };
+                let src = Src::Local {
+                    addr: j.src_addr + u64::from(j.off),
+                };
+                j.off += len;
+                if last {
+                    // The IRD slot is free once the whole response is queued:
+                    // retransmissions read the source memory directly.
+                    self.responses.pop_front();
+                }
+                return Some(TxKind::Seg { hdr, src, len });
             }
-            return Some(TxKind::Seg { hdr, src, len });
+            Some(Reply::Atomic(r)) => {
+                let r = *r;
+                self.responses.pop_front();
+                let msn = take_msn(&mut self.sq.next_msn.atomic_response);
+                let hdr = untagged_header(Opcode::AtomicResponse, qn::ATOMIC_RESPONSE, msn);
+                let len = rdmap::ATOMIC_RESPONSE_LEN as u32;
+                return Some(TxKind::Seg {
+                    hdr,
+                    src: Src::AtomicResp(r),
+                    len,
+                });
+            }
+            None => {}
         }
         let sq = &mut self.sq;
         if let Some(e) = sq.entries.get_mut(sq.cursor) {
@@ -359,6 +434,21 @@ impl Connection {
                         hdr,
                         src: Src::ReadReq(rr),
                         len: rdmap::READ_REQUEST_LEN as u32,
+                    }
+                }
+                SendOp::Atomic { .. } => {
+                    // An atomic takes one of the peer's IRD slots, as a Read does.
+                    if sq.reads_out.len() >= sq.ord {
+                        return None;
+                    }
+                    e.started = true;
+                    e.msn = take_msn(&mut sq.next_msn.atomic_request);
+                    e.issued = true;
+                    sq.reads_out.push_back(seq);
+                    TxKind::Seg {
+                        hdr: atomic_request_header(e.msn),
+                        src: Src::AtomicReq { seq },
+                        len: rdmap::ATOMIC_REQUEST_LEN as u32,
                     }
                 }
             };
@@ -477,7 +567,7 @@ impl Connection {
                     (!e.issued).then(|| e.next_send_segment(invalidate, solicited, msn, max))
                 })
             }
-            SendOp::RdmaRead { .. } => 0,
+            SendOp::RdmaRead { .. } | SendOp::Atomic { .. } => 0,
         }
     }
 
@@ -613,6 +703,12 @@ impl Connection {
                     }
                     Src::Local { addr } => mem.read(addr, body),
                     Src::ReadReq(r) => r.emit(body),
+                    Src::AtomicReq { seq } => {
+                        if let Some(e) = self.sq.get(seq) {
+                            e.atomic_request().emit(body);
+                        }
+                    }
+                    Src::AtomicResp(r) => r.emit(body),
                     Src::Imm(i) => i.emit(body),
                     Src::Term => {
                         if let Phase::Error(e) = &self.state {
@@ -628,18 +724,30 @@ impl Connection {
     }
 }
 
-/// The DDP/RDMAP header of the Read Request with `msn`: what we send, and
-/// what a Terminate refusing a peer's Read Request quotes.
+/// The header of a one-segment untagged message on queue `qn`.
 #[inline]
-pub(super) fn read_request_header(msn: u32) -> segment::Repr {
+fn untagged_header(opcode: Opcode, qn: u32, msn: u32) -> segment::Repr {
     segment::Repr {
-        opcode: Opcode::ReadRequest,
+        opcode,
         last: true,
         buffer: BufferRef::Untagged {
             ulp_word: 0,
-            qn: qn::READ_REQUEST,
+            qn,
             msn,
             mo: 0,
         },
     }
+}
+
+/// The DDP/RDMAP header of the Read Request with `msn`: what we send, and
+/// what a Terminate refusing a peer's Read Request quotes.
+#[inline]
+pub(super) fn read_request_header(msn: u32) -> segment::Repr {
+    untagged_header(Opcode::ReadRequest, qn::READ_REQUEST, msn)
+}
+
+/// The same for the Atomic Request with `msn`.
+#[inline]
+pub(super) fn atomic_request_header(msn: u32) -> segment::Repr {
+    untagged_header(Opcode::AtomicRequest, qn::ATOMIC_REQUEST, msn)
 }

@@ -10,6 +10,8 @@ pub mod qn {
     pub const SEND: u32 = 0;
     pub const READ_REQUEST: u32 = 1;
     pub const TERMINATE: u32 = 2;
+    pub const ATOMIC_REQUEST: u32 = 3;
+    pub const ATOMIC_RESPONSE: u32 = 4;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -27,6 +29,10 @@ pub enum Opcode {
     ImmediateData = 0x8,
     /// RFC 7306 Immediate Data with Solicited Event.
     ImmediateDataSe = 0x9,
+    /// RFC 7306 Atomic Request.
+    AtomicRequest = 0xa,
+    /// RFC 7306 Atomic Response.
+    AtomicResponse = 0xb,
 }
 
 impl Opcode {
@@ -42,6 +48,8 @@ impl Opcode {
             0x7 => Opcode::Terminate,
             0x8 => Opcode::ImmediateData,
             0x9 => Opcode::ImmediateDataSe,
+            0xa => Opcode::AtomicRequest,
+            0xb => Opcode::AtomicResponse,
             o => return Err(WireError::RdmapOpcode(o)),
         })
     }
@@ -57,6 +65,8 @@ impl Opcode {
             Opcode::RdmaWrite | Opcode::ReadResponse => None,
             Opcode::ReadRequest => Some(qn::READ_REQUEST),
             Opcode::Terminate => Some(qn::TERMINATE),
+            Opcode::AtomicRequest => Some(qn::ATOMIC_REQUEST),
+            Opcode::AtomicResponse => Some(qn::ATOMIC_RESPONSE),
             _ => Some(qn::SEND),
         }
     }
@@ -120,6 +130,79 @@ impl ReadRequest {
         put32(b, 12, self.size);
         put32(b, 16, self.src_stag);
         put64(b, 20, self.src_to);
+    }
+}
+
+pub const ATOMIC_REQUEST_LEN: usize = 52;
+
+/// RFC 7306 atomic operation codes (AOpCode).
+pub mod aop {
+    pub const FETCH_ADD: u8 = 0;
+    pub const COMPARE_SWAP: u8 = 1;
+}
+
+/// Atomic Request body (RFC 7306 section 5.1). The masks are sent all
+/// ones: verbs' atomics change and compare every bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct AtomicRequest {
+    pub aop: u8,
+    pub request_id: u32,
+    pub stag: u32,
+    pub to: u64,
+    /// Add data (Fetch-and-Add) or swap data (Compare-and-Swap).
+    pub add_swap: u64,
+    pub add_swap_mask: u64,
+    pub compare: u64,
+    pub compare_mask: u64,
+}
+
+impl AtomicRequest {
+    pub fn parse(b: &[u8]) -> Result<Self, WireError> {
+        need(b.len(), ATOMIC_REQUEST_LEN)?;
+        Ok(AtomicRequest {
+            aop: b[3] & 0x0f,
+            request_id: be32(b, 4),
+            stag: be32(b, 8),
+            to: be64(b, 12),
+            add_swap: be64(b, 20),
+            add_swap_mask: be64(b, 28),
+            compare: be64(b, 36),
+            compare_mask: be64(b, 44),
+        })
+    }
+    pub fn emit(&self, b: &mut [u8]) {
+        put32(b, 0, u32::from(self.aop & 0x0f));
+        put32(b, 4, self.request_id);
+        put32(b, 8, self.stag);
+        put64(b, 12, self.to);
+        put64(b, 20, self.add_swap);
+        put64(b, 28, self.add_swap_mask);
+        put64(b, 36, self.compare);
+        put64(b, 44, self.compare_mask);
+    }
+}
+
+pub const ATOMIC_RESPONSE_LEN: usize = 12;
+
+/// Atomic Response body (RFC 7306 section 5.2): the value the request
+/// found at its address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct AtomicResponse {
+    pub request_id: u32,
+    pub original: u64,
+}
+
+impl AtomicResponse {
+    pub fn parse(b: &[u8]) -> Result<Self, WireError> {
+        need(b.len(), ATOMIC_RESPONSE_LEN)?;
+        Ok(AtomicResponse {
+            request_id: be32(b, 0),
+            original: be64(b, 4),
+        })
+    }
+    pub fn emit(&self, b: &mut [u8]) {
+        put32(b, 0, self.request_id);
+        put64(b, 4, self.original);
     }
 }
 
@@ -317,8 +400,8 @@ mod tests {
         assert_eq!(parse_control(0x48).unwrap(), Opcode::ImmediateData);
         assert_eq!(parse_control(0x0a).unwrap_err(), WireError::RdmapVersion(0));
         assert_eq!(
-            parse_control(0x4a).unwrap_err(),
-            WireError::RdmapOpcode(0xa)
+            parse_control(0x4c).unwrap_err(),
+            WireError::RdmapOpcode(0xc)
         );
     }
 }

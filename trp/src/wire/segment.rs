@@ -1,7 +1,9 @@
 //! One DDP segment with its RDMAP meaning: the payload of a TRP Data packet.
 
 use super::ddp::{self, BufferRef};
-use super::rdmap::{self, Immediate, Opcode, ReadRequest, Terminate};
+use super::rdmap::{
+    self, AtomicRequest, AtomicResponse, Immediate, Opcode, ReadRequest, Terminate,
+};
 use super::WireError;
 
 /// Header of one DDP/RDMAP segment.
@@ -19,6 +21,8 @@ pub enum Body<'a> {
     ReadRequest(ReadRequest),
     Terminate(Terminate),
     Immediate(Immediate),
+    AtomicRequest(AtomicRequest),
+    AtomicResponse(AtomicResponse),
 }
 
 impl Repr {
@@ -65,6 +69,14 @@ impl Repr {
             Opcode::ImmediateData | Opcode::ImmediateDataSe => {
                 fixed(rdmap::IMMEDIATE_LEN)?;
                 Body::Immediate(Immediate::parse(payload)?)
+            }
+            Opcode::AtomicRequest => {
+                fixed(rdmap::ATOMIC_REQUEST_LEN)?;
+                Body::AtomicRequest(AtomicRequest::parse(payload)?)
+            }
+            Opcode::AtomicResponse => {
+                fixed(rdmap::ATOMIC_RESPONSE_LEN)?;
+                Body::AtomicResponse(AtomicResponse::parse(payload)?)
             }
             Opcode::Terminate => {
                 if !d.last {
