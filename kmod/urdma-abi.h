@@ -15,7 +15,7 @@
 
 #include <linux/types.h>
 
-#define URDMA_ABI_VERSION 3
+#define URDMA_ABI_VERSION 4
 /* "URDM": tells the provider that the context really came from urdma.ko. */
 #define URDMA_ABI_MAGIC 0x5552444dU
 /*
@@ -100,6 +100,18 @@ struct urdma_cm_msg {
 	__u8 pdata[URDMA_CM_MAX_PDATA + 1];
 	char ifname[URDMA_CM_IFNAMSIZ];		/* REGISTER, LISTEN: NUL-terminated */
 	char socket_path[URDMA_CM_PATHSIZ];	/* REGISTER: urdmad's control socket */
+	__u32 reserved;
+};
+
+/*
+ * Private request of modify_srq.  The provider sees its SRQ fall below the
+ * armed limit (the receives are taken in user space) and asks the module to
+ * raise IB_EVENT_SRQ_LIMIT_REACHED, which disarms the limit.
+ */
+#define URDMA_SRQ_REPORT_LIMIT	1U
+
+struct urdma_ureq_modify_srq {
+	__u32 flags;		/* URDMA_SRQ_REPORT_LIMIT */
 	__u32 reserved;
 };
 

@@ -49,6 +49,8 @@
 #define URDMA_MAX_CQE		65536
 #define URDMA_MAX_QP		16384
 #define URDMA_MAX_QP_WR		16384
+#define URDMA_MAX_SRQ		16384
+#define URDMA_MAX_SRQ_WR	16384
 #define URDMA_MAX_SGE		8
 #define URDMA_MAX_SGE_RD	1
 #define URDMA_MAX_INLINE	256
@@ -81,6 +83,7 @@ struct urdma_limits {
 	u32 mr;
 	u32 cq;
 	u32 qp;
+	u32 srq;
 };
 
 struct urdma_dev {
@@ -99,6 +102,7 @@ struct urdma_dev {
 	atomic_t num_mr;
 	atomic_t num_cq;
 	atomic_t num_qp;
+	atomic_t num_srq;
 
 	struct xarray qp_xa;
 	u32 next_qpn;
@@ -119,6 +123,15 @@ struct urdma_pd {
 struct urdma_cq {
 	struct ib_cq ibcq;
 	u32 id;
+};
+
+/* The receives live in the provider; the module keeps the limits. */
+struct urdma_srq {
+	struct ib_srq ibsrq;
+	struct mutex lock;	/* max_wr, max_sge, limit */
+	u32 max_wr;
+	u32 max_sge;
+	u32 limit;
 };
 
 struct urdma_mr {
@@ -159,6 +172,11 @@ static inline struct urdma_pd *to_upd(struct ib_pd *ibpd)
 static inline struct urdma_cq *to_ucq(struct ib_cq *ibcq)
 {
 	return container_of(ibcq, struct urdma_cq, ibcq);
+}
+
+static inline struct urdma_srq *to_usrq(struct ib_srq *ibsrq)
+{
+	return container_of(ibsrq, struct urdma_srq, ibsrq);
 }
 
 static inline struct urdma_mr *to_umr(struct ib_mr *ibmr)
@@ -202,6 +220,12 @@ struct ib_mr *urdma_get_dma_mr(struct ib_pd *ibpd, int access);
 int urdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		    struct ib_udata *udata);
 int urdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
+int urdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
+		     struct ib_udata *udata);
+int urdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
+		     enum ib_srq_attr_mask mask, struct ib_udata *udata);
+int urdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr);
+int urdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata);
 int urdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc);
 int urdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
 int urdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,

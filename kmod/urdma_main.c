@@ -50,6 +50,9 @@ MODULE_PARM_DESC(max_mr, "memory regions per device (at most " __stringify(URDMA
 static unsigned int max_cq = URDMA_MAX_CQ;
 module_param(max_cq, uint, 0444);
 MODULE_PARM_DESC(max_cq, "completion queues per device (at most " __stringify(URDMA_MAX_CQ) ")");
+static unsigned int max_srq = URDMA_MAX_SRQ;
+module_param(max_srq, uint, 0444);
+MODULE_PARM_DESC(max_srq, "SRQs per device (at most " __stringify(URDMA_MAX_SRQ) ")");
 static unsigned int max_qp = URDMA_MAX_QP;
 module_param(max_qp, uint, 0444);
 MODULE_PARM_DESC(max_qp, "queue pairs per device (at most " __stringify(URDMA_MAX_QP) ")");
@@ -61,6 +64,7 @@ static void urdma_set_limits(struct urdma_limits *l)
 	l->mr = clamp_t(u32, max_mr, 1, URDMA_MAX_MR);
 	l->cq = clamp_t(u32, max_cq, 1, URDMA_MAX_CQ);
 	l->qp = clamp_t(u32, max_qp, 1, URDMA_MAX_QP);
+	l->srq = clamp_t(u32, max_srq, 1, URDMA_MAX_SRQ);
 }
 
 static void urdma_dealloc_driver(struct ib_device *ibdev)
@@ -91,6 +95,7 @@ static const struct ib_device_ops urdma_dev_ops = {
 	.alloc_ucontext = urdma_alloc_ucontext,
 	.create_cq = urdma_create_cq,
 	.create_qp = urdma_create_qp,
+	.create_srq = urdma_create_srq,
 	.dealloc_driver = urdma_dealloc_driver,
 	.dealloc_pd = urdma_dealloc_pd,
 	.device_group = &urdma_attr_group,
@@ -98,6 +103,7 @@ static const struct ib_device_ops urdma_dev_ops = {
 	.dereg_mr = urdma_dereg_mr,
 	.destroy_cq = urdma_destroy_cq,
 	.destroy_qp = urdma_destroy_qp,
+	.destroy_srq = urdma_destroy_srq,
 	.disassociate_ucontext = urdma_disassociate_ucontext,
 	.get_dev_fw_str = urdma_get_dev_fw_str,
 	.get_dma_mr = urdma_get_dma_mr,
@@ -111,6 +117,7 @@ static const struct ib_device_ops urdma_dev_ops = {
 	.iw_reject = urdma_reject,
 	.iw_rem_ref = urdma_qp_put,
 	.modify_qp = urdma_modify_qp,
+	.modify_srq = urdma_modify_srq,
 	.poll_cq = urdma_poll_cq,
 	.post_recv = urdma_post_recv,
 	.post_send = urdma_post_send,
@@ -118,12 +125,14 @@ static const struct ib_device_ops urdma_dev_ops = {
 	.query_gid = urdma_query_gid,
 	.query_port = urdma_query_port,
 	.query_qp = urdma_query_qp,
+	.query_srq = urdma_query_srq,
 	.reg_user_mr = urdma_reg_user_mr,
 	.req_notify_cq = urdma_req_notify_cq,
 
 	INIT_RDMA_OBJ_SIZE(ib_cq, urdma_cq, ibcq),
 	INIT_RDMA_OBJ_SIZE(ib_pd, urdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, urdma_qp, ibqp),
+	INIT_RDMA_OBJ_SIZE(ib_srq, urdma_srq, ibsrq),
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, urdma_ucontext, ibucontext),
 };
 
@@ -288,6 +297,7 @@ static struct urdma_dev *urdma_dev_alloc(struct net_device *netdev)
 	atomic_set(&udev->num_mr, 0);
 	atomic_set(&udev->num_cq, 0);
 	atomic_set(&udev->num_qp, 0);
+	atomic_set(&udev->num_srq, 0);
 
 	ibdev->node_type = RDMA_NODE_RNIC;
 	ibdev->phys_port_cnt = 1;

@@ -59,6 +59,9 @@ int urdma_query_device(struct ib_device *ibdev, struct ib_device_attr *attr,
 	 * this host, from any QP or process.
 	 */
 	attr->atomic_cap = IB_ATOMIC_HCA;
+	attr->max_srq = lim->srq;
+	attr->max_srq_wr = URDMA_MAX_SRQ_WR;
+	attr->max_srq_sge = URDMA_MAX_SGE;
 	return 0;
 }
 
@@ -327,6 +330,103 @@ int urdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
 	return 0;
 }
 
+int urdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
+		     struct ib_udata *udata)
+{
+	struct urdma_dev *udev = to_udev(ibsrq->device);
+	struct urdma_srq *srq = to_usrq(ibsrq);
+	struct ib_srq_attr *attr = &init->attr;
+
+	if (!udata)
+		return -EOPNOTSUPP;
+	if (init->srq_type != IB_SRQT_BASIC)
+		return -EOPNOTSUPP;
+	if (!attr->max_wr || attr->max_wr > URDMA_MAX_SRQ_WR ||
+	    attr->max_sge > URDMA_MAX_SGE || attr->srq_limit > attr->max_wr)
+		return -EINVAL;
+	if (!urdma_reserve(&udev->num_srq, udev->limits.srq))
+		return -ENOMEM;
+	mutex_init(&srq->lock);
+	srq->max_wr = attr->max_wr;
+	srq->max_sge = attr->max_sge;
+	srq->limit = attr->srq_limit;
+	return 0;
+}
+
+/* Raises IB_EVENT_SRQ_LIMIT_REACHED for the provider, which disarms it. */
+static void urdma_srq_limit_reached(struct urdma_srq *srq)
+{
+	struct ib_srq *ibsrq = &srq->ibsrq;
+	struct ib_event ev = {
+		.device = ibsrq->device,
+		.element.srq = ibsrq,
+		.event = IB_EVENT_SRQ_LIMIT_REACHED,
+	};
+
+	mutex_lock(&srq->lock);
+	srq->limit = 0;
+	mutex_unlock(&srq->lock);
+	if (ibsrq->event_handler)
+		ibsrq->event_handler(&ev, ibsrq->srq_context);
+}
+
+int urdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
+		     enum ib_srq_attr_mask mask, struct ib_udata *udata)
+{
+	struct urdma_srq *srq = to_usrq(ibsrq);
+	struct urdma_ureq_modify_srq ureq = {};
+	int rv = 0;
+
+	if (udata && udata->inlen) {
+		if (udata->inlen < sizeof(ureq))
+			return -EINVAL;
+		rv = ib_copy_from_udata(&ureq, udata, sizeof(ureq));
+		if (rv)
+			return rv;
+		if (ureq.flags & ~URDMA_SRQ_REPORT_LIMIT || ureq.reserved)
+			return -EINVAL;
+	}
+	/* The provider's queue has a fixed size: no resizing, as siw. */
+	if (mask & IB_SRQ_MAX_WR)
+		return -EOPNOTSUPP;
+	if (mask & ~IB_SRQ_LIMIT)
+		return -EINVAL;
+	if (ureq.flags & URDMA_SRQ_REPORT_LIMIT) {
+		urdma_srq_limit_reached(srq);
+		return 0;
+	}
+	mutex_lock(&srq->lock);
+	if (mask & IB_SRQ_LIMIT) {
+		if (attr->srq_limit > srq->max_wr)
+			rv = -EINVAL;
+		else
+			srq->limit = attr->srq_limit;
+	}
+	mutex_unlock(&srq->lock);
+	return rv;
+}
+
+int urdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr)
+{
+	struct urdma_srq *srq = to_usrq(ibsrq);
+
+	mutex_lock(&srq->lock);
+	attr->max_wr = srq->max_wr;
+	attr->max_sge = srq->max_sge;
+	attr->srq_limit = srq->limit;
+	mutex_unlock(&srq->lock);
+	return 0;
+}
+
+int urdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
+{
+	struct urdma_srq *srq = to_usrq(ibsrq);
+
+	mutex_destroy(&srq->lock);
+	atomic_dec(&to_udev(ibsrq->device)->num_srq);
+	return 0;
+}
+
 static int urdma_check_qp_cap(const struct ib_qp_cap *cap)
 {
 	if (cap->max_send_wr > URDMA_MAX_QP_WR ||
@@ -354,8 +454,13 @@ int urdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	/* iWARP has reliable connected QPs only. */
 	if (init->qp_type != IB_QPT_RC)
 		return -EOPNOTSUPP;
-	if (init->create_flags || init->srq)
+	if (init->create_flags)
 		return -EOPNOTSUPP;
+	/* A QP on an SRQ takes its receives from there. */
+	if (init->srq) {
+		init->cap.max_recv_wr = 0;
+		init->cap.max_recv_sge = 0;
+	}
 	rv = urdma_check_qp_cap(&init->cap);
 	if (rv)
 		return rv;

@@ -130,6 +130,7 @@ impl End {
                 max_send_sge: 1,
                 max_recv_sge: 1,
                 max_inline: 0,
+                srq: None,
             },
         );
         let mut buf = vec![0u8; 2 * MAX];

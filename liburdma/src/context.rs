@@ -13,7 +13,7 @@ use rdma_core_sys::{
 use crate::abi::{context_is_ours, AllocContextResp};
 use crate::guard::{catch, set_errno};
 use crate::zero::{zeroed, Zeroable};
-use crate::{data, log, unsupported, verbs};
+use crate::{data, log, srq, verbs};
 
 /// The provider's per-open-device state. libibverbs allocates it (zeroed)
 /// and gives out the embedded `verbs_context`; it must stay plain data, as
@@ -47,8 +47,7 @@ unsafe impl Sync for ContextOps {}
 
 /// The verbs urdma implements. Left out (None), libibverbs installs its
 /// own stubs, which fail with EOPNOTSUPP in the way each verb reports
-/// errors. The data-path verbs run in user space ([`data`]); shared
-/// receive queues are refused explicitly ([`unsupported`]).
+/// errors. The data-path verbs run in user space ([`data`], [`srq`]).
 static CONTEXT_OPS: ContextOps = ContextOps(verbs_context_ops {
     query_device_ex: Some(verbs::query_device_ex),
     query_port: Some(verbs::query_port),
@@ -67,7 +66,11 @@ static CONTEXT_OPS: ContextOps = ContextOps(verbs_context_ops {
     req_notify_cq: Some(data::req_notify_cq),
     post_send: Some(data::post_send),
     post_recv: Some(data::post_recv),
-    post_srq_recv: Some(unsupported::post_srq_recv),
+    create_srq: Some(srq::create_srq),
+    modify_srq: Some(srq::modify_srq),
+    query_srq: Some(srq::query_srq),
+    destroy_srq: Some(srq::destroy_srq),
+    post_srq_recv: Some(srq::post_srq_recv),
     // Every other verb None: libibverbs' stub.
     ..zeroed()
 });
@@ -187,7 +190,9 @@ mod tests {
         assert!(ops.query_device_ex.is_some() && ops.query_port.is_some());
         assert!(ops.free_context.is_some());
         // Not implemented: left to libibverbs' EOPNOTSUPP stubs.
-        assert!(ops.create_srq.is_none() && ops.alloc_mw.is_none());
+        assert!(ops.create_srq.is_some() && ops.post_srq_recv.is_some());
+        assert!(ops.modify_srq.is_some() && ops.query_srq.is_some() && ops.destroy_srq.is_some());
+        assert!(ops.alloc_mw.is_none());
         assert!(ops.create_ah.is_none() && ops.create_cq_ex.is_none());
     }
 

@@ -81,24 +81,19 @@ pub fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
         IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::Atomic {
             remote_addr: atomic.remote_addr,
             rkey: atomic.rkey,
-            op: AtomicOp::FetchAdd {
-                add: atomic.compare_add,
-            },
+            op: AtomicOp::fetch_add(atomic.compare_add),
         },
         IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::Atomic {
             remote_addr: atomic.remote_addr,
             rkey: atomic.rkey,
-            op: AtomicOp::CompareSwap {
-                compare: atomic.compare_add,
-                swap: atomic.swap,
-            },
+            op: AtomicOp::compare_swap(atomic.compare_add, atomic.swap),
         },
         _ => return None,
     })
 }
 
-/// A work request of a list `ibv_post_send` or `ibv_post_recv` takes.
-trait WorkRequest {
+/// A work request of a list `ibv_post_send`, `ibv_post_recv` or `ibv_post_srq_recv` takes.
+pub(crate) trait WorkRequest {
     fn next(&self) -> *mut Self;
     fn sg_list(&self) -> (*const ibv_sge, c_int);
 }
@@ -121,20 +116,20 @@ impl WorkRequest for ibv_recv_wr {
     }
 }
 
-/// Posts the list at `wr` on `qp`, one request at a time through `post`
+/// Posts the list at `wr` on the QP or SRQ `key`, one request at a time through `post`
 /// (given the request and its SGEs, under the engine lock), and stops at
 /// the first one refused: that one goes to `*bad_wr` and its errno is the
 /// result, as libibverbs says. A list with an unreadable SGE list is
-/// refused with `EINVAL`. Progress runs once the list is done.
+/// refused with `EINVAL`. `done` runs once the list is done (a QP's progress).
 ///
 /// # Safety
-/// `qp` is one of ours; `wr` is the caller's list and `bad_wr` null or its
-/// out-pointer.
-unsafe fn post_list<W: WorkRequest>(
-    qp: *mut ibv_qp,
+/// `wr` is the caller's list and `bad_wr` null or its out-pointer.
+pub(crate) unsafe fn post_list<W: WorkRequest, K: Copy>(
+    key: K,
     wr: *mut W,
     bad_wr: *mut *mut W,
-    mut post: impl FnMut(&mut runtime::Shared, QpKey, &W, &[Sge], Instant) -> Result<(), c_int>,
+    mut post: impl FnMut(&mut runtime::Shared, K, &W, &[Sge], Instant) -> Result<(), c_int>,
+    done: impl FnOnce(&mut runtime::Shared, K, Instant),
 ) -> c_int {
     let fail = |at: *mut W, e: c_int| {
         if !bad_wr.is_null() {
@@ -144,8 +139,6 @@ unsafe fn post_list<W: WorkRequest>(
         e
     };
     catch(fail(wr, libc::EIO), || {
-        // SAFETY: qp is one of ours.
-        let key = unsafe { qp_key(qp) };
         runtime::with(|sh, now| {
             let mut cur = wr;
             let mut ret = 0;
@@ -169,10 +162,15 @@ unsafe fn post_list<W: WorkRequest>(
                 }
                 cur = w.next();
             }
-            sh.progress_after_post(key, now);
+            done(sh, key, now);
             ret
         })
     })
+}
+
+/// What a QP's posts are followed by: their progress.
+fn after_post(sh: &mut runtime::Shared, key: QpKey, now: Instant) {
+    sh.progress_after_post(key, now);
 }
 
 pub(crate) unsafe extern "C" fn post_send(
@@ -202,8 +200,8 @@ pub(crate) unsafe extern "C" fn post_send(
         };
         sh.post_send(key, &req, now).map_err(|e| e.errno())
     };
-    // SAFETY: libibverbs' contract for ibv_post_send.
-    unsafe { post_list(qp, wr, bad_wr, post) }
+    // SAFETY: libibverbs passes a QP of ours and its list of requests.
+    unsafe { post_list(qp_key(qp), wr, bad_wr, post, after_post) }
 }
 
 pub(crate) unsafe extern "C" fn post_recv(
@@ -216,8 +214,8 @@ pub(crate) unsafe extern "C" fn post_recv(
             .post_recv(key, w.wr_id, list)
             .map_err(|e| e.errno())
     };
-    // SAFETY: libibverbs' contract for ibv_post_recv.
-    unsafe { post_list(qp, wr, bad_wr, post) }
+    // SAFETY: libibverbs passes a QP of ours and its list of requests.
+    unsafe { post_list(qp_key(qp), wr, bad_wr, post, after_post) }
 }
 
 /// Negative errno on failure, as `ibv_poll_cq` callers expect.

@@ -15,7 +15,7 @@ use std::time::Duration;
 use trp::mr::check;
 use trp::{
     Access, Completion, ConnectOutcome, Connecting, Connection, Event, FailReason, Incoming,
-    Instant, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    Instant, PostError, Queue, RecvWr, SendOp, SendWr, Sge, Srq, WcOpcode, WcStatus,
 };
 
 use crate::cq::{post_errno, to_wc, Cq, Notify};
@@ -28,6 +28,8 @@ use urdmad::proto::{Connected, Role};
 pub type QpKey = (u32, u32);
 /// (device id, CQ id).
 pub type CqKey = (u32, u32);
+/// A shared receive queue: the address of the provider's object, unique while it lives.
+pub type SrqKey = usize;
 
 /// How one connected QP exchanges datagrams (UDP payloads).
 pub trait Flow: Send {
@@ -67,6 +69,8 @@ pub struct QpInit {
     pub max_send_sge: u32,
     pub max_recv_sge: u32,
     pub max_inline: u32,
+    /// The shared receive queue its receives come from.
+    pub srq: Option<SrqKey>,
 }
 
 /// What urdmad must be told.
@@ -191,6 +195,10 @@ pub struct Progress {
 pub struct Engine {
     pub mrs: MrTable,
     cqs: IntMap<CqKey, Cq>,
+    /// Each with the device whose MRs its receives use.
+    srqs: IntMap<SrqKey, (u32, Srq)>,
+    /// SRQs that fell below their armed limit, for the kernel to report.
+    srq_limits: Vec<SrqKey>,
     /// Ordered, so that [`Engine::progress`] can start each round elsewhere.
     qps: QpTable<Qp>,
     notices: Vec<Notice>,
@@ -217,6 +225,30 @@ impl Engine {
 
     pub fn cq(&self, key: CqKey) -> Option<&Cq> {
         self.cqs.get(&key)
+    }
+
+    pub fn create_srq(&mut self, key: SrqKey, dev: u32, pd: u32, max_wr: usize) {
+        self.srqs.insert(key, (dev, Srq::new(pd, max_wr)));
+    }
+
+    pub fn destroy_srq(&mut self, key: SrqKey) {
+        self.srqs.remove(&key);
+        self.srq_limits.retain(|&k| k != key);
+    }
+
+    pub fn srq(&mut self, key: SrqKey) -> Option<&mut Srq> {
+        self.srqs.get_mut(&key).map(|(_, q)| q)
+    }
+
+    pub fn post_srq_recv(&mut self, key: SrqKey, wr_id: u64, sges: &[Sge]) -> Result<(), i32> {
+        let (dev, srq) = self.srqs.get_mut(&key).ok_or(libc::EINVAL)?;
+        let mem = self.mrs.view(*dev, None, None);
+        srq.post(&mem, &RecvWr { wr_id, sges }).map_err(post_errno)
+    }
+
+    /// The SRQs that fell below their armed limit since the last call.
+    pub fn take_srq_limits(&mut self) -> Vec<SrqKey> {
+        std::mem::take(&mut self.srq_limits)
     }
 
     pub fn create_qp(&mut self, key: QpKey, init: QpInit) {
@@ -324,7 +356,7 @@ impl Engine {
         };
         let inline = qp.inline_region();
         let conn = qp.conn.as_mut().expect("checked above");
-        let mem = self.mrs.view(key.0, inline);
+        let mem = self.mrs.view(key.0, inline, None);
         conn.post_send(
             &mem,
             &SendWr {
@@ -347,14 +379,15 @@ impl Engine {
             .qps
             .get_mut(&key)
             .ok_or(PostFail::Errno(libc::EINVAL))?;
-        if sges.len() > qp.init.max_recv_sge as usize {
+        // Its receives are posted to its SRQ.
+        if sges.len() > qp.init.max_recv_sge as usize || qp.init.srq.is_some() {
             return Err(PostFail::Errno(libc::EINVAL));
         }
         if qp.init.max_recv_wr == 0 {
             return Err(PostFail::Errno(libc::ENOMEM));
         }
         let inline = qp.inline_region();
-        let mem = self.mrs.view(key.0, inline);
+        let mem = self.mrs.view(key.0, inline, None);
         match qp.conn.as_mut() {
             Some(conn) => Ok(conn.post_recv(&mem, &RecvWr { wr_id, sges })?),
             None if qp.errored => {
@@ -443,6 +476,7 @@ impl Engine {
             pd: qp.init.pd,
             max_send_wr: qp.init.max_send_wr as usize,
             max_recv_wr: qp.init.max_recv_wr as usize,
+            srq: qp.init.srq.is_some(),
             ..h.trp_config()
         };
         let conn = match h.role {
@@ -460,7 +494,7 @@ impl Engine {
         };
         let mut conn = conn;
         let inline = qp.inline_region();
-        let mem = self.mrs.view(key.0, inline);
+        let mem = self.mrs.view(key.0, inline, None);
         while let Some((wr_id, sges)) = qp.early_recv.pop_front() {
             if let Err(e) = conn.post_recv(&mem, &RecvWr { wr_id, sges: &sges }) {
                 // Checked when posted; an MR deregistered since fails here.
@@ -535,8 +569,10 @@ impl Engine {
         };
         self.turn = Some(first);
         let (mrs, cqs, notices) = (&mut self.mrs, &mut self.cqs, &mut self.notices);
+        let (srqs, srq_limits) = (&mut self.srqs, &mut self.srq_limits);
         for (key, qp) in from.iter_mut().chain(before.iter_mut()) {
-            progress_one(mrs, cqs, notices, *key, qp, now, who, &mut p);
+            let srqs = (&mut *srqs, &mut *srq_limits);
+            progress_one(mrs, srqs, cqs, notices, *key, qp, now, who, &mut p);
         }
         p
     }
@@ -559,8 +595,9 @@ impl Engine {
         }
         if let Some(qp) = self.qps.get_mut(&key) {
             let (mrs, cqs, notices) = (&mut self.mrs, &mut self.cqs, &mut self.notices);
+            let srqs = (&mut self.srqs, &mut self.srq_limits);
             let p = &mut Progress::default();
-            progress_one(mrs, cqs, notices, key, qp, now, Attended::Yes, p);
+            progress_one(mrs, srqs, cqs, notices, key, qp, now, Attended::Yes, p);
         }
         false
     }
@@ -599,6 +636,7 @@ enum Attended {
 #[allow(clippy::too_many_arguments)]
 fn progress_one(
     mrs: &mut MrTable,
+    srqs: Srqs<'_>,
     cqs: &mut IntMap<CqKey, Cq>,
     notices: &mut Vec<Notice>,
     key: QpKey,
@@ -607,7 +645,7 @@ fn progress_one(
     who: Attended,
     p: &mut Progress,
 ) {
-    if progress_qp(mrs, key, qp, now, who, notices) {
+    if progress_qp(mrs, srqs, key, qp, now, who, notices) {
         p.busy = true;
     }
     if deliver(cqs, key, qp) {
@@ -623,8 +661,13 @@ fn progress_one(
 /// Most receive bursts one round takes from a flow before moving on.
 const MAX_RX_BURSTS: usize = 64;
 
+/// The engine's SRQs and the list of those that fell below their limit.
+type Srqs<'a> = (&'a mut IntMap<SrqKey, (u32, Srq)>, &'a mut Vec<SrqKey>);
+
+#[allow(clippy::too_many_arguments)]
 fn progress_qp(
     mrs: &mut MrTable,
+    (srqs, srq_limits): Srqs<'_>,
     key: QpKey,
     qp: &mut Qp,
     now: Instant,
@@ -637,7 +680,8 @@ fn progress_qp(
     };
     let mut work = false;
     if let Some(flow) = qp.flow.as_mut() {
-        let mut mem = mrs.view(key.0, inline);
+        let srq = qp.init.srq.and_then(|k| srqs.get_mut(&k)).map(|(_, q)| q);
+        let mut mem = mrs.view(key.0, inline, srq);
         // Everything that has arrived first (bounded): a timer must not fire
         // for data whose acknowledgement is still waiting in the ring.
         let mut n = 0;
@@ -659,6 +703,11 @@ fn progress_qp(
         let dg = conn.max_datagram();
         let m = flow.transmit(dg, &mut |buf| conn.poll_transmit(now, &mem, buf));
         work = n + m > 0 || flow.backlogged();
+    }
+    if let Some(k) = qp.init.srq {
+        if srqs.get_mut(&k).is_some_and(|(_, q)| q.take_limit_event()) {
+            srq_limits.push(k);
+        }
     }
     let mut ended = None;
     while let Some(e) = conn.poll_event() {

@@ -60,6 +60,7 @@ fn init(pd: u32, cq: CqKey) -> QpInit {
         max_send_sge: 4,
         max_recv_sge: 4,
         max_inline: 64,
+        srq: None,
     }
 }
 
@@ -1262,3 +1263,6 @@ fn a_post_takes_its_own_qp_and_every_qp_once_a_full_round_is_due() {
     assert!(t.e.progress_after_post(B, t.now + every, every));
     assert!(log.lock().unwrap().contains(&A));
 }
+
+#[path = "engine_srq_tests.rs"]
+mod srq;

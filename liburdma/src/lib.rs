@@ -8,8 +8,8 @@
 //! [`engine`] drives trp connections over DPDK rings shared with urdmad,
 //! or, on the direct path, over each connection's own packet socket,
 //! places data through the process's MR table ([`mem`]) and completes
-//! into user-space CQs ([`cq`]). Shared receive queues answer
-//! `EOPNOTSUPP` ([`unsupported`]).
+//! into user-space CQs ([`cq`]); shared receive queues keep their receives
+//! in the engine too ([`srq`]).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -28,7 +28,7 @@ pub mod mem;
 mod progress;
 mod qp_table;
 mod runtime;
-pub mod unsupported;
+pub mod srq;
 pub mod verbs;
 mod zero;
 

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use trp::mr::InvalidateError;
-use trp::{Access, AtomicOp, Memory, Region};
+use trp::{Access, AtomicOp, Memory, Region, Srq};
 
 use crate::int_hash::IntMap;
 
@@ -61,12 +61,19 @@ impl MrTable {
     }
 
     /// The [`Memory`] one QP of device `dev` sees: the table, plus its own
-    /// inline buffer at [`INLINE_STAG`] when it has one.
-    pub fn view(&mut self, dev: u32, inline: Option<Region>) -> QpMemory<'_> {
+    /// inline buffer at [`INLINE_STAG`] when it has one, and the shared
+    /// receive queue its receives come from when it has one.
+    pub fn view<'a>(
+        &'a mut self,
+        dev: u32,
+        inline: Option<Region>,
+        srq: Option<&'a mut Srq>,
+    ) -> QpMemory<'a> {
         QpMemory {
             table: self,
             dev,
             inline,
+            srq,
         }
     }
 }
@@ -76,6 +83,7 @@ pub struct QpMemory<'a> {
     table: &'a mut MrTable,
     dev: u32,
     inline: Option<Region>,
+    srq: Option<&'a mut Srq>,
 }
 
 impl Memory for QpMemory<'_> {
@@ -123,6 +131,10 @@ impl Memory for QpMemory<'_> {
         }
     }
 
+    fn srq(&mut self) -> Option<&mut Srq> {
+        self.srq.as_deref_mut()
+    }
+
     /// A locked instruction on the memory itself: indivisible against every
     /// other atomic on it, from any thread or process of this host, urdma's
     /// own and the CPU's (more than `IBV_ATOMIC_HCA` asks).
@@ -133,9 +145,20 @@ impl Memory for QpMemory<'_> {
         // are the application's, which verbs leaves to it.
         let cell = unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) };
         match op {
-            AtomicOp::FetchAdd { add } => cell.fetch_add(add, Ordering::SeqCst),
-            AtomicOp::CompareSwap { compare, swap } => {
-                match cell.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+            AtomicOp::FetchAdd { add, fields: 0 } => cell.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::CompareSwap {
+                compare,
+                compare_mask: u64::MAX,
+                swap,
+                swap_mask: u64::MAX,
+            } => match cell.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) | Err(v) => v,
+            },
+            // RFC 7306's masked forms: no instruction does them, a CAS loop does.
+            masked => {
+                match cell.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                    Some(masked.apply(v))
+                }) {
                     Ok(v) | Err(v) => v,
                 }
             }
@@ -226,7 +249,7 @@ mod tests {
             0x100,
             Region::new(3, base, 64, Access::REMOTE_WRITE | Access::LOCAL_WRITE),
         );
-        let v = t.view(1, None);
+        let v = t.view(1, None, None);
         assert!(v.region(0x100).is_some());
         assert_eq!(check(&v, 0x100, 3, base, 64, Access::REMOTE_WRITE), Ok(()));
         assert_eq!(
@@ -241,7 +264,7 @@ mod tests {
             check(&v, 0x100, 3, base, 1, Access::REMOTE_READ),
             Err(ProtectionError::Access)
         );
-        let v = t.view(2, None);
+        let v = t.view(2, None, None);
         assert_eq!(v.region(0x100), None);
     }
 
@@ -251,7 +274,7 @@ mod tests {
         let mut buf = vec![0u8; 16];
         let base = buf.as_mut_ptr() as u64;
         t.insert(0, 0x200, Region::new(1, base, 16, Access::ALL));
-        let mut v = t.view(0, None);
+        let mut v = t.view(0, None, None);
         v.write(base + 4, b"abcd");
         let mut out = [0u8; 6];
         v.read(base + 3, &mut out);
@@ -263,7 +286,7 @@ mod tests {
     fn invalidate_checks_pd_and_sticks() {
         let mut t = MrTable::default();
         t.insert(0, 0x300, Region::new(1, 0x1000, 16, Access::ALL));
-        let mut v = t.view(0, None);
+        let mut v = t.view(0, None, None);
         assert_eq!(
             v.invalidate(0x300, 2),
             Err(InvalidateError::NotInvalidatable)
@@ -286,7 +309,7 @@ mod tests {
         let (addr, len) = ib.stage([&b"hello "[..], &b"world"[..]]).unwrap();
         assert_eq!(len, 11);
         let mut t = MrTable::default();
-        let v = t.view(0, Some(ib.region(5)));
+        let v = t.view(0, Some(ib.region(5)), None);
         assert_eq!(check(&v, INLINE_STAG, 5, addr, 11, Access::NONE), Ok(()));
         assert_eq!(
             check(&v, INLINE_STAG, 5, addr, 1, Access::REMOTE_READ),
@@ -299,7 +322,7 @@ mod tests {
         let mut out = [0u8; 11];
         v.read(addr, &mut out);
         assert_eq!(&out, b"hello world");
-        let other = t.view(0, None);
+        let other = t.view(0, None, None);
         assert_eq!(other.region(INLINE_STAG), None);
     }
 

@@ -667,10 +667,12 @@ impl Shared {
         }
     }
 
-    /// Tells urdmad what the engine found (PEERCLOSED, QPCLOSED). Posted: nothing here
+    /// Tells urdmad what the engine found (PEERCLOSED, QPCLOSED), and urdma.ko which SRQs
+    /// fell below their limit. Posted: nothing here
     /// depends on the reply, and urdmad takes requests in order, so a later request of this
     /// process (`UNQP`) finds them done.
     pub fn deliver_notices(&mut self) {
+        crate::srq::report_limits(self.engine.take_srq_limits());
         for n in self.engine.take_notices() {
             self.post(&match n {
                 Notice::PeerClosed((dev, qpn)) => Request::PeerClosed { dev, qpn },
@@ -1124,6 +1126,7 @@ mod tests {
                 max_send_sge: 1,
                 max_recv_sge: 1,
                 max_inline: 0,
+                srq: None,
             },
         );
         sh.engine.post_recv(key, 42, &[]).unwrap();

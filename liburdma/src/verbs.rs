@@ -18,7 +18,7 @@ use crate::{context, log, runtime};
 /// command `cmd` that creates the object on it. On success the kernel holds
 /// the object and the box is handed out, to be freed by [`destroy`]; on
 /// failure (`cmd`'s errno) nothing refers to it and it is freed here.
-fn create<T: Zeroable>(cmd: impl FnOnce(*mut T) -> c_int) -> Result<*mut T, c_int> {
+pub(crate) fn create<T: Zeroable>(cmd: impl FnOnce(*mut T) -> c_int) -> Result<*mut T, c_int> {
     let obj = Box::into_raw(Box::new(zeroed::<T>()));
     match cmd(obj) {
         0 => Ok(obj),
@@ -38,7 +38,11 @@ fn create<T: Zeroable>(cmd: impl FnOnce(*mut T) -> c_int) -> Result<*mut T, c_in
 ///
 /// # Safety
 /// `obj` came from [`create`] (as a `T`) and is not used after a success.
-unsafe fn destroy<T>(obj: *mut T, cmd: impl FnOnce() -> c_int, forget: impl FnOnce()) -> c_int {
+pub(crate) unsafe fn destroy<T>(
+    obj: *mut T,
+    cmd: impl FnOnce() -> c_int,
+    forget: impl FnOnce(),
+) -> c_int {
     let ret = cmd();
     if ret == 0 {
         forget();
@@ -50,7 +54,7 @@ unsafe fn destroy<T>(obj: *mut T, cmd: impl FnOnce() -> c_int, forget: impl FnOn
 }
 
 /// Constructor result: the object or NULL with errno set.
-fn object<T>(r: Result<*mut T, c_int>) -> *mut T {
+pub(crate) fn object<T>(r: Result<*mut T, c_int>) -> *mut T {
     r.unwrap_or_else(|e| {
         set_errno(e);
         std::ptr::null_mut()
@@ -58,7 +62,7 @@ fn object<T>(r: Result<*mut T, c_int>) -> *mut T {
 }
 
 /// For verbs that return an errno: a panic becomes EIO.
-const PANIC_ERRNO: c_int = libc::EIO;
+pub(crate) const PANIC_ERRNO: c_int = libc::EIO;
 
 #[repr(C)]
 pub struct UrdmaCq {
@@ -399,6 +403,7 @@ pub(crate) unsafe extern "C" fn create_qp(
             max_send_sge: a.cap.max_send_sge,
             max_recv_sge: a.cap.max_recv_sge,
             max_inline: a.cap.max_inline_data,
+            srq: (!a.srq.is_null()).then(|| crate::srq::srq_key(a.srq)),
         };
         // SAFETY: the context's device is libibverbs' record of it.
         let ibdev_path = unsafe { c_path(&(*(*ctx).device).ibdev_path) };

@@ -6,8 +6,9 @@
 //! implementing [`Zeroable`].
 
 use rdma_core_sys::{
-    ib_uverbs_alloc_pd_resp, ib_uverbs_ex_query_device_resp, ib_uverbs_reg_mr_resp, ibv_alloc_pd,
-    ibv_create_cq, ibv_create_qp, ibv_modify_qp, ibv_pd, ibv_query_port, ibv_query_qp, ibv_reg_mr,
+    ib_uverbs_alloc_pd_resp, ib_uverbs_create_srq_resp, ib_uverbs_ex_query_device_resp,
+    ib_uverbs_reg_mr_resp, ibv_alloc_pd, ibv_create_cq, ibv_create_qp, ibv_create_srq,
+    ibv_modify_qp, ibv_modify_srq, ibv_pd, ibv_query_port, ibv_query_qp, ibv_reg_mr, ibv_srq_attr,
     verbs_context_ops, verbs_mr,
 };
 
@@ -51,6 +52,10 @@ zeroable_bindgen!(
     ibv_create_qp,
     ibv_modify_qp,
     ibv_query_qp,
+    ibv_create_srq,
+    ib_uverbs_create_srq_resp,
+    ibv_modify_srq,
+    ibv_srq_attr,
     // Objects the provider allocates for libibverbs to fill in.
     ibv_pd,
     verbs_mr,

@@ -64,6 +64,9 @@ fn main() {
         .allowlist_function("ibv_cmd_modify_qp")
         .allowlist_function("ibv_cmd_query_qp")
         .allowlist_function("ibv_cmd_destroy_qp")
+        .allowlist_function("ibv_cmd_create_srq")
+        .allowlist_function("ibv_cmd_modify_srq")
+        .allowlist_function("ibv_cmd_destroy_srq")
         // Public entry points, used by tests that drive the real library.
         .allowlist_function("ibv_get_device_list")
         .allowlist_function("ibv_free_device_list")

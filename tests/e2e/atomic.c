@@ -40,6 +40,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "e2e.h"
+
 #define MAX_CONNS 64
 #define DEPTH_MAX 64
 
@@ -51,46 +53,6 @@ struct info {
 	uint32_t counter_rkey;
 	uint32_t plain_rkey;
 };
-
-static double deadline;
-
-static void fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	printf("FAIL ");
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	printf("\n");
-	fflush(stdout);
-	exit(1);
-}
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static void check_time(const char *what)
-{
-	if (now() > deadline)
-		fail("timed out %s", what);
-}
-
-static struct rdma_addrinfo *resolve(const char *addr, const char *port, int passive)
-{
-	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP }, *res;
-
-	if (passive)
-		hints.ai_flags = RAI_PASSIVE;
-	if (rdma_getaddrinfo(addr, port, &hints, &res))
-		fail("rdma_getaddrinfo %s:%s: %s", addr, port, strerror(errno));
-	return res;
-}
 
 static struct rdma_cm_event *next_event(struct rdma_event_channel *ch)
 {

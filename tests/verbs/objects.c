@@ -9,10 +9,10 @@
  *                            which leaves it in INIT); reopens the device
  *                            every 100 rounds
  *   objects DEVICE errors    each invalid request must fail with the errno
- *                            the kernel's verbs rules give it, the verbs
- *                            urdma does not implement (SRQ, MW) with
- *                            EOPNOTSUPP, and a send posted to a QP that is
- *                            not connected with EINVAL
+ *                            the kernel's verbs rules give it (SRQs'
+ *                            included), the verbs urdma does not implement
+ *                            (MW) with EOPNOTSUPP, and a send posted to a
+ *                            QP that is not connected with EINVAL
  *
  * Prints one line per failed check and exits 1 if any failed.
  */
@@ -162,6 +162,56 @@ static void cycle(const char *name, long rounds)
 		      strerror(want));                                         \
 	} while (0)
 
+/* An SRQ's invalid requests, and what a QP on it refuses. */
+static void srq_errors(struct ibv_pd *pd, struct ibv_cq *cq, const struct ibv_device_attr *dev)
+{
+	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_qp_init_attr qa = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 1, .max_send_sge = 1 },
+	};
+	struct ibv_srq_attr a = { .max_wr = 8, .srq_limit = 5 };
+	struct ibv_recv_wr rw = { .num_sge = dev->max_srq_sge + 1 }, *bad = NULL;
+	struct ibv_srq *srq;
+	struct ibv_qp *qp;
+	int ret;
+
+	sa.attr.max_wr = dev->max_srq_wr + 1;
+	EXPECT_NULL_ERRNO(ibv_create_srq(pd, &sa), EINVAL, "SRQ above max_srq_wr");
+	sa.attr.max_wr = 4;
+	sa.attr.max_sge = dev->max_srq_sge + 1;
+	EXPECT_NULL_ERRNO(ibv_create_srq(pd, &sa), EINVAL, "SRQ above max_srq_sge");
+	sa.attr.max_sge = 1;
+	srq = ibv_create_srq(pd, &sa);
+	CHECK(srq, "create_srq: %s", strerror(errno));
+	if (!srq)
+		return;
+	ret = ibv_modify_srq(srq, &a, IBV_SRQ_LIMIT);
+	CHECK(ret == EINVAL, "SRQ limit above max_wr: got %s, want %s", strerror(ret),
+	      strerror(EINVAL));
+	ret = ibv_modify_srq(srq, &a, IBV_SRQ_MAX_WR);
+	CHECK(ret == EOPNOTSUPP, "resizing an SRQ: got %s, want %s", strerror(ret),
+	      strerror(EOPNOTSUPP));
+	ret = ibv_post_srq_recv(srq, &rw, &bad);
+	CHECK(ret == EINVAL && bad == &rw, "SRQ receive above max_sge: got %s, bad_wr %s",
+	      strerror(ret), bad == &rw ? "set" : "not set");
+	qa.srq = srq;
+	qp = ibv_create_qp(pd, &qa);
+	CHECK(qp, "create_qp on an SRQ: %s", strerror(errno));
+	if (qp) {
+		rw.num_sge = 0;
+		bad = NULL;
+		ret = ibv_post_recv(qp, &rw, &bad);
+		CHECK(ret == EINVAL && bad == &rw, "post_recv on a QP on an SRQ: got %s",
+		      strerror(ret));
+		ret = ibv_destroy_srq(srq);
+		CHECK(ret == EBUSY, "destroy_srq with a QP on it: got %s, want %s",
+		      strerror(ret), strerror(EBUSY));
+		CHECK(!ibv_destroy_qp(qp), "destroy_qp");
+	}
+	CHECK(!ibv_destroy_srq(srq), "destroy_srq");
+}
+
 static void errors(const char *name)
 {
 	static char buf[8192];
@@ -170,7 +220,6 @@ static void errors(const char *name)
 	struct ibv_qp_init_attr ud = { .qp_type = IBV_QPT_UD,
 				       .cap = { .max_send_wr = 1, .max_recv_wr = 1,
 						.max_send_sge = 1, .max_recv_sge = 1 } };
-	struct ibv_srq_init_attr srq = { .attr = { .max_wr = 1, .max_sge = 1 } };
 	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 8 };
 	struct ibv_send_wr swr = { .sg_list = &sge, .num_sge = 1,
 				   .opcode = IBV_WR_SEND }, *bad = NULL;
@@ -207,8 +256,8 @@ static void errors(const char *name)
 	CHECK(ret == EBUSY, "dealloc_pd with a live MR: got %s, want %s",
 	      strerror(ret), strerror(EBUSY));
 
+	srq_errors(pd, cq, &dev);
 	/* Not implemented: must fail cleanly, in each verb's own way. */
-	EXPECT_NULL_ERRNO(ibv_create_srq(pd, &srq), EOPNOTSUPP, "create_srq");
 	EXPECT_NULL_ERRNO(ibv_alloc_mw(pd, IBV_MW_TYPE_1), EOPNOTSUPP, "alloc_mw");
 	/* A QP that was never connected takes no send. */
 	qp = rc_qp(pd, cq, 1);

@@ -39,6 +39,9 @@ check_limit max_pd URDMA_MAX_PD max_pd
 check_limit max_mr_size URDMA_MAX_MR_SIZE
 check_limit max_qp_rd_atom URDMA_MAX_IRD
 check_limit max_qp_init_rd_atom URDMA_MAX_ORD
+check_limit max_srq URDMA_MAX_SRQ max_srq
+check_limit max_srq_wr URDMA_MAX_SRQ_WR
+check_limit max_srq_sge URDMA_MAX_SGE
 # RFC 7306 atomics, atomic across QPs and processes (tests/vm/64-e2e-atomic.sh).
 [ "$(val atomic_cap)" = ATOMIC_HCA ] || fail "atomic_cap is '$(val atomic_cap)', expected ATOMIC_HCA"
 # rdma-core's test suite rejects a device whose vendor_id is 0.

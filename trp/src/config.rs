@@ -62,6 +62,9 @@ pub struct Config {
     /// Ask for the CRC32C trailer (`wire::crc`) on every datagram of the
     /// connection. It is used when either end asks, as MPA's CRC is.
     pub crc: bool,
+    /// Receives come from a shared receive queue ([`crate::Memory::srq`]),
+    /// not from `post_recv`.
+    pub srq: bool,
 }
 
 impl Default for Config {
@@ -86,6 +89,7 @@ impl Default for Config {
             max_recv_wr: 4096,
             header_prediction: true,
             crc: true,
+            srq: false,
         }
     }
 }

@@ -77,6 +77,7 @@ pub mod verbs;
 pub mod wire;
 
 pub use config::Config;
+pub use conn::srq::Srq;
 pub use conn::{Connection, Event, FailReason};
 pub use mr::{Access, Memory, Region, VecMemory};
 pub use setup::{ConnectOutcome, Connecting, Incoming, SetupError};

@@ -4,6 +4,7 @@
 //! application memory; tests: plain vectors). The core only asks questions
 //! through [`Memory`] and reads or writes ranges it has checked first.
 
+use crate::conn::srq::Srq;
 use crate::verbs::AtomicOp;
 
 /// Access rights of a region (a subset of `ibv_access_flags`).
@@ -93,6 +94,12 @@ pub trait Memory {
     /// indivisible step with respect to every other atomic on that memory,
     /// and returns the value it found.
     fn atomic(&mut self, addr: u64, op: AtomicOp) -> u64;
+    /// The shared receive queue of a connection created with
+    /// [`Config::srq`](crate::Config::srq), where its messages take their
+    /// receives.
+    fn srq(&mut self) -> Option<&mut Srq> {
+        None
+    }
 }
 
 /// A failed protection check, in the order the checks run.
@@ -176,6 +183,8 @@ pub struct VecMemory {
     pub bytes: Vec<u8>,
     /// Few regions per test: a linear scan beats hashing.
     regions: Vec<(u32, Region, bool)>,
+    /// The shared receive queue a connection with `Config::srq` uses.
+    pub srq: Option<Srq>,
 }
 
 impl VecMemory {
@@ -183,6 +192,7 @@ impl VecMemory {
         VecMemory {
             bytes: vec![0; size],
             regions: Default::default(),
+            srq: None,
         }
     }
     /// Registers a region; `invalidatable` says whether a remote Send with
@@ -220,6 +230,9 @@ impl Memory for VecMemory {
     fn read(&self, addr: u64, out: &mut [u8]) {
         let a = addr as usize;
         out.copy_from_slice(&self.bytes[a..a + out.len()]);
+    }
+    fn srq(&mut self) -> Option<&mut Srq> {
+        self.srq.as_mut()
     }
     /// One thread owns a `VecMemory`: a read and a write are indivisible.
     fn atomic(&mut self, addr: u64, op: AtomicOp) -> u64 {

@@ -91,10 +91,6 @@ pub enum OperationCode {
     CatastrophicStream = 0x07,
     CatastrophicGlobal = 0x08,
     StagCannotInvalidate = 0x09,
-    /// RFC 7306: an Atomic Request whose AOpCode is not supported.
-    AtomicOpcode = 0x0a,
-    /// RFC 7306: an Atomic Request's tagged offset not 8-byte aligned.
-    AtomicAlignment = 0x0b,
     Unspecified = 0xff,
 }
 

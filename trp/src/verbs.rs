@@ -42,23 +42,64 @@ pub enum SendOp {
     },
 }
 
-/// The two atomics of verbs. The remote value is a 64-bit integer in the
-/// responder's byte order, as libibverbs defines it.
+/// RFC 7306's two atomics, both masked; verbs' are [`AtomicOp::fetch_add`]
+/// and [`AtomicOp::compare_swap`]. The remote value is a 64-bit integer in
+/// the responder's byte order, as libibverbs defines it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AtomicOp {
-    FetchAdd { add: u64 },
-    CompareSwap { compare: u64, swap: u64 },
+    /// Adds `add`. Each bit set in `fields` is the top bit of a field whose
+    /// carry out is dropped: 0 is one 64-bit add.
+    FetchAdd { add: u64, fields: u64 },
+    /// Where `old` equals `compare` in the bits of `compare_mask`, the bits
+    /// of `swap_mask` take `swap`'s.
+    CompareSwap {
+        compare: u64,
+        compare_mask: u64,
+        swap: u64,
+        swap_mask: u64,
+    },
 }
 
 impl AtomicOp {
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`: one 64-bit add.
+    pub const fn fetch_add(add: u64) -> AtomicOp {
+        AtomicOp::FetchAdd { add, fields: 0 }
+    }
+
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`: all 64 bits compared and swapped.
+    pub const fn compare_swap(compare: u64, swap: u64) -> AtomicOp {
+        AtomicOp::CompareSwap {
+            compare,
+            compare_mask: u64::MAX,
+            swap,
+            swap_mask: u64::MAX,
+        }
+    }
+
     /// Applies the operation to `old`: the value left in memory.
     #[inline]
     pub fn apply(self, old: u64) -> u64 {
         match self {
-            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
-            AtomicOp::CompareSwap { compare, swap } => {
-                if old == compare {
-                    swap
+            AtomicOp::FetchAdd { add, fields: 0 } => old.wrapping_add(add),
+            AtomicOp::FetchAdd { add, fields } => {
+                // Bit by bit, the carry dropped past the top of each field.
+                let (mut sum, mut carry) = (0u64, 0u64);
+                for i in 0..64 {
+                    let (a, b) = ((old >> i) & 1, (add >> i) & 1);
+                    sum |= (a ^ b ^ carry) << i;
+                    carry = (a & b) | (carry & (a ^ b));
+                    carry &= !(fields >> i) & 1;
+                }
+                sum
+            }
+            AtomicOp::CompareSwap {
+                compare,
+                compare_mask,
+                swap,
+                swap_mask,
+            } => {
+                if (old ^ compare) & compare_mask == 0 {
+                    (old & !swap_mask) | (swap & swap_mask)
                 } else {
                     old
                 }
@@ -190,3 +231,31 @@ impl core::fmt::Display for PostError {
 }
 
 impl std::error::Error for PostError {}
+
+#[cfg(test)]
+mod tests {
+    use super::AtomicOp;
+
+    #[test]
+    fn masked_atomics_follow_rfc_7306() {
+        // Two 32-bit fields: the low one's carry does not reach the high one.
+        let two = AtomicOp::FetchAdd {
+            add: 0x0000_0001_0000_0001,
+            fields: 0x8000_0000_8000_0000,
+        };
+        assert_eq!(two.apply(0x0000_0005_ffff_ffff), 0x0000_0006_0000_0000);
+        assert_eq!(AtomicOp::fetch_add(1).apply(0xffff_ffff), 0x1_0000_0000);
+        assert_eq!(AtomicOp::fetch_add(2).apply(u64::MAX), 1);
+        // Compare the low byte only; swap the high half only.
+        let cs = AtomicOp::CompareSwap {
+            compare: 0x42,
+            compare_mask: 0xff,
+            swap: 0xaaaa_aaaa_0000_0000,
+            swap_mask: 0xffff_ffff_0000_0000,
+        };
+        assert_eq!(cs.apply(0x1234_5678_9abc_de42), 0xaaaa_aaaa_9abc_de42);
+        assert_eq!(cs.apply(0x1234_5678_9abc_de43), 0x1234_5678_9abc_de43);
+        assert_eq!(AtomicOp::compare_swap(7, 9).apply(7), 9);
+        assert_eq!(AtomicOp::compare_swap(7, 9).apply(8), 8);
+    }
+}

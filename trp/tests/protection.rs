@@ -200,7 +200,7 @@ proptest! {
                 if to.is_multiple_of(8) {
                     Ok(())
                 } else {
-                    Err(Cause::RemoteOperation(OperationCode::AtomicAlignment))
+                    Err(Cause::RemoteOperation(OperationCode::CatastrophicStream))
                 }
             });
         let cfg = Config { pd: PD, ..Config::default() };
@@ -209,9 +209,9 @@ proptest! {
         let sink = 24;
         let sge = [Sge { addr: sink, len: 8, lkey: LKEY }];
         let op = if fetch_add {
-            AtomicOp::FetchAdd { add: a1 }
+            AtomicOp::fetch_add(a1)
         } else {
-            AtomicOp::CompareSwap { compare: a1, swap: a2 }
+            AtomicOp::compare_swap(a1, a2)
         };
         let wr = SendWr {
             wr_id: 1,

@@ -19,15 +19,16 @@ mod complete;
 mod keepalive;
 mod rx;
 mod sgl;
+pub mod srq;
 mod states;
 mod tx;
 
 use crate::config::Config;
-use crate::mr::{self, Access, Memory};
+use crate::mr::{Access, Memory};
 use crate::reliability::{Params, Receiver, Sender, SenderStats, Timeout};
 use crate::state::{self, QpState};
 use crate::time::Instant;
-use crate::verbs::{Completion, PostError, RecvWr, SendOp, SendWr, Sge, WcStatus};
+use crate::verbs::{Completion, PostError, RecvWr, SendOp, SendWr, WcStatus};
 use crate::wire::rdmap::Terminate;
 use crate::wire::WireError;
 use crate::wire::{crc, predict, trp};
@@ -104,9 +105,9 @@ pub(crate) struct Negotiated {
 #[derive(Clone, Copy, Debug)]
 struct Msn {
     send: u32,
+    /// Read and Atomic Requests (RFC 7306 puts both on queue 1).
     read_request: u32,
     terminate: u32,
-    atomic_request: u32,
     atomic_response: u32,
 }
 
@@ -115,7 +116,6 @@ impl Msn {
         send: 1,
         read_request: 1,
         terminate: 1,
-        atomic_request: 1,
         atomic_response: 1,
     };
 }
@@ -348,24 +348,6 @@ impl Connection {
         self.keepalive.deadline(quiet)
     }
 
-    fn check_sges<M: Memory + ?Sized>(
-        &self,
-        mem: &M,
-        sges: &[Sge],
-        need: Access,
-    ) -> Result<u32, PostError> {
-        let mut total: u64 = 0;
-        for s in sges {
-            mr::check(mem, s.lkey, self.cfg.pd, s.addr, u64::from(s.len), need)
-                .map_err(PostError::LocalProtection)?;
-            total += u64::from(s.len);
-        }
-        if total > 1 << 31 {
-            return Err(PostError::TooLong);
-        }
-        Ok(total as u32)
-    }
-
     /// Queues a send work request. In Error/Closed it completes at once
     /// with `Flush`, as verbs specifies.
     pub fn post_send<M: Memory + ?Sized>(
@@ -389,7 +371,7 @@ impl Connection {
             SendOp::RdmaRead { .. } | SendOp::Atomic { .. } => Access::LOCAL_WRITE,
             _ => Access::NONE,
         };
-        let mut len = self.check_sges(mem, wr.sges, need)?;
+        let mut len = sgl::check_sges(mem, self.cfg.pd, wr.sges, need)?;
         if let SendOp::Atomic { .. } = wr.op {
             // Its result takes the first 8 bytes, and its completion says 8.
             if len < 8 {
@@ -411,10 +393,14 @@ impl Connection {
                 .push_back(Completion::recv_failed(wr.wr_id, WcStatus::Flush));
             return Ok(());
         }
+        // Its receives come from its shared receive queue.
+        if self.cfg.srq {
+            return Err(PostError::State);
+        }
         if self.recv.rq.len() >= self.cfg.max_recv_wr {
             return Err(PostError::QueueFull);
         }
-        let len = self.check_sges(mem, wr.sges, Access::LOCAL_WRITE)?;
+        let len = sgl::check_sges(mem, self.cfg.pd, wr.sges, Access::LOCAL_WRITE)?;
         self.recv.post(wr, len);
         Ok(())
     }

@@ -11,23 +11,33 @@ use crate::reliability::{psn_lt, Arrival};
 use crate::state;
 use crate::terminate::{Cause, Malformed, OperationCode, ProtectionCode, UntaggedCode};
 use crate::time::Instant;
-use crate::verbs::{AtomicOp, Completion, RecvWr, SendOp, WcStatus};
+use crate::verbs::{Completion, RecvWr, SendOp, WcStatus};
 use crate::wire::ddp::{self, BufferRef};
 use crate::wire::handshake;
 use crate::wire::predict::Datagram;
 use crate::wire::rdmap::{
-    self, aop, AtomicRequest, AtomicResponse, HeaderCopy, Opcode, ReadRequest, Terminate,
+    self, AtomicRequest, AtomicResponse, HeaderCopy, Opcode, ReadRequest, Terminate,
 };
 use crate::wire::segment::{self, Body};
 use crate::wire::trp::{self, SackRanges};
 use crate::wire::WireError;
 use std::collections::VecDeque;
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct RqEntry {
     pub(super) wr_id: u64,
     sges: SgeList,
     len: u64,
+}
+
+impl RqEntry {
+    pub(super) fn new(wr: &RecvWr<'_>, len: u32) -> RqEntry {
+        RqEntry {
+            wr_id: wr.wr_id,
+            sges: SgeList::new(wr.sges),
+            len: u64::from(len),
+        }
+    }
 }
 
 /// Effect of a received PSN that must happen in PSN order.
@@ -84,11 +94,7 @@ impl RecvSide {
     }
 
     pub(super) fn post(&mut self, wr: &RecvWr<'_>, len: u32) {
-        self.rq.push_back(RqEntry {
-            wr_id: wr.wr_id,
-            sges: SgeList::new(wr.sges),
-            len: u64::from(len),
-        });
+        self.rq.push_back(RqEntry::new(wr, len));
     }
 }
 
@@ -137,23 +143,6 @@ fn read_request_terminate(cause: Cause, msn: u32, rr: ReadRequest) -> Terminate 
 fn atomic_request_terminate(cause: Cause, msn: u32) -> Terminate {
     let hdr = atomic_request_header(msn);
     request_terminate(cause, hdr, rdmap::ATOMIC_REQUEST_LEN, None)
-}
-
-/// The operation an Atomic Request asks for, if it is one verbs has: all
-/// bits added or compared (masks all ones).
-fn atomic_op(req: &AtomicRequest) -> Option<AtomicOp> {
-    match req.aop {
-        aop::FETCH_ADD if req.add_swap_mask == u64::MAX => {
-            Some(AtomicOp::FetchAdd { add: req.add_swap })
-        }
-        aop::COMPARE_SWAP if req.add_swap_mask == u64::MAX && req.compare_mask == u64::MAX => {
-            Some(AtomicOp::CompareSwap {
-                compare: req.compare,
-                swap: req.add_swap,
-            })
-        }
-        _ => None,
-    }
 }
 
 impl Connection {
@@ -407,6 +396,12 @@ impl Connection {
                 body @ (Body::Data(_) | Body::Immediate(_)),
             ) => {
                 let d = msn.wrapping_sub(self.recv.expected.send);
+                if self.cfg.srq && in_order && d as usize == self.recv.rq.len() {
+                    // A message starts: it takes the shared queue's oldest receive.
+                    if let Some(e) = mem.srq().and_then(|q| q.take()) {
+                        self.recv.rq.push_back(e);
+                    }
+                }
                 if d as usize >= self.recv.rq.len() {
                     if !in_order && d < 1 << 16 {
                         return None;
@@ -613,7 +608,9 @@ impl Connection {
     /// a lost response is retransmitted with that value (`Src::AtomicResp`).
     #[inline(never)]
     fn execute_atomic<M: Memory + ?Sized>(&mut self, mem: &mut M, msn: u32, req: AtomicRequest) {
-        let cause = if msn != self.recv.expected.atomic_request {
+        // RFC 7306 sections 5.2.1 and 8.2: an AOpCode it does not know, or a
+        // misaligned target, ends the stream.
+        let cause = if msn != self.recv.expected.read_request {
             Cause::DdpUntagged(UntaggedCode::MsnRange)
         } else if self.responses.len() >= usize::from(self.cfg.ird) {
             Cause::DdpUntagged(UntaggedCode::NoBuffer)
@@ -622,9 +619,9 @@ impl Connection {
         {
             Cause::RemoteProtection(ProtectionCode::from(e))
         } else if !req.to.is_multiple_of(8) {
-            Cause::RemoteOperation(OperationCode::AtomicAlignment)
-        } else if let Some(op) = atomic_op(&req) {
-            take_msn(&mut self.recv.expected.atomic_request);
+            Cause::RemoteOperation(OperationCode::CatastrophicStream)
+        } else if let Some(op) = req.op() {
+            take_msn(&mut self.recv.expected.read_request);
             let original = mem.atomic(req.to, op);
             self.responses.push_back(Reply::Atomic(AtomicResponse {
                 request_id: req.request_id,
@@ -632,7 +629,7 @@ impl Connection {
             }));
             return;
         } else {
-            Cause::RemoteOperation(OperationCode::AtomicOpcode)
+            Cause::RemoteOperation(OperationCode::UnexpectedOpcode)
         };
         self.fail(Failure::detected(atomic_request_terminate(cause, msn)));
     }

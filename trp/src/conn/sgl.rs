@@ -3,14 +3,34 @@
 
 use std::ops::Deref;
 
-use crate::mr::Memory;
-use crate::verbs::Sge;
+use crate::mr::{self, Access, Memory};
+use crate::verbs::{PostError, Sge};
+
+/// Checks a work request's SGEs against the region table for `need` in
+/// protection domain `pd`, and returns their total length.
+pub(super) fn check_sges<M: Memory + ?Sized>(
+    mem: &M,
+    pd: u32,
+    sges: &[Sge],
+    need: Access,
+) -> Result<u32, PostError> {
+    let mut total: u64 = 0;
+    for s in sges {
+        mr::check(mem, s.lkey, pd, s.addr, u64::from(s.len), need)
+            .map_err(PostError::LocalProtection)?;
+        total += u64::from(s.len);
+    }
+    if total > 1 << 31 {
+        return Err(PostError::TooLong);
+    }
+    Ok(total as u32)
+}
 
 /// A work request's scatter/gather list, kept with the request until it completes. Nearly
 /// every request has one or two elements: those are held in place, so that a post allocates
 /// nothing (an allocation and its free were a twentieth of a small message's instructions
 /// in the provider's ping-pong); longer lists go on the heap.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) enum SgeList {
     Inline { n: u8, sges: [Sge; 2] },
     Heap(Vec<Sge>),

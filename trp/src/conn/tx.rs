@@ -6,13 +6,11 @@ use super::states::Phase;
 use super::{take_msn, Connection, Msn};
 use crate::mr::Memory;
 use crate::time::Instant;
-use crate::verbs::{AtomicOp, SendOp, SendWr};
+use crate::verbs::{SendOp, SendWr};
 use crate::wire::ddp::{self, BufferRef};
 use crate::wire::handshake;
 use crate::wire::predict::{self, Datagram};
-use crate::wire::rdmap::{
-    self, aop, qn, AtomicRequest, AtomicResponse, Immediate, Opcode, ReadRequest,
-};
+use crate::wire::rdmap::{self, qn, AtomicRequest, AtomicResponse, Immediate, Opcode, ReadRequest};
 use crate::wire::segment;
 use crate::wire::trp::{self, SackRanges};
 use std::collections::VecDeque;
@@ -144,27 +142,13 @@ impl SqEntry {
 impl SqEntry {
     /// The Atomic Request of an atomic entry, its MSN its identifier.
     fn atomic_request(&self) -> AtomicRequest {
-        let SendOp::Atomic {
-            remote_addr,
-            rkey,
-            op,
-        } = self.op
-        else {
-            return AtomicRequest::default();
-        };
-        let (aop, add_swap, compare) = match op {
-            AtomicOp::FetchAdd { add } => (aop::FETCH_ADD, add, 0),
-            AtomicOp::CompareSwap { compare, swap } => (aop::COMPARE_SWAP, swap, compare),
-        };
-        AtomicRequest {
-            aop,
-            request_id: self.msn,
-            stag: rkey,
-            to: remote_addr,
-            add_swap,
-            add_swap_mask: u64::MAX,
-            compare,
-            compare_mask: u64::MAX,
+        match self.op {
+            SendOp::Atomic {
+                remote_addr,
+                rkey,
+                op,
+            } => AtomicRequest::new(self.msn, rkey, remote_addr, op),
+            _ => AtomicRequest::default(),
         }
     }
 
@@ -442,7 +426,7 @@ impl Connection {
                         return None;
                     }
                     e.started = true;
-                    e.msn = take_msn(&mut sq.next_msn.atomic_request);
+                    e.msn = take_msn(&mut sq.next_msn.read_request);
                     e.issued = true;
                     sq.reads_out.push_back(seq);
                     TxKind::Seg {
@@ -746,8 +730,8 @@ pub(super) fn read_request_header(msn: u32) -> segment::Repr {
     untagged_header(Opcode::ReadRequest, qn::READ_REQUEST, msn)
 }
 
-/// The same for the Atomic Request with `msn`.
+/// The same for the Atomic Request with `msn` (on the Read Requests' queue).
 #[inline]
 pub(super) fn atomic_request_header(msn: u32) -> segment::Repr {
-    untagged_header(Opcode::AtomicRequest, qn::ATOMIC_REQUEST, msn)
+    untagged_header(Opcode::AtomicRequest, qn::READ_REQUEST, msn)
 }

@@ -2,6 +2,7 @@
 //! fields and in untagged message bodies.
 
 use super::{be16, be32, be64, need, put16, put32, put64, WireError};
+use crate::verbs::AtomicOp;
 
 pub const VERSION: u8 = 1;
 
@@ -10,8 +11,9 @@ pub mod qn {
     pub const SEND: u32 = 0;
     pub const READ_REQUEST: u32 = 1;
     pub const TERMINATE: u32 = 2;
-    pub const ATOMIC_REQUEST: u32 = 3;
-    pub const ATOMIC_RESPONSE: u32 = 4;
+    /// RFC 7306: Atomic Requests share queue 1 (and its MSNs) with RDMA
+    /// Read Requests, for IRD/ORD.
+    pub const ATOMIC_RESPONSE: u32 = 3;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -65,7 +67,7 @@ impl Opcode {
             Opcode::RdmaWrite | Opcode::ReadResponse => None,
             Opcode::ReadRequest => Some(qn::READ_REQUEST),
             Opcode::Terminate => Some(qn::TERMINATE),
-            Opcode::AtomicRequest => Some(qn::ATOMIC_REQUEST),
+            Opcode::AtomicRequest => Some(qn::READ_REQUEST),
             Opcode::AtomicResponse => Some(qn::ATOMIC_RESPONSE),
             _ => Some(qn::SEND),
         }
@@ -135,14 +137,13 @@ impl ReadRequest {
 
 pub const ATOMIC_REQUEST_LEN: usize = 52;
 
-/// RFC 7306 atomic operation codes (AOpCode).
+/// RFC 7306 atomic operation codes (AOpCode; 1 is reserved).
 pub mod aop {
     pub const FETCH_ADD: u8 = 0;
-    pub const COMPARE_SWAP: u8 = 1;
+    pub const COMPARE_SWAP: u8 = 2;
 }
 
-/// Atomic Request body (RFC 7306 section 5.1). The masks are sent all
-/// ones: verbs' atomics change and compare every bit.
+/// Atomic Request body (RFC 7306 section 4.1, figure 4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct AtomicRequest {
     pub aop: u8,
@@ -157,6 +158,47 @@ pub struct AtomicRequest {
 }
 
 impl AtomicRequest {
+    /// The request for `op` on `to` of `stag`.
+    pub fn new(request_id: u32, stag: u32, to: u64, op: AtomicOp) -> AtomicRequest {
+        let (aop, add_swap, add_swap_mask, compare, compare_mask) = match op {
+            // Compare data and mask as the RFC says a Fetch-and-Add sends them.
+            AtomicOp::FetchAdd { add, fields } => (aop::FETCH_ADD, add, fields, 0, u64::MAX),
+            AtomicOp::CompareSwap {
+                compare,
+                compare_mask,
+                swap,
+                swap_mask,
+            } => (aop::COMPARE_SWAP, swap, swap_mask, compare, compare_mask),
+        };
+        AtomicRequest {
+            aop,
+            request_id,
+            stag,
+            to,
+            add_swap,
+            add_swap_mask,
+            compare,
+            compare_mask,
+        }
+    }
+
+    /// The operation asked for; None for a reserved AOpCode.
+    pub fn op(&self) -> Option<AtomicOp> {
+        match self.aop {
+            aop::FETCH_ADD => Some(AtomicOp::FetchAdd {
+                add: self.add_swap,
+                fields: self.add_swap_mask,
+            }),
+            aop::COMPARE_SWAP => Some(AtomicOp::CompareSwap {
+                compare: self.compare,
+                compare_mask: self.compare_mask,
+                swap: self.add_swap,
+                swap_mask: self.add_swap_mask,
+            }),
+            _ => None,
+        }
+    }
+
     pub fn parse(b: &[u8]) -> Result<Self, WireError> {
         need(b.len(), ATOMIC_REQUEST_LEN)?;
         Ok(AtomicRequest {

@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause */
+/*
+ * What the rdma_cm test programs of tests/e2e share: failing with one line,
+ * a deadline, and resolving an address.
+ */
+#ifndef E2E_H
+#define E2E_H
+
+#include <errno.h>
+#include <rdma/rdma_cma.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* When the program gives up (seconds of CLOCK_MONOTONIC); main sets it. */
+static double deadline;
+
+/* Prints "FAIL ..." and exits 1. */
+static void fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("FAIL ");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+	exit(1);
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void check_time(const char *what)
+{
+	if (now() > deadline)
+		fail("timed out %s", what);
+}
+
+static struct rdma_addrinfo *resolve(const char *addr, const char *port, int passive)
+{
+	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP }, *res;
+
+	if (passive)
+		hints.ai_flags = RAI_PASSIVE;
+	if (rdma_getaddrinfo(addr, port, &hints, &res))
+		fail("rdma_getaddrinfo %s:%s: %s", addr, port, strerror(errno));
+	return res;
+}
+
+#endif
