@@ -13,7 +13,7 @@ use rdma_core_sys::{
 use crate::abi::{context_is_ours, AllocContextResp};
 use crate::guard::{catch, set_errno};
 use crate::zero::{zeroed, Zeroable};
-use crate::{data, log, srq, verbs};
+use crate::{cq_ex, data, log, srq, verbs};
 
 /// The provider's per-open-device state. libibverbs allocates it (zeroed)
 /// and gives out the embedded `verbs_context`; it must stay plain data, as
@@ -56,6 +56,7 @@ static CONTEXT_OPS: ContextOps = ContextOps(verbs_context_ops {
     reg_mr: Some(verbs::reg_mr),
     dereg_mr: Some(verbs::dereg_mr),
     create_cq: Some(verbs::create_cq),
+    create_cq_ex: Some(cq_ex::create_cq_ex),
     destroy_cq: Some(verbs::destroy_cq),
     create_qp: Some(verbs::create_qp),
     modify_qp: Some(verbs::modify_qp),
@@ -193,7 +194,7 @@ mod tests {
         assert!(ops.create_srq.is_some() && ops.post_srq_recv.is_some());
         assert!(ops.modify_srq.is_some() && ops.query_srq.is_some() && ops.destroy_srq.is_some());
         assert!(ops.alloc_mw.is_none());
-        assert!(ops.create_ah.is_none() && ops.create_cq_ex.is_none());
+        assert!(ops.create_ah.is_none() && ops.create_cq_ex.is_some());
     }
 
     #[test]

@@ -16,6 +16,7 @@
 pub mod abi;
 pub mod context;
 pub mod cq;
+mod cq_ex;
 mod data;
 pub mod device;
 mod direct;

@@ -71,10 +71,15 @@ pub struct UrdmaCq {
     pub id: u32,
     /// The device's id (from alloc_ucontext).
     pub dev: u32,
+    /// An extended CQ's completion being read (`cq_ex`)...
+    pub current: ibv_wc,
+    /// ...by the thread between `ibv_start_poll` and `ibv_end_poll`.
+    pub polling: std::sync::atomic::AtomicBool,
 }
 
-// SAFETY: a bindgen struct of rdma-core (integers, raw pointers, C enums as
-// integers, opaque pthread byte arrays) and integers: all-zero is valid.
+// SAFETY: bindgen structs of rdma-core (integers, raw pointers, C enums as
+// integers, unions of integers, opaque pthread byte arrays), integers and an
+// AtomicBool (false): all-zero is valid.
 unsafe impl Zeroable for UrdmaCq {}
 
 #[repr(C)]
@@ -281,6 +286,8 @@ pub(crate) unsafe extern "C" fn dereg_mr(vmr: *mut verbs_mr) -> c_int {
     })
 }
 
+/// # Safety
+/// As for `verbs_context_ops::create_cq`.
 pub(crate) unsafe extern "C" fn create_cq(
     ctx: *mut ibv_context,
     cqe: c_int,

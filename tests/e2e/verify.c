@@ -20,7 +20,9 @@
  *   -b N  operations per batch (16)        -m N  largest message in bytes (65536)
  *   -s N  seed (1)                         -e T  completions through a completion
  *                                                channel, T threads waiting on it
- *   -t S  give up after S seconds (300)
+ *   -t S  give up after S seconds (300)    -x    poll with the extended CQ API
+ *                                                (ibv_create_cq_ex, ibv_start_poll,
+ *                                                ibv_next_poll, ibv_wc_read_*)
  *
  * How it checks:
  * - Sends and Writes with Immediate consume the server's receives in order:
@@ -76,6 +78,7 @@ struct accept_pdata {
 
 static unsigned conns = 1, ops = 2000, batch = 16, maxsize = 65536, seed = 1;
 static unsigned ev_threads, time_limit = 300;
+static int use_cq_ex;	/* -x */
 static time_t deadline;
 
 static void fail(const char *fmt, ...)
@@ -153,6 +156,7 @@ struct conn {
 	struct rdma_cm_id *id;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
+	struct ibv_cq_ex *cqx;	/* -x: the same CQ, extended */
 	struct ibv_comp_channel *ch;
 	struct ibv_mr *mr;
 	uint8_t *buf;		/* client: send/read slots; server: receive slots */
@@ -227,12 +231,60 @@ static void *waiter(void *arg)
 	return NULL;
 }
 
+/* The fields of the extended CQ's current completion that a work completion has. */
+static struct ibv_wc read_wc_ex(struct ibv_cq_ex *cqx)
+{
+	struct ibv_wc wc = {
+		.wr_id = cqx->wr_id,
+		.status = cqx->status,
+		.opcode = ibv_wc_read_opcode(cqx),
+		.byte_len = ibv_wc_read_byte_len(cqx),
+		.qp_num = ibv_wc_read_qp_num(cqx),
+		.wc_flags = ibv_wc_read_wc_flags(cqx),
+	};
+
+	if (wc.wc_flags & IBV_WC_WITH_IMM)
+		wc.imm_data = ibv_wc_read_imm_data(cqx);
+	return wc;
+}
+
+/* -x: one poll of the extended CQ, start to end, into the connection's queue. */
+static void poll_ex(struct conn *c)
+{
+	struct ibv_poll_cq_attr attr = {};
+	int ret = ibv_start_poll(c->cqx, &attr);
+
+	if (ret == ENOENT)
+		return;
+	if (ret)
+		fail("ibv_start_poll: %s", strerror(ret));
+	do {
+		if (c->qlen == c->qcap)
+			fail("completion queue of the test overflowed");
+		c->queue[(c->qhead + c->qlen++) % c->qcap] = read_wc_ex(c->cqx);
+	} while ((ret = ibv_next_poll(c->cqx)) == 0);
+	ibv_end_poll(c->cqx);
+	if (ret != ENOENT)
+		fail("ibv_next_poll: %s", strerror(ret));
+}
+
 /* The next completion of the connection, polled or from the waiters. */
 static void next_wc(struct conn *c, struct ibv_wc *wc, const char *what)
 {
 	int n;
 
-	if (!ev_threads) {
+	if (c->cqx) {
+		unsigned spins = 0;
+
+		while (!c->qlen) {
+			poll_ex(c);
+			if (++spins % 1024 == 0)
+				check_time(what);
+		}
+		*wc = c->queue[c->qhead];
+		c->qhead = (c->qhead + 1) % c->qcap;
+		c->qlen--;
+	} else if (!ev_threads) {
 		unsigned spins = 0;
 
 		while ((n = ibv_poll_cq(c->cq, 1, wc)) == 0) {
@@ -324,7 +376,21 @@ static void setup_qp(struct conn *c, struct rdma_cm_id *id)
 		if (!c->ch)
 			fail("ibv_create_comp_channel: %s", strerror(errno));
 	}
-	c->cq = ibv_create_cq(id->verbs, 4 * MAX_BATCH + 32, c, c->ch, 0);
+	if (use_cq_ex) {
+		struct ibv_cq_init_attr_ex ca = {
+			.cqe = 4 * MAX_BATCH + 32,
+			.cq_context = c,
+			.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM |
+				    IBV_WC_EX_WITH_QP_NUM,
+		};
+
+		c->cqx = ibv_create_cq_ex(id->verbs, &ca);
+		if (!c->cqx)
+			fail("ibv_create_cq_ex: %s", strerror(errno));
+		c->cq = ibv_cq_ex_to_cq(c->cqx);
+	} else {
+		c->cq = ibv_create_cq(id->verbs, 4 * MAX_BATCH + 32, c, c->ch, 0);
+	}
 	if (!c->cq)
 		fail("ibv_create_cq: %s", strerror(errno));
 	if (ev_threads && ibv_req_notify_cq(c->cq, 0))
@@ -963,7 +1029,7 @@ int main(int argc, char **argv)
 	int opt;
 
 	if (argc < 4) {
-		fprintf(stderr, "usage: %s server|client ADDR PORT [-c N] [-n N] [-b N] [-m N] [-s N] [-e T] [-t S]\n",
+		fprintf(stderr, "usage: %s server|client ADDR PORT [-c N] [-n N] [-b N] [-m N] [-s N] [-e T] [-t S] [-x]\n",
 			argv[0]);
 		return 2;
 	}
@@ -971,7 +1037,7 @@ int main(int argc, char **argv)
 	addr = argv[2];
 	port = argv[3];
 	optind = 4;
-	while ((opt = getopt(argc, argv, "c:n:b:m:s:e:t:")) != -1) {
+	while ((opt = getopt(argc, argv, "c:n:b:m:s:e:t:x")) != -1) {
 		switch (opt) {
 		case 'c': conns = atoi(optarg); break;
 		case 'n': ops = atoi(optarg); break;
@@ -980,11 +1046,13 @@ int main(int argc, char **argv)
 		case 's': seed = atoi(optarg); break;
 		case 'e': ev_threads = atoi(optarg); break;
 		case 't': time_limit = atoi(optarg); break;
+		case 'x': use_cq_ex = 1; break;
 		default: return 2;
 		}
 	}
-	if (!conns || !batch || batch > MAX_BATCH || maxsize < HDR_LEN || ev_threads > 16) {
-		fprintf(stderr, "verify: bad option (1 <= -b <= %d, -m >= %d, -e <= 16)\n",
+	if (!conns || !batch || batch > MAX_BATCH || maxsize < HDR_LEN || ev_threads > 16 ||
+	    (use_cq_ex && ev_threads)) {
+		fprintf(stderr, "verify: bad option (1 <= -b <= %d, -m >= %d, -e <= 16, not -e with -x)\n",
 			MAX_BATCH, HDR_LEN);
 		return 2;
 	}
