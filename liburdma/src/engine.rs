@@ -150,6 +150,8 @@ struct Qp {
     /// In error without a connection (modify to ERR before connecting,
     /// or urdmad gone): posts complete at once with a flush error.
     errored: bool,
+    /// Its connection failed (not closed gracefully).
+    failed: bool,
     /// Completions waiting for room in their CQ, in order.
     out: VecDeque<Completion>,
     /// Whether urdmad has heard how the connection ended.
@@ -261,6 +263,7 @@ impl Engine {
                 early_recv: VecDeque::new(),
                 inline: None,
                 errored: false,
+                failed: false,
                 out: VecDeque::new(),
                 end: End::Open,
             },
@@ -302,6 +305,12 @@ impl Engine {
 
     pub fn qp_state(&self, key: QpKey) -> Option<trp::QpState> {
         self.qps.get(&key)?.conn.as_ref().map(|c| c.state())
+    }
+
+    /// Whether the QP is in error: its connection failed, or it was moved
+    /// to error before it had one.
+    pub fn qp_in_error(&self, key: QpKey) -> bool {
+        self.qps.get(&key).is_some_and(|q| q.failed || q.errored)
     }
 
     pub fn take_notices(&mut self) -> Vec<Notice> {
@@ -751,6 +760,7 @@ fn progress_qp(
                     conn.srtt(),
                     conn.cwnd()
                 ));
+                qp.failed = true;
                 ended = Some(fail_errno(r))
             }
         }

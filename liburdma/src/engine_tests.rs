@@ -430,8 +430,13 @@ fn remote_protection_error_fails_both_and_later_posts_flush() {
     }];
     let wr = write(1, &s, taddr, 0x300);
     t.e.post_send(A, &wr).unwrap();
+    assert!(!t.e.qp_in_error(A) && !t.e.qp_in_error(B));
     t.run(20);
     assert_eq!(target, vec![0u8; 64], "no byte placed without REMOTE_WRITE");
+    assert!(
+        t.e.qp_in_error(A) && t.e.qp_in_error(B),
+        "ibv_query_qp says ERR"
+    );
     let wcs = t.poll(ACQ);
     assert_eq!(wcs[0].status, IBV_WC_REM_ACCESS_ERR);
     let notices = t.e.take_notices();

@@ -486,7 +486,20 @@ pub(crate) unsafe extern "C" fn query_qp(
     catch(PANIC_ERRNO, || {
         let mut cmd: ibv_query_qp = zeroed();
         // SAFETY: as libibverbs passed them.
-        unsafe { ibv_cmd_query_qp(qp, attr, mask, init_attr, &mut cmd, size_of_val(&cmd)) }
+        let ret =
+            unsafe { ibv_cmd_query_qp(qp, attr, mask, init_attr, &mut cmd, size_of_val(&cmd)) };
+        // The kernel learns of a connection's failure only when rdma_cm does; the data path
+        // knows it at once (a Terminate, a peer gone silent).
+        // SAFETY: qp came from create_qp.
+        let key = unsafe { qp_key(qp) };
+        if ret == 0 && runtime::with_engine(|e| e.qp_in_error(key)) {
+            // SAFETY: attr is the caller's, filled by the kernel above.
+            unsafe {
+                (*attr).qp_state = IBV_QPS_ERR;
+                (*attr).cur_qp_state = IBV_QPS_ERR;
+            }
+        }
+        ret
     })
 }
 
