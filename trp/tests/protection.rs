@@ -7,8 +7,8 @@ use trp::mr::{self, ProtectionError};
 use trp::sim::Pair;
 use trp::terminate::{Cause, OperationCode, ProtectionCode};
 use trp::{
-    Access, AtomicOp, Config, Event, FailReason, Memory, QpState, Region, SendOp, SendWr, Sge,
-    VecMemory, WcStatus,
+    Access, AtomicOp, Completion, Config, Event, FailReason, Memory, QpState, Region, SendOp,
+    SendWr, Sge, VecMemory, WcStatus,
 };
 
 const SIZE: u64 = 64 * 1024;
@@ -49,6 +49,20 @@ fn setup(target: Target, base: u64, len: u64, access: Access) -> (VecMemory, Vec
         b.register(TARGET, region, true);
     }
     (a, b)
+}
+
+/// Posts `wr` at A and runs until it completes and B, if it failed, has
+/// sent its Terminate.
+fn complete(p: &mut Pair, wr: &SendWr<'_>) -> Completion {
+    p.a.conn.post_send(&p.a.mem, wr).unwrap();
+    let mut done = None;
+    p.run_until(trp::Instant(p.now.0 + 1_000_000_000), |p| {
+        if let Some(c) = p.a.conn.poll_completion() {
+            done = Some(c);
+        }
+        done.is_some() && p.b.conn.state() != QpState::Error
+    });
+    done.expect("completion")
 }
 
 fn offsets() -> impl Strategy<Value = u64> {
@@ -117,13 +131,7 @@ proptest! {
         } else {
             SendOp::RdmaWrite { remote_addr: to, rkey: TARGET }
         };
-        p.a.conn.post_send(&p.a.mem, &SendWr { wr_id: 1, op, sges: &sge, signaled: true }).unwrap();
-        let mut done = None;
-        p.run_until(trp::Instant(p.now.0 + 1_000_000_000), |p| {
-            if let Some(c) = p.a.conn.poll_completion() { done = Some(c); }
-            done.is_some() && p.b.conn.state() != QpState::Error
-        });
-        let c = done.expect("completion");
+        let c = complete(&mut p, &SendWr { wr_id: 1, op, sges: &sge, signaled: true });
         match expect {
             Ok(()) => {
                 prop_assert_eq!(c.status, WcStatus::Success);
@@ -219,13 +227,7 @@ proptest! {
             sges: &sge,
             signaled: true,
         };
-        p.a.conn.post_send(&p.a.mem, &wr).unwrap();
-        let mut done = None;
-        p.run_until(trp::Instant(p.now.0 + 1_000_000_000), |p| {
-            if let Some(c) = p.a.conn.poll_completion() { done = Some(c); }
-            done.is_some() && p.b.conn.state() != QpState::Error
-        });
-        let c = done.expect("completion");
+        let c = complete(&mut p, &wr);
         match expect {
             Ok(()) => {
                 prop_assert_eq!(c.status, WcStatus::Success);
