@@ -42,6 +42,18 @@ static void check(const uint8_t *b, size_t n, int from, int iter, const char *wh
 		      what, n, iter, i, b[i], pattern(from, iter, i));
 }
 
+/* Receives message `it` of n bytes from rank `from` and checks its length and bytes. */
+static void recv_checked(uint8_t *r, size_t n, int from, int it, const char *what)
+{
+	MPI_Status st;
+	int got;
+
+	MPI_Recv(r, (int)n, MPI_BYTE, from, it, MPI_COMM_WORLD, &st);
+	MPI_Get_count(&st, MPI_BYTE, &got);
+	CHECK((size_t)got == n, "%s of %zu bytes came with %d", what, n, got);
+	check(r, n, from, it, what);
+}
+
 static void pingpong(int iters, size_t max)
 {
 	uint8_t *s = malloc(max), *r = malloc(max);
@@ -53,19 +65,9 @@ static void pingpong(int iters, size_t max)
 			if (rank == 0) {
 				fill(s, n, 0, it);
 				MPI_Send(s, (int)n, MPI_BYTE, 1, it, MPI_COMM_WORLD);
-				MPI_Status st;
-				MPI_Recv(r, (int)n, MPI_BYTE, 1, it, MPI_COMM_WORLD, &st);
-				int got;
-				MPI_Get_count(&st, MPI_BYTE, &got);
-				CHECK((size_t)got == n, "pong of %zu bytes came with %d", n, got);
-				check(r, n, 1, it, "pong");
+				recv_checked(r, n, 1, it, "pong");
 			} else if (rank == 1) {
-				MPI_Status st;
-				MPI_Recv(r, (int)n, MPI_BYTE, 0, it, MPI_COMM_WORLD, &st);
-				int got;
-				MPI_Get_count(&st, MPI_BYTE, &got);
-				CHECK((size_t)got == n, "ping of %zu bytes came with %d", n, got);
-				check(r, n, 0, it, "ping");
+				recv_checked(r, n, 0, it, "ping");
 				fill(s, n, 1, it);
 				MPI_Send(s, (int)n, MPI_BYTE, 0, it, MPI_COMM_WORLD);
 			}

@@ -609,18 +609,22 @@ fn workload_loss_30() {
 }
 
 /// No loss, but a third of the packets overtaken by later ones and many
-/// duplicates: out-of-order placement and in-order completion.
+/// duplicates.
+fn reordering() -> LinkConfig {
+    LinkConfig {
+        jitter: 20_000,
+        reorder: 0.3,
+        reorder_delay: 300_000,
+        duplicate: 0.1,
+        ..LinkConfig::default()
+    }
+}
+
+/// The reordering link: out-of-order placement and in-order completion.
 #[test]
 fn workload_heavy_reordering() {
     for seed in 0..3 {
-        let link = LinkConfig {
-            jitter: 20_000,
-            reorder: 0.3,
-            reorder_delay: 300_000,
-            duplicate: 0.1,
-            ..LinkConfig::default()
-        };
-        if let Err(e) = run_on(7000 + seed, link, 150, 4 << 20) {
+        if let Err(e) = run_on(7000 + seed, reordering(), 150, 4 << 20) {
             panic!("reordering seed {} failed: {e}", 7000 + seed);
         }
     }
@@ -636,18 +640,11 @@ fn workload_srq() {
         srq: true,
         ..Drive::default()
     };
-    let reordering = LinkConfig {
-        jitter: 20_000,
-        reorder: 0.3,
-        reorder_delay: 300_000,
-        duplicate: 0.1,
-        ..LinkConfig::default()
-    };
     let runs = [
         (8000, LinkConfig::lossy(0.0), 300, 8 << 20),
         (8001, LinkConfig::lossy(0.01), 300, 8 << 20),
         (8010, LinkConfig::lossy(0.1), 200, 4 << 20),
-        (8020, reordering, 150, 4 << 20),
+        (8020, reordering(), 150, 4 << 20),
     ];
     for (seed, link, ops, budget) in runs {
         if let Err(e) = run_driven(seed, link, ops, budget, srq) {
