@@ -45,6 +45,7 @@
 #define URDMA_MAX_CONTEXT	1024
 #define URDMA_MAX_PD		16384
 #define URDMA_MAX_MR		65536
+#define URDMA_MAX_MW		65536
 #define URDMA_MAX_CQ		16384
 #define URDMA_MAX_CQE		4194304
 #define URDMA_MAX_QP		16384
@@ -81,6 +82,7 @@ struct urdma_limits {
 	u32 ctx;
 	u32 pd;
 	u32 mr;
+	u32 mw;
 	u32 cq;
 	u32 qp;
 	u32 srq;
@@ -100,6 +102,7 @@ struct urdma_dev {
 	atomic_t num_ctx;
 	atomic_t num_pd;
 	atomic_t num_mr;
+	atomic_t num_mw;
 	atomic_t num_cq;
 	atomic_t num_qp;
 	atomic_t num_srq;
@@ -108,7 +111,7 @@ struct urdma_dev {
 	u32 next_qpn;
 	struct xarray cq_xa;
 	u32 next_cq_id;
-	struct xarray mr_xa;
+	struct xarray mr_xa;		/* STag indices of MRs and MWs */
 	u32 next_stag_index;
 };
 
@@ -140,6 +143,12 @@ struct urdma_mr {
 	u64 va;
 	u64 length;
 	int access;
+	u32 stag_index;
+};
+
+/* What a window is bound to lives in the provider, with its binds. */
+struct urdma_mw {
+	struct ib_mw ibmw;
 	u32 stag_index;
 };
 
@@ -184,6 +193,11 @@ static inline struct urdma_mr *to_umr(struct ib_mr *ibmr)
 	return container_of(ibmr, struct urdma_mr, ibmr);
 }
 
+static inline struct urdma_mw *to_umw(struct ib_mw *ibmw)
+{
+	return container_of(ibmw, struct urdma_mw, ibmw);
+}
+
 static inline struct urdma_qp *to_uqp(struct ib_qp *ibqp)
 {
 	return container_of(ibqp, struct urdma_qp, ibqp);
@@ -217,6 +231,8 @@ struct ib_mr *urdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				struct ib_udata *udata);
 int urdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
 struct ib_mr *urdma_get_dma_mr(struct ib_pd *ibpd, int access);
+int urdma_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata);
+int urdma_dealloc_mw(struct ib_mw *ibmw);
 int urdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		    struct ib_udata *udata);
 int urdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);

@@ -47,6 +47,9 @@ MODULE_PARM_DESC(max_pd, "protection domains per device (at most " __stringify(U
 static unsigned int max_mr = URDMA_MAX_MR;
 module_param(max_mr, uint, 0444);
 MODULE_PARM_DESC(max_mr, "memory regions per device (at most " __stringify(URDMA_MAX_MR) ")");
+static unsigned int max_mw = URDMA_MAX_MW;
+module_param(max_mw, uint, 0444);
+MODULE_PARM_DESC(max_mw, "memory windows per device (at most " __stringify(URDMA_MAX_MW) ")");
 static unsigned int max_cq = URDMA_MAX_CQ;
 module_param(max_cq, uint, 0444);
 MODULE_PARM_DESC(max_cq, "completion queues per device (at most " __stringify(URDMA_MAX_CQ) ")");
@@ -62,6 +65,7 @@ static void urdma_set_limits(struct urdma_limits *l)
 	l->ctx = clamp_t(u32, max_ctx, 1, URDMA_MAX_CONTEXT);
 	l->pd = clamp_t(u32, max_pd, 1, URDMA_MAX_PD);
 	l->mr = clamp_t(u32, max_mr, 1, URDMA_MAX_MR);
+	l->mw = clamp_t(u32, max_mw, 1, URDMA_MAX_MW);
 	l->cq = clamp_t(u32, max_cq, 1, URDMA_MAX_CQ);
 	l->qp = clamp_t(u32, max_qp, 1, URDMA_MAX_QP);
 	l->srq = clamp_t(u32, max_srq, 1, URDMA_MAX_SRQ);
@@ -91,12 +95,14 @@ static const struct ib_device_ops urdma_dev_ops = {
 	.driver_id = RDMA_DRIVER_UNKNOWN,
 	.uverbs_abi_ver = URDMA_ABI_VERSION,
 
+	.alloc_mw = urdma_alloc_mw,
 	.alloc_pd = urdma_alloc_pd,
 	.alloc_ucontext = urdma_alloc_ucontext,
 	.create_cq = urdma_create_cq,
 	.create_qp = urdma_create_qp,
 	.create_srq = urdma_create_srq,
 	.dealloc_driver = urdma_dealloc_driver,
+	.dealloc_mw = urdma_dealloc_mw,
 	.dealloc_pd = urdma_dealloc_pd,
 	.device_group = &urdma_attr_group,
 	.dealloc_ucontext = urdma_dealloc_ucontext,
@@ -130,6 +136,7 @@ static const struct ib_device_ops urdma_dev_ops = {
 	.req_notify_cq = urdma_req_notify_cq,
 
 	INIT_RDMA_OBJ_SIZE(ib_cq, urdma_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_mw, urdma_mw, ibmw),
 	INIT_RDMA_OBJ_SIZE(ib_pd, urdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, urdma_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_srq, urdma_srq, ibsrq),
@@ -295,6 +302,7 @@ static struct urdma_dev *urdma_dev_alloc(struct net_device *netdev)
 	atomic_set(&udev->num_ctx, 0);
 	atomic_set(&udev->num_pd, 0);
 	atomic_set(&udev->num_mr, 0);
+	atomic_set(&udev->num_mw, 0);
 	atomic_set(&udev->num_cq, 0);
 	atomic_set(&udev->num_qp, 0);
 	atomic_set(&udev->num_srq, 0);

@@ -48,6 +48,10 @@ int urdma_query_device(struct ib_device *ibdev, struct ib_device_attr *attr,
 	attr->max_cq = lim->cq;
 	attr->max_cqe = URDMA_MAX_CQE;
 	attr->max_mr = lim->mr;
+	attr->max_mw = lim->mw;
+	/* Type 2 windows are bound to a QP and checked against its PD: 2B. */
+	attr->device_cap_flags = IB_DEVICE_MEM_WINDOW |
+				 IB_DEVICE_MEM_WINDOW_TYPE_2B;
 	attr->max_pd = lim->pd;
 	/* IB names: rd_atom is the responder side (IRD), init the initiator. */
 	attr->max_qp_rd_atom = URDMA_MAX_IRD;
@@ -261,6 +265,42 @@ int urdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 struct ib_mr *urdma_get_dma_mr(struct ib_pd *ibpd, int access)
 {
 	return ERR_PTR(-EOPNOTSUPP);
+}
+
+/*
+ * A window's STag index comes from the space of MR indices, so that the
+ * provider tells one from the other by STag alone.
+ */
+int urdma_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata)
+{
+	struct urdma_dev *udev = to_udev(ibmw->device);
+	struct urdma_mw *mw = to_umw(ibmw);
+	u32 index;
+	int rv;
+
+	if (!udata)
+		return -EOPNOTSUPP;
+	if (!urdma_reserve(&udev->num_mw, udev->limits.mw))
+		return -ENOMEM;
+	rv = xa_alloc_cyclic(&udev->mr_xa, &index, mw,
+			     XA_LIMIT(1, URDMA_STAG_INDEX_MAX),
+			     &udev->next_stag_index, GFP_KERNEL);
+	if (rv < 0) {
+		atomic_dec(&udev->num_mw);
+		return rv;
+	}
+	mw->stag_index = index;
+	ibmw->rkey = (index << 8) | get_random_u8();
+	return 0;
+}
+
+int urdma_dealloc_mw(struct ib_mw *ibmw)
+{
+	struct urdma_dev *udev = to_udev(ibmw->device);
+
+	xa_erase(&udev->mr_xa, to_umw(ibmw)->stag_index);
+	atomic_dec(&udev->num_mw);
+	return 0;
 }
 
 int urdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,

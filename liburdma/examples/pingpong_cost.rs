@@ -140,7 +140,7 @@ impl End {
             buf.len() as u64,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         );
-        e.mrs.insert(1, STAG, r);
+        e.mrs.insert(1, STAG, r, 0);
         End { e, buf }
     }
 
@@ -161,7 +161,8 @@ impl End {
             op: SendOp::RdmaWrite {
                 remote_addr: peer + MAX as u64,
                 rkey: STAG,
-            },
+            }
+            .into(),
             sges: &s,
             signaled: true,
             inline: None,

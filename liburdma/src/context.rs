@@ -13,7 +13,7 @@ use rdma_core_sys::{
 use crate::abi::{context_is_ours, AllocContextResp};
 use crate::guard::{catch, set_errno};
 use crate::zero::{zeroed, Zeroable};
-use crate::{cq_ex, data, log, srq, verbs};
+use crate::{cq_ex, data, log, mw, srq, verbs};
 
 /// The provider's per-open-device state. libibverbs allocates it (zeroed)
 /// and gives out the embedded `verbs_context`; it must stay plain data, as
@@ -55,6 +55,9 @@ static CONTEXT_OPS: ContextOps = ContextOps(verbs_context_ops {
     dealloc_pd: Some(verbs::dealloc_pd),
     reg_mr: Some(verbs::reg_mr),
     dereg_mr: Some(verbs::dereg_mr),
+    alloc_mw: Some(mw::alloc_mw),
+    dealloc_mw: Some(mw::dealloc_mw),
+    bind_mw: Some(mw::bind_mw),
     create_cq: Some(verbs::create_cq),
     create_cq_ex: Some(cq_ex::create_cq_ex),
     destroy_cq: Some(verbs::destroy_cq),
@@ -193,7 +196,7 @@ mod tests {
         // Not implemented: left to libibverbs' EOPNOTSUPP stubs.
         assert!(ops.create_srq.is_some() && ops.post_srq_recv.is_some());
         assert!(ops.modify_srq.is_some() && ops.query_srq.is_some() && ops.destroy_srq.is_some());
-        assert!(ops.alloc_mw.is_none());
+        assert!(ops.alloc_mw.is_some() && ops.dealloc_mw.is_some() && ops.bind_mw.is_some());
         assert!(ops.create_ah.is_none() && ops.create_cq_ex.is_some());
     }
 

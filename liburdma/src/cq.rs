@@ -33,6 +33,8 @@ pub fn wc_opcode(o: WcOpcode) -> ibv_wc_opcode {
         WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
         WcOpcode::CompareSwap => IBV_WC_COMP_SWAP,
         WcOpcode::FetchAdd => IBV_WC_FETCH_ADD,
+        WcOpcode::BindMw => IBV_WC_BIND_MW,
+        WcOpcode::LocalInv => IBV_WC_LOCAL_INV,
         WcOpcode::Recv => IBV_WC_RECV,
         WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
     }

@@ -9,8 +9,9 @@ use std::ffi::c_int;
 use rdma_core_sys::*;
 use trp::{AtomicOp, Instant, SendOp, Sge};
 
-use crate::engine::{QpKey, SendReq};
+use crate::engine::{QpKey, SendReq, Work};
 use crate::guard::catch;
+use crate::mw::bind_of;
 use crate::runtime;
 use crate::verbs::{cq_key, qp_key};
 
@@ -41,9 +42,12 @@ unsafe fn sges(list: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Opti
     Some(&out[..n])
 }
 
-/// The trp operation of a send work request; None for what iWARP has not
-/// (Send with Immediate, ...).
-pub fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
+/// What a send work request does; None for what iWARP has not (Send with
+/// Immediate, ...).
+///
+/// # Safety
+/// A bind request names a window and an MR (or none) of this provider.
+pub unsafe fn work(wr: &ibv_send_wr) -> Option<Work> {
     let solicited = wr.send_flags & IBV_SEND_SOLICITED != 0;
     // SAFETY: reading the union members the opcode selects (all plain
     // integers, so any bit pattern is valid).
@@ -55,7 +59,7 @@ pub fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
             wr.__bindgen_anon_1.invalidate_rkey,
         )
     };
-    Some(match wr.opcode {
+    Some(Work::Wire(match wr.opcode {
         IBV_WR_SEND => SendOp::Send {
             invalidate: None,
             solicited,
@@ -88,8 +92,18 @@ pub fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
             rkey: atomic.rkey,
             op: AtomicOp::compare_swap(atomic.compare_add, atomic.swap),
         },
+        IBV_WR_LOCAL_INV => return Some(Work::Invalidate(inv)),
+        IBV_WR_BIND_MW => {
+            // SAFETY: the union member the opcode selects.
+            let b = unsafe { &wr.__bindgen_anon_2.bind_mw };
+            if b.mw.is_null() {
+                return None;
+            }
+            // SAFETY: per the contract.
+            return Some(Work::Bind(unsafe { bind_of(b.mw, b.rkey, &b.bind_info) }));
+        }
         _ => return None,
-    })
+    }))
 }
 
 /// A work request of a list `ibv_post_send`, `ibv_post_recv` or `ibv_post_srq_recv` takes.
@@ -179,7 +193,8 @@ pub(crate) unsafe extern "C" fn post_send(
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     let post = |sh: &mut runtime::Shared, key, w: &ibv_send_wr, list: &[Sge], now| {
-        let op = send_op(w).ok_or(libc::EINVAL)?;
+        // SAFETY: the application's request, naming its own objects.
+        let op = unsafe { work(w) }.ok_or(libc::EINVAL)?;
         let mut parts: [&[u8]; MAX_SGE] = [&[]; MAX_SGE];
         let inline = w.send_flags & IBV_SEND_INLINE != 0;
         if inline {
@@ -273,9 +288,14 @@ mod tests {
 
     #[test]
     fn opcodes_map_to_trp_operations() {
+        // SAFETY: none of these requests names a window or an MR.
+        let op = |w: &ibv_send_wr| match unsafe { work(w) } {
+            Some(Work::Wire(op)) => Some(op),
+            _ => None,
+        };
         let w = wr(IBV_WR_SEND, IBV_SEND_SOLICITED);
         assert_eq!(
-            send_op(&w),
+            op(&w),
             Some(SendOp::Send {
                 invalidate: None,
                 solicited: true
@@ -284,7 +304,7 @@ mod tests {
         let mut w = wr(IBV_WR_SEND_WITH_INV, 0);
         w.__bindgen_anon_1.invalidate_rkey = 0x1234;
         assert_eq!(
-            send_op(&w),
+            op(&w),
             Some(SendOp::Send {
                 invalidate: Some(0x1234),
                 solicited: false
@@ -295,7 +315,7 @@ mod tests {
         w.wr.rdma.rkey = 77;
         w.__bindgen_anon_1.imm_data = u32::from_ne_bytes([1, 2, 3, 4]);
         assert_eq!(
-            send_op(&w),
+            op(&w),
             Some(SendOp::RdmaWriteImm {
                 remote_addr: 0x1000,
                 rkey: 77,
@@ -307,13 +327,19 @@ mod tests {
         w.wr.rdma.remote_addr = 8;
         w.wr.rdma.rkey = 9;
         assert_eq!(
-            send_op(&w),
+            op(&w),
             Some(SendOp::RdmaRead {
                 remote_addr: 8,
                 rkey: 9
             })
         );
-        assert_eq!(send_op(&wr(IBV_WR_SEND_WITH_IMM, 0)), None);
+        assert_eq!(op(&wr(IBV_WR_SEND_WITH_IMM, 0)), None);
+        let mut w = wr(IBV_WR_LOCAL_INV, 0);
+        w.__bindgen_anon_1.invalidate_rkey = 0x4321;
+        // SAFETY: no window or MR to read.
+        assert_eq!(unsafe { work(&w) }, Some(Work::Invalidate(0x4321)));
+        // SAFETY: as above: a bind without a window is refused unread.
+        assert_eq!(unsafe { work(&wr(IBV_WR_BIND_MW, 0)) }, None);
     }
 
     #[test]

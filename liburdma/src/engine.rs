@@ -15,12 +15,12 @@ use std::time::Duration;
 use trp::mr::check;
 use trp::{
     Access, Completion, ConnectOutcome, Connecting, Connection, Event, FailReason, Incoming,
-    Instant, PostError, Queue, RecvWr, SendOp, SendWr, Sge, Srq, WcOpcode, WcStatus,
+    Instant, LocalOp, PostError, Queue, RecvWr, SendOp, SendWr, Sge, Srq, WcOpcode, WcStatus,
 };
 
 use crate::cq::{post_errno, to_wc, Cq, Notify};
 use crate::int_hash::IntMap;
-use crate::mem::{InlineBuf, MrTable, INLINE_STAG};
+use crate::mem::{Bind, InlineBuf, MrTable, INLINE_STAG};
 use crate::qp_table::QpTable;
 use urdmad::proto::{Connected, Role};
 
@@ -83,10 +83,38 @@ pub enum Notice {
     Closed(QpKey, i32),
 }
 
+/// What a send work request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// An operation on the wire.
+    Wire(SendOp),
+    /// `IBV_WR_BIND_MW`, or `ibv_bind_mw`'s request.
+    Bind(Bind),
+    /// `IBV_WR_LOCAL_INV` of this STag.
+    Invalidate(u32),
+}
+
+impl From<SendOp> for Work {
+    fn from(op: SendOp) -> Work {
+        Work::Wire(op)
+    }
+}
+
+impl Work {
+    /// What trp queues for it.
+    fn send_op(&self) -> SendOp {
+        match *self {
+            Work::Wire(op) => op,
+            Work::Bind(_) => SendOp::Local(LocalOp::BindWindow),
+            Work::Invalidate(_) => SendOp::Local(LocalOp::Invalidate),
+        }
+    }
+}
+
 /// A send work request, converted from `ibv_send_wr`.
 pub struct SendReq<'a> {
     pub wr_id: u64,
-    pub op: SendOp,
+    pub op: Work,
     pub sges: &'a [Sge],
     /// `IBV_SEND_SIGNALED` (the QP's `sq_sig_all` is added here).
     pub signaled: bool,
@@ -244,7 +272,7 @@ impl Engine {
 
     pub fn post_srq_recv(&mut self, key: SrqKey, wr_id: u64, sges: &[Sge]) -> Result<(), i32> {
         let (dev, srq) = self.srqs.get_mut(&key).ok_or(libc::EINVAL)?;
-        let mem = self.mrs.view(*dev, None, None);
+        let mem = self.mrs.view(*dev, None, None, None);
         srq.post(&mem, &RecvWr { wr_id, sges }).map_err(post_errno)
     }
 
@@ -276,6 +304,7 @@ impl Engine {
         let Some(qp) = self.qps.remove(&key) else {
             return false;
         };
+        self.mrs.unbind_qp(key.0, key.1);
         if let Some(conn) = &qp.conn {
             // What the connection went through, for whoever asks with URDMA_LOG=info.
             crate::log::info(format_args!(
@@ -329,19 +358,39 @@ impl Engine {
             return Err(PostFail::Errno(libc::ENOMEM));
         }
         let signaled = wr.signaled || qp.init.sig_all;
+        let op = wr.op.send_op();
         if qp.conn.is_none() {
             if qp.errored {
                 qp.out
-                    .push_back(flush(wr.wr_id, Queue::Send, SendOp::wc_opcode(&wr.op)));
+                    .push_back(flush(wr.wr_id, Queue::Send, op.wc_opcode()));
                 return Ok(());
             }
             return Err(PostFail::NotConnected);
         }
+        // Checked before trp queues the request, done once it has; refused
+        // at once when it cannot be done, rather than failing the QP.
+        let (pd, qpn) = (qp.init.pd, key.1);
+        match wr.op {
+            Work::Wire(_) => {}
+            Work::Bind(b) => self
+                .mrs
+                .check_bind(key.0, pd, &b)
+                .map_err(PostFail::Errno)?,
+            Work::Invalidate(stag) => self
+                .mrs
+                .check_invalidate(key.0, Some(qpn), stag, pd)
+                .map_err(|_| PostFail::Errno(libc::EINVAL))?,
+        }
+        // A local request has no data: no scatter list, nothing inline.
+        let (sges, inline) = match wr.op {
+            Work::Wire(_) => (wr.sges, wr.inline),
+            Work::Bind(_) | Work::Invalidate(_) => (&[][..], None),
+        };
         let one;
-        let sges = match wr.inline {
-            None => wr.sges,
+        let sges = match inline {
+            None => sges,
             Some(parts) => {
-                if matches!(wr.op, SendOp::RdmaRead { .. }) {
+                if matches!(wr.op, Work::Wire(SendOp::RdmaRead { .. })) {
                     return Err(PostFail::Errno(libc::EINVAL));
                 }
                 let max = qp.init.max_inline as usize;
@@ -365,20 +414,28 @@ impl Engine {
         };
         let inline = qp.inline_region();
         let conn = qp.conn.as_mut().expect("checked above");
-        let mem = self.mrs.view(key.0, inline, None);
+        let mem = self.mrs.view(key.0, Some(qpn), inline, None);
         conn.post_send(
             &mem,
             &SendWr {
                 wr_id: wr.wr_id,
-                op: wr.op,
+                op,
                 sges,
                 signaled,
             },
         )?;
-        if wr.inline.is_some() {
-            if let Some(ib) = qp.inline.as_mut() {
-                ib.commit();
+        match &wr.op {
+            Work::Bind(b) => self.mrs.bind(key.0, qpn, b),
+            Work::Invalidate(stag) => {
+                // Checked above, with the table unchanged since.
+                let _ = self.mrs.invalidate(key.0, Some(qpn), *stag, pd);
             }
+            Work::Wire(_) if wr.inline.is_some() => {
+                if let Some(ib) = qp.inline.as_mut() {
+                    ib.commit();
+                }
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -396,7 +453,7 @@ impl Engine {
             return Err(PostFail::Errno(libc::ENOMEM));
         }
         let inline = qp.inline_region();
-        let mem = self.mrs.view(key.0, inline, None);
+        let mem = self.mrs.view(key.0, Some(key.1), inline, None);
         match qp.conn.as_mut() {
             Some(conn) => Ok(conn.post_recv(&mem, &RecvWr { wr_id, sges })?),
             None if qp.errored => {
@@ -503,7 +560,7 @@ impl Engine {
         };
         let mut conn = conn;
         let inline = qp.inline_region();
-        let mem = self.mrs.view(key.0, inline, None);
+        let mem = self.mrs.view(key.0, Some(key.1), inline, None);
         while let Some((wr_id, sges)) = qp.early_recv.pop_front() {
             if let Err(e) = conn.post_recv(&mem, &RecvWr { wr_id, sges: &sges }) {
                 // Checked when posted; an MR deregistered since fails here.
@@ -690,7 +747,7 @@ fn progress_qp(
     let mut work = false;
     if let Some(flow) = qp.flow.as_mut() {
         let srq = qp.init.srq.and_then(|k| srqs.get_mut(&k)).map(|(_, q)| q);
-        let mut mem = mrs.view(key.0, inline, srq);
+        let mut mem = mrs.view(key.0, Some(key.1), inline, srq);
         // Everything that has arrived first (bounded): a timer must not fire
         // for data whose acknowledgement is still waiting in the ring.
         let mut n = 0;

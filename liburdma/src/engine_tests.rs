@@ -109,9 +109,12 @@ impl Bed {
 
     fn reg(&mut self, dev: u32, stag: u32, pd: u32, buf: &mut [u8], access: Access) -> u64 {
         let base = buf.as_mut_ptr() as u64;
-        self.e
-            .mrs
-            .insert(dev, stag, Region::new(pd, base, buf.len() as u64, access));
+        self.e.mrs.insert(
+            dev,
+            stag,
+            Region::new(pd, base, buf.len() as u64, access),
+            access.bits().into(),
+        );
         base
     }
 }
@@ -179,7 +182,8 @@ fn send(wr_id: u64, sges: &[Sge]) -> SendReq<'_> {
         op: SendOp::Send {
             invalidate: None,
             solicited: false,
-        },
+        }
+        .into(),
         sges,
         signaled: true,
         inline: None,
@@ -189,7 +193,7 @@ fn send(wr_id: u64, sges: &[Sge]) -> SendReq<'_> {
 /// A signalled RDMA Write of `sges` to `remote_addr` under `rkey`.
 fn write(wr_id: u64, sges: &[Sge], remote_addr: u64, rkey: u32) -> SendReq<'_> {
     SendReq {
-        op: SendOp::RdmaWrite { remote_addr, rkey },
+        op: SendOp::RdmaWrite { remote_addr, rkey }.into(),
         ..send(wr_id, sges)
     }
 }
@@ -271,7 +275,8 @@ fn write_with_immediate_read_and_inline() {
             rkey: 0x300,
             imm: 0xdead_beef,
             solicited: false,
-        },
+        }
+        .into(),
         ..send(2, &s)
     };
     t.e.post_send(A, &wr).unwrap();
@@ -291,8 +296,12 @@ fn write_with_immediate_read_and_inline() {
     // RDMA Read of B's region back into A's local buffer.
     let mut back = vec![0u8; 100];
     let baddr = t.reg(1, 0x101, 1, &mut back, Access::LOCAL_WRITE);
-    t.e.mrs
-        .insert(2, 0x301, Region::new(2, taddr, 4096, Access::REMOTE_READ));
+    t.e.mrs.insert(
+        2,
+        0x301,
+        Region::new(2, taddr, 4096, Access::REMOTE_READ),
+        4,
+    );
     let s = [Sge {
         addr: baddr,
         len: 100,
@@ -302,7 +311,8 @@ fn write_with_immediate_read_and_inline() {
         op: SendOp::RdmaRead {
             remote_addr: taddr + 10,
             rkey: 0x301,
-        },
+        }
+        .into(),
         ..send(3, &s)
     };
     t.e.post_send(A, &wr).unwrap();
@@ -646,7 +656,8 @@ fn armed_cq_fires_on_delivery_and_solicited_only_waits() {
         op: SendOp::Send {
             invalidate: None,
             solicited: true,
-        },
+        }
+        .into(),
         ..send(2, &[])
     };
     t.e.post_send(A, &solicited).unwrap();
@@ -687,7 +698,8 @@ fn send_with_invalidate_reports_and_invalidates_the_stag() {
         op: SendOp::Send {
             invalidate: Some(0x300),
             solicited: false,
-        },
+        }
+        .into(),
         ..send(1, &[])
     };
     t.e.post_send(A, &wr).unwrap();
@@ -1157,11 +1169,12 @@ fn write_cost(pairs: u32, depth: u32, total: u32, every_qp_on_post: bool) -> std
     let mut target = vec![0u8; 4096];
     let taddr = target.as_mut_ptr() as u64;
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    e.mrs.insert(2, 0x300, Region::new(2, taddr, 4096, access));
+    e.mrs
+        .insert(2, 0x300, Region::new(2, taddr, 4096, access), 0);
     let mut source = vec![7u8; 64];
     let saddr = source.as_mut_ptr() as u64;
     e.mrs
-        .insert(1, 0x100, Region::new(1, saddr, 64, Access::NONE));
+        .insert(1, 0x100, Region::new(1, saddr, 64, Access::NONE), 0);
     let mut now = Instant(1_000_000);
     let keys: Vec<(QpKey, QpKey)> = (0..pairs).map(|i| ((1, 100 + i), (2, 100 + i))).collect();
     for &(a, b) in &keys {
@@ -1271,3 +1284,6 @@ fn a_post_takes_its_own_qp_and_every_qp_once_a_full_round_is_due() {
 
 #[path = "engine_srq_tests.rs"]
 mod srq;
+
+#[path = "engine_mw_tests.rs"]
+mod mw;

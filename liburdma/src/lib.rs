@@ -26,6 +26,7 @@ mod guard;
 mod int_hash;
 mod log;
 pub mod mem;
+mod mw;
 mod progress;
 mod qp_table;
 mod runtime;

@@ -1,7 +1,7 @@
 //! The process's registered memory as trp sees it: a table of the MRs
-//! registered through this provider (STag → region) and a [`trp::Memory`]
-//! view of it for one QP, which copies straight into and out of the
-//! application's memory.
+//! registered and the memory windows allocated through this provider (STag
+//! → region) and a [`trp::Memory`] view of it for one QP, which copies
+//! straight into and out of the application's memory.
 //!
 //! trp checks every access (STag known and valid, protection domain,
 //! bounds, rights) before it calls `read` or `write`; the view only moves
@@ -9,9 +9,16 @@
 //! cannot run between a check and the copy it allowed.
 //!
 //! Tagged offsets are virtual addresses: a region's base is the address it
-//! was registered at (`ibv_reg_mr`). A registration whose I/O virtual
-//! address differs from its address (`ibv_reg_mr_iova`) is refused, as the
-//! copies use the addresses trp hands them as pointers.
+//! was registered at (`ibv_reg_mr`), a window's the address it was bound at.
+//! A registration whose I/O virtual address differs from its address
+//! (`ibv_reg_mr_iova`) and a zero-based window are refused, as the copies
+//! use the addresses trp hands them as pointers.
+//!
+//! A window is an STag of its own (urdma.ko allocates MR and MW indices
+//! from one space) over part of a bound MR. Binding one happens when the
+//! request is posted, under the engine lock, so it is in force before any
+//! later request of that send queue runs; its completion follows the send
+//! queue's order (`trp::SendOp::Local`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use trp::mr::InvalidateError;
@@ -29,26 +36,98 @@ pub const INLINE_STAG: u32 = 0x0000_00ff;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mr {
     pub region: Region,
+    /// `IBV_ACCESS_MW_BIND`: windows may be bound to it.
+    pub bind: bool,
+    /// Windows bound to it now; it cannot be deregistered before they go.
+    pub windows: u32,
 }
 
-/// The MRs registered in this process, by (device, STag): STags are unique
-/// per device only.
+/// A memory window's type (`ibv_mw_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MwType {
+    /// Bound by `ibv_bind_mw`, for any QP of its PD; never invalidated.
+    One,
+    /// Bound by an `IBV_WR_BIND_MW` request, for that QP only;
+    /// invalidated locally or by the peer's Send with Invalidate.
+    Two,
+}
+
+/// One memory window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mw {
+    pub pd: u32,
+    pub kind: MwType,
+    /// Its STag now: the index urdma.ko gave it and the key of its last bind.
+    pub stag: u32,
+    pub bound: Option<Binding>,
+}
+
+/// What a window is bound to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// The range and rights it grants, in its PD.
+    pub region: Region,
+    /// The STag of the MR it lies in.
+    pub mr: u32,
+    /// The QP (number) a type 2 window is bound through.
+    pub qp: Option<u32>,
+}
+
+/// A bind request (`ibv_mw_bind_info` and the window's new STag).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bind {
+    /// The window's STag as the application knows it (its index counts).
+    pub mw: u32,
+    pub new_stag: u32,
+    /// The MR's lkey; None unbinds (type 1 only).
+    pub mr: Option<u32>,
+    pub addr: u64,
+    pub len: u64,
+    /// `ibv_access_flags` of the window.
+    pub access: u32,
+}
+
+/// The MRs registered and the windows allocated in this process, by
+/// (device, STag), windows by (device, STag index): STags are unique per
+/// device only, and a window keeps its index across binds.
 #[derive(Default, Debug)]
 pub struct MrTable {
     mrs: IntMap<(u32, u32), Mr>,
+    mws: IntMap<(u32, u32), Mw>,
 }
 
-/// `ibv_access_flags` → trp's rights (the same three bits).
+/// `ibv_access_flags` → trp's rights (the same four bits).
 pub fn access_from_ibv(flags: u32) -> Access {
     Access::from_bits((flags & 15) as u8)
 }
 
+const IBV_ACCESS_MW_BIND: u32 = 16;
+const IBV_ACCESS_ZERO_BASED: u32 = 32;
+
+fn index(stag: u32) -> u32 {
+    stag >> 8
+}
+
 impl MrTable {
-    pub fn insert(&mut self, dev: u32, stag: u32, region: Region) {
-        self.mrs.insert((dev, stag), Mr { region });
+    /// Registers an MR with `ibv_access_flags` `access` over `region`.
+    pub fn insert(&mut self, dev: u32, stag: u32, region: Region, access: u32) {
+        let mr = Mr {
+            region,
+            bind: access & IBV_ACCESS_MW_BIND != 0,
+            windows: 0,
+        };
+        self.mrs.insert((dev, stag), mr);
     }
-    pub fn remove(&mut self, dev: u32, stag: u32) -> Option<Mr> {
-        self.mrs.remove(&(dev, stag))
+    /// Takes an MR out of the table; `EBUSY` while windows are bound to it.
+    pub fn remove(&mut self, dev: u32, stag: u32) -> Result<Option<Mr>, i32> {
+        match self.mrs.get(&(dev, stag)) {
+            Some(m) if m.windows > 0 => Err(libc::EBUSY),
+            _ => Ok(self.mrs.remove(&(dev, stag))),
+        }
+    }
+    /// Puts back an MR `remove` returned (the kernel refused to let it go).
+    pub fn restore(&mut self, dev: u32, stag: u32, mr: Mr) {
+        self.mrs.insert((dev, stag), mr);
     }
     pub fn get(&self, dev: u32, stag: u32) -> Option<&Mr> {
         self.mrs.get(&(dev, stag))
@@ -60,18 +139,200 @@ impl MrTable {
         self.mrs.is_empty()
     }
 
-    /// The [`Memory`] one QP of device `dev` sees: the table, plus its own
+    /// A window urdma.ko allocated, unbound.
+    pub fn add_window(&mut self, dev: u32, stag: u32, pd: u32, kind: MwType) {
+        let mw = Mw {
+            pd,
+            kind,
+            stag,
+            bound: None,
+        };
+        self.mws.insert((dev, index(stag)), mw);
+    }
+
+    pub fn window(&self, dev: u32, stag: u32) -> Option<&Mw> {
+        self.mws.get(&(dev, index(stag)))
+    }
+
+    /// Forgets a window (`ibv_dealloc_mw`), unbinding it.
+    pub fn remove_window(&mut self, dev: u32, stag: u32) -> Option<Mw> {
+        let mut mw = self.mws.remove(&(dev, index(stag)))?;
+        self.unbind(dev, &mut mw);
+        Some(mw)
+    }
+
+    fn unbind(&mut self, dev: u32, mw: &mut Mw) {
+        if let Some(b) = mw.bound.take() {
+            if let Some(mr) = self.mrs.get_mut(&(dev, b.mr)) {
+                mr.windows -= 1;
+            }
+        }
+    }
+
+    /// Checks that a QP of protection domain `pd` may make `b`, by the
+    /// verbs' rules (the window, the MR and the QP in one PD; the MR with
+    /// the bind right, and local write for a window that writes; the range
+    /// inside the MR): `EINVAL`, or `EACCES` for a right missing.
+    pub fn check_bind(&self, dev: u32, pd: u32, b: &Bind) -> Result<(), i32> {
+        let mw = self.window(dev, b.mw).ok_or(libc::EINVAL)?;
+        if index(b.new_stag) != index(mw.stag) || mw.pd != pd {
+            return Err(libc::EINVAL);
+        }
+        if b.access & IBV_ACCESS_ZERO_BASED != 0 {
+            return Err(libc::EINVAL);
+        }
+        let Some(lkey) = b.mr else {
+            // Only a type 1 window is unbound by a bind (of nothing).
+            return match (mw.kind, b.len, b.addr) {
+                (MwType::One, 0, 0) => Ok(()),
+                _ => Err(libc::EINVAL),
+            };
+        };
+        // A type 2 window must be free (invalidated) and the bind non-empty.
+        if mw.kind == MwType::Two && (mw.bound.is_some() || b.len == 0) {
+            return Err(libc::EINVAL);
+        }
+        let mr = self.mrs.get(&(dev, lkey)).ok_or(libc::EINVAL)?;
+        let r = &mr.region;
+        if !r.valid || r.pd != pd {
+            return Err(libc::EINVAL);
+        }
+        if !mr.bind {
+            return Err(libc::EACCES);
+        }
+        let rights = access_from_ibv(b.access);
+        let writes = Access::REMOTE_WRITE.union(Access::REMOTE_ATOMIC).bits();
+        if rights.bits() & writes != 0 && !r.access.contains(Access::LOCAL_WRITE) {
+            return Err(libc::EACCES);
+        }
+        let end = b.addr.checked_add(b.len).ok_or(libc::EINVAL)?;
+        if b.addr < r.base || end > r.base + r.len {
+            return Err(libc::EINVAL);
+        }
+        Ok(())
+    }
+
+    /// Makes a bind [`MrTable::check_bind`] allowed.
+    pub fn bind(&mut self, dev: u32, qp: u32, b: &Bind) {
+        let Some(mut mw) = self.mws.get(&(dev, index(b.mw))).copied() else {
+            return;
+        };
+        self.unbind(dev, &mut mw);
+        mw.stag = b.new_stag;
+        if let Some(lkey) = b.mr.filter(|_| b.len > 0) {
+            if let Some(mr) = self.mrs.get_mut(&(dev, lkey)) {
+                mr.windows += 1;
+                let rights = access_from_ibv(b.access);
+                let remote = Access::REMOTE_WRITE
+                    .union(Access::REMOTE_READ)
+                    .union(Access::REMOTE_ATOMIC);
+                mw.bound = Some(Binding {
+                    region: Region::new(
+                        mw.pd,
+                        b.addr,
+                        b.len,
+                        Access::from_bits(rights.bits() & remote.bits()),
+                    ),
+                    mr: lkey,
+                    qp: (mw.kind == MwType::Two).then_some(qp),
+                });
+            }
+        }
+        self.mws.insert((dev, index(b.mw)), mw);
+    }
+
+    /// Unbinds the type 2 windows bound through a QP that is going away.
+    pub fn unbind_qp(&mut self, dev: u32, qp: u32) {
+        let keys: Vec<_> = self
+            .mws
+            .iter()
+            .filter(|(k, mw)| k.0 == dev && mw.bound.is_some_and(|b| b.qp == Some(qp)))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            if let Some(mut mw) = self.mws.get(&k).copied() {
+                self.unbind(dev, &mut mw);
+                self.mws.insert(k, mw);
+            }
+        }
+    }
+
+    /// The region a window's STag grants QP `qp`: None when the STag is not
+    /// the window's (an older bind's key) or a type 2 window is bound
+    /// through another QP; invalid when it is not bound.
+    fn window_region(&self, dev: u32, qp: Option<u32>, stag: u32) -> Option<Region> {
+        let mw = self.window(dev, stag).filter(|mw| mw.stag == stag)?;
+        match mw.bound {
+            None => Some(Region {
+                valid: false,
+                ..Region::new(mw.pd, 0, 0, Access::NONE)
+            }),
+            Some(b) if b.qp.is_some() && b.qp != qp => None,
+            Some(b) => Some(b.region),
+        }
+    }
+
+    /// Invalidates `stag` for QP `qp` of protection domain `pd`, by the
+    /// peer's Send with Invalidate or a local `IBV_WR_LOCAL_INV`: an MR of
+    /// that PD (as siw does) or a type 2 window bound through that QP.
+    pub fn invalidate(
+        &mut self,
+        dev: u32,
+        qp: Option<u32>,
+        stag: u32,
+        pd: u32,
+    ) -> Result<(), InvalidateError> {
+        self.check_invalidate(dev, qp, stag, pd)?;
+        if let Some(m) = self.mrs.get_mut(&(dev, stag)) {
+            m.region.valid = false;
+        } else if let Some(mut mw) = self.window(dev, stag).copied() {
+            self.unbind(dev, &mut mw);
+            self.mws.insert((dev, index(stag)), mw);
+        }
+        Ok(())
+    }
+
+    /// Whether [`MrTable::invalidate`] would succeed (a window already
+    /// free may be invalidated again).
+    pub fn check_invalidate(
+        &self,
+        dev: u32,
+        qp: Option<u32>,
+        stag: u32,
+        pd: u32,
+    ) -> Result<(), InvalidateError> {
+        if let Some(m) = self.mrs.get(&(dev, stag)) {
+            return match m.region.pd == pd {
+                true => Ok(()),
+                false => Err(InvalidateError::NotInvalidatable),
+            };
+        }
+        let mw = self
+            .window(dev, stag)
+            .filter(|mw| mw.stag == stag)
+            .ok_or(InvalidateError::Unknown)?;
+        match mw.bound {
+            Some(b) if b.qp.is_some() && b.qp != qp => Err(InvalidateError::Unknown),
+            _ if mw.kind == MwType::One || mw.pd != pd => Err(InvalidateError::NotInvalidatable),
+            _ => Ok(()),
+        }
+    }
+
+    /// The [`Memory`] QP `qp` of device `dev` sees (None: an SRQ's checks
+    /// of its receives' SGEs): the table, plus its own
     /// inline buffer at [`INLINE_STAG`] when it has one, and the shared
     /// receive queue its receives come from when it has one.
     pub fn view<'a>(
         &'a mut self,
         dev: u32,
+        qp: Option<u32>,
         inline: Option<Region>,
         srq: Option<&'a mut Srq>,
     ) -> QpMemory<'a> {
         QpMemory {
             table: self,
             dev,
+            qp,
             inline,
             srq,
         }
@@ -82,6 +343,7 @@ impl MrTable {
 pub struct QpMemory<'a> {
     table: &'a mut MrTable,
     dev: u32,
+    qp: Option<u32>,
     inline: Option<Region>,
     srq: Option<&'a mut Srq>,
 }
@@ -92,21 +354,17 @@ impl Memory for QpMemory<'_> {
         if stag == INLINE_STAG {
             return self.inline;
         }
-        self.table.mrs.get(&(self.dev, stag)).map(|m| m.region)
+        match self.table.mrs.get(&(self.dev, stag)) {
+            Some(m) => Some(m.region),
+            None => self.table.window_region(self.dev, self.qp, stag),
+        }
     }
 
     fn invalidate(&mut self, stag: u32, pd: u32) -> Result<(), InvalidateError> {
         if stag == INLINE_STAG {
             return Err(InvalidateError::NotInvalidatable);
         }
-        match self.table.mrs.get_mut(&(self.dev, stag)) {
-            None => Err(InvalidateError::Unknown),
-            Some(m) if m.region.pd != pd => Err(InvalidateError::NotInvalidatable),
-            Some(m) => {
-                m.region.valid = false;
-                Ok(())
-            }
-        }
+        self.table.invalidate(self.dev, self.qp, stag, pd)
     }
 
     #[inline]
@@ -248,8 +506,9 @@ mod tests {
             1,
             0x100,
             Region::new(3, base, 64, Access::REMOTE_WRITE | Access::LOCAL_WRITE),
+            0,
         );
-        let v = t.view(1, None, None);
+        let v = t.view(1, None, None, None);
         assert!(v.region(0x100).is_some());
         assert_eq!(check(&v, 0x100, 3, base, 64, Access::REMOTE_WRITE), Ok(()));
         assert_eq!(
@@ -264,7 +523,7 @@ mod tests {
             check(&v, 0x100, 3, base, 1, Access::REMOTE_READ),
             Err(ProtectionError::Access)
         );
-        let v = t.view(2, None, None);
+        let v = t.view(2, None, None, None);
         assert_eq!(v.region(0x100), None);
     }
 
@@ -273,8 +532,8 @@ mod tests {
         let mut t = MrTable::default();
         let mut buf = vec![0u8; 16];
         let base = buf.as_mut_ptr() as u64;
-        t.insert(0, 0x200, Region::new(1, base, 16, Access::ALL));
-        let mut v = t.view(0, None, None);
+        t.insert(0, 0x200, Region::new(1, base, 16, Access::ALL), 0);
+        let mut v = t.view(0, None, None, None);
         v.write(base + 4, b"abcd");
         let mut out = [0u8; 6];
         v.read(base + 3, &mut out);
@@ -285,8 +544,8 @@ mod tests {
     #[test]
     fn invalidate_checks_pd_and_sticks() {
         let mut t = MrTable::default();
-        t.insert(0, 0x300, Region::new(1, 0x1000, 16, Access::ALL));
-        let mut v = t.view(0, None, None);
+        t.insert(0, 0x300, Region::new(1, 0x1000, 16, Access::ALL), 0);
+        let mut v = t.view(0, None, None, None);
         assert_eq!(
             v.invalidate(0x300, 2),
             Err(InvalidateError::NotInvalidatable)
@@ -309,7 +568,7 @@ mod tests {
         let (addr, len) = ib.stage([&b"hello "[..], &b"world"[..]]).unwrap();
         assert_eq!(len, 11);
         let mut t = MrTable::default();
-        let v = t.view(0, Some(ib.region(5)), None);
+        let v = t.view(0, None, Some(ib.region(5)), None);
         assert_eq!(check(&v, INLINE_STAG, 5, addr, 11, Access::NONE), Ok(()));
         assert_eq!(
             check(&v, INLINE_STAG, 5, addr, 1, Access::REMOTE_READ),
@@ -322,7 +581,7 @@ mod tests {
         let mut out = [0u8; 11];
         v.read(addr, &mut out);
         assert_eq!(&out, b"hello world");
-        let other = t.view(0, None, None);
+        let other = t.view(0, None, None, None);
         assert_eq!(other.region(INLINE_STAG), None);
     }
 
@@ -340,5 +599,180 @@ mod tests {
         let (a2, _) = ib.stage([&b"y"[..]]).unwrap();
         assert_eq!(a0, a2);
         assert!(InlineBuf::new(0, 4).is_none());
+    }
+
+    /// An MR of PD 1 at 0x1000..0x2000 that windows may be bound to, and
+    /// a window of each type in PD 1.
+    fn windows() -> MrTable {
+        let mut t = MrTable::default();
+        let access = Access::LOCAL_WRITE | Access::REMOTE_READ;
+        let flags = u32::from(access.bits()) | IBV_ACCESS_MW_BIND;
+        t.insert(0, 0x100, Region::new(1, 0x1000, 0x1000, access), flags);
+        t.add_window(0, 0x200, 1, MwType::One);
+        t.add_window(0, 0x300, 1, MwType::Two);
+        t
+    }
+
+    fn bind(mw: u32, new_stag: u32, addr: u64, len: u64, access: u32) -> Bind {
+        Bind {
+            mw,
+            new_stag,
+            mr: Some(0x100),
+            addr,
+            len,
+            access,
+        }
+    }
+
+    const RW: u32 = 2 | 4;
+
+    #[test]
+    fn a_bound_window_grants_its_range_and_rights_to_its_stag_only() {
+        let mut t = windows();
+        let b = bind(0x200, 0x201, 0x1800, 0x100, RW);
+        assert_eq!(t.check_bind(0, 1, &b), Ok(()));
+        t.bind(0, 7, &b);
+        let v = t.view(0, Some(9), None, None);
+        let w = Access::REMOTE_WRITE;
+        assert_eq!(check(&v, 0x201, 1, 0x1800, 0x100, w), Ok(()));
+        assert_eq!(
+            check(&v, 0x201, 1, 0x17ff, 1, w),
+            Err(ProtectionError::Bounds)
+        );
+        assert_eq!(
+            check(&v, 0x201, 1, 0x1800, 1, Access::REMOTE_ATOMIC),
+            Err(ProtectionError::Access)
+        );
+        assert_eq!(
+            check(&v, 0x201, 2, 0x1800, 1, w),
+            Err(ProtectionError::WrongPd)
+        );
+        // The key before the bind is no longer the window's.
+        assert_eq!(
+            check(&v, 0x200, 1, 0x1800, 1, w),
+            Err(ProtectionError::UnknownStag)
+        );
+        assert_eq!(t.remove(0, 0x100), Err(libc::EBUSY));
+        // Bound to nothing (type 1): unusable, and the MR is free again.
+        let none = Bind {
+            mr: None,
+            ..bind(0x201, 0x202, 0, 0, 0)
+        };
+        assert_eq!(t.check_bind(0, 1, &none), Ok(()));
+        t.bind(0, 7, &none);
+        let v = t.view(0, Some(9), None, None);
+        assert_eq!(
+            check(&v, 0x202, 1, 0x1800, 1, w),
+            Err(ProtectionError::Invalidated)
+        );
+        assert!(t.remove(0, 0x100).unwrap().is_some());
+    }
+
+    #[test]
+    fn binds_that_break_a_rule_are_refused() {
+        let mut t = windows();
+        t.insert(0, 0x400, Region::new(1, 0x4000, 0x100, Access::ALL), 15);
+        let no_local = u32::from(Access::REMOTE_READ.bits()) | IBV_ACCESS_MW_BIND;
+        t.insert(
+            0,
+            0x500,
+            Region::new(1, 0x5000, 0x100, Access::REMOTE_READ),
+            no_local,
+        );
+        let ok = bind(0x200, 0x201, 0x1000, 0x1000, RW);
+        assert_eq!(t.check_bind(0, 1, &ok), Ok(()));
+        let refused = [
+            (bind(0x200, 0x201, 0x1000, 0x1000, RW), 2, libc::EINVAL), // QP of another PD
+            (bind(0x600, 0x601, 0x1000, 0x10, RW), 1, libc::EINVAL),   // no such window
+            (bind(0x200, 0x301, 0x1000, 0x10, RW), 1, libc::EINVAL),   // another index
+            (bind(0x200, 0x201, 0xfff, 0x10, RW), 1, libc::EINVAL),    // before the MR
+            (bind(0x200, 0x201, 0x1ff8, 0x10, RW), 1, libc::EINVAL),   // past its end
+            (bind(0x200, 0x201, u64::MAX, 2, RW), 1, libc::EINVAL),    // wraps
+            (bind(0x200, 0x201, 0x1000, 1, RW | 32), 1, libc::EINVAL), // zero-based
+            (bind(0x300, 0x301, 0x1000, 0, RW), 1, libc::EINVAL),      // type 2, empty
+            (
+                Bind {
+                    mr: Some(0x400),
+                    ..bind(0x200, 0x201, 0x4000, 1, RW)
+                },
+                1,
+                libc::EACCES, // MR without the bind right
+            ),
+            (
+                Bind {
+                    mr: Some(0x500),
+                    ..bind(0x200, 0x201, 0x5000, 1, 2)
+                },
+                1,
+                libc::EACCES, // remote write over an MR without local write
+            ),
+            (
+                Bind {
+                    mr: None,
+                    ..bind(0x300, 0x301, 0, 0, 0)
+                },
+                1,
+                libc::EINVAL, // type 2 bound to nothing
+            ),
+        ];
+        for (b, pd, errno) in refused {
+            assert_eq!(t.check_bind(0, pd, &b), Err(errno), "{b:?}");
+        }
+        // A remote read window over an MR without local write is fine.
+        let ro = Bind {
+            mr: Some(0x500),
+            ..bind(0x200, 0x201, 0x5000, 1, 4)
+        };
+        assert_eq!(t.check_bind(0, 1, &ro), Ok(()));
+        // A type 2 window must be free to be bound.
+        let b2 = bind(0x300, 0x301, 0x1000, 0x10, RW);
+        t.bind(0, 7, &b2);
+        assert_eq!(
+            t.check_bind(0, 1, &bind(0x301, 0x302, 0x1000, 0x10, RW)),
+            Err(libc::EINVAL)
+        );
+    }
+
+    #[test]
+    fn type_2_windows_belong_to_their_qp_and_are_invalidated() {
+        let mut t = windows();
+        t.bind(0, 7, &bind(0x300, 0x3a0, 0x1000, 0x10, RW));
+        let w = Access::REMOTE_WRITE;
+        let other = t.view(0, Some(8), None, None);
+        assert_eq!(
+            check(&other, 0x3a0, 1, 0x1000, 1, w),
+            Err(ProtectionError::UnknownStag)
+        );
+        assert_eq!(
+            t.invalidate(0, Some(8), 0x3a0, 1),
+            Err(InvalidateError::Unknown)
+        );
+        assert_eq!(
+            t.invalidate(0, Some(7), 0x3a0, 2),
+            Err(InvalidateError::NotInvalidatable)
+        );
+        let mut own = t.view(0, Some(7), None, None);
+        assert_eq!(check(&own, 0x3a0, 1, 0x1000, 1, w), Ok(()));
+        assert_eq!(own.invalidate(0x3a0, 1), Ok(()));
+        assert_eq!(
+            check(&own, 0x3a0, 1, 0x1000, 1, w),
+            Err(ProtectionError::Invalidated)
+        );
+        // Free again: bound anew with another key, then its QP goes.
+        let again = bind(0x3a0, 0x3a1, 0x1000, 0x10, RW);
+        assert_eq!(t.check_bind(0, 1, &again), Ok(()));
+        t.bind(0, 7, &again);
+        assert_eq!(t.remove(0, 0x100), Err(libc::EBUSY));
+        t.unbind_qp(0, 7);
+        assert!(t.window(0, 0x3a1).unwrap().bound.is_none());
+        // Type 1 windows are never invalidated.
+        t.bind(0, 7, &bind(0x200, 0x201, 0x1000, 0x10, RW));
+        assert_eq!(
+            t.invalidate(0, Some(7), 0x201, 1),
+            Err(InvalidateError::NotInvalidatable)
+        );
+        // Deallocation unbinds.
+        assert!(t.remove_window(0, 0x201).is_some());
+        assert!(t.remove(0, 0x100).unwrap().is_some());
     }
 }

@@ -259,7 +259,7 @@ pub(crate) unsafe extern "C" fn reg_mr(
                     length as u64,
                     access_from_ibv(access as u32),
                 );
-                runtime::with_engine(|e| e.mrs.insert(dev, stag, region));
+                runtime::with_engine(|e| e.mrs.insert(dev, stag, region, access as u32));
                 // SAFETY: vmr is the live box create returned.
                 unsafe { &raw mut (*vmr).ibv_mr }
             }),
@@ -272,15 +272,19 @@ pub(crate) unsafe extern "C" fn dereg_mr(vmr: *mut verbs_mr) -> c_int {
         // SAFETY: vmr came from reg_mr.
         let (dev, stag) = unsafe { (dev_of((*vmr).ibv_mr.context), (*vmr).ibv_mr.lkey) };
         // Out of the table first, under the engine lock: no placement can
-        // be running, and none will reach this memory after.
-        let old = runtime::with_engine(|e| e.mrs.remove(dev, stag));
+        // be running, and none will reach this memory after. Not while
+        // windows are bound to it (EBUSY).
+        let old = match runtime::with_engine(|e| e.mrs.remove(dev, stag)) {
+            Ok(old) => old,
+            Err(e) => return e,
+        };
         // SAFETY: vmr came from reg_mr.
         let cmd = || unsafe { ibv_cmd_dereg_mr(vmr) };
         // SAFETY: vmr came from reg_mr (create); libibverbs does not use it
         // after a successful dereg.
         let ret = unsafe { destroy(vmr, cmd, || {}) };
         if let (true, Some(m)) = (ret != 0, old) {
-            runtime::with_engine(|e| e.mrs.insert(dev, stag, m.region));
+            runtime::with_engine(|e| e.mrs.restore(dev, stag, m));
         }
         ret
     })

@@ -58,6 +58,8 @@ fn main() {
         .allowlist_function("ibv_cmd_dealloc_pd")
         .allowlist_function("ibv_cmd_reg_mr")
         .allowlist_function("ibv_cmd_dereg_mr")
+        .allowlist_function("ibv_cmd_alloc_mw")
+        .allowlist_function("ibv_cmd_dealloc_mw")
         .allowlist_function("ibv_cmd_create_cq")
         .allowlist_function("ibv_cmd_destroy_cq")
         .allowlist_function("ibv_cmd_create_qp")

@@ -212,6 +212,46 @@ static void srq_errors(struct ibv_pd *pd, struct ibv_cq *cq, const struct ibv_de
 	CHECK(!ibv_destroy_srq(srq), "destroy_srq");
 }
 
+/*
+ * Memory windows' invalid requests at the API: a type the verbs do not have,
+ * binds of a window to a QP that was never connected.
+ */
+static void mw_errors(struct ibv_pd *pd, struct ibv_cq *cq)
+{
+	static char mem[4096];
+	struct ibv_mw *mw1, *mw2;
+	struct ibv_mr *mr;
+	struct ibv_qp *qp;
+	int ret;
+
+	EXPECT_NULL_ERRNO(ibv_alloc_mw(pd, (enum ibv_mw_type)3), EINVAL, "MW of type 3");
+	mw1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+	mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	CHECK(mw1 && mw2, "alloc_mw: %s", strerror(errno));
+	mr = ibv_reg_mr(pd, mem, sizeof(mem), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	qp = rc_qp(pd, cq, 1);
+	CHECK(mr && qp, "reg_mr/create_qp: %s", strerror(errno));
+	if (mw1 && mw2 && mr && qp) {
+		struct ibv_mw_bind b = {
+			.bind_info = { .mr = mr, .addr = (uintptr_t)mem, .length = 64,
+				       .mw_access_flags = IBV_ACCESS_REMOTE_WRITE },
+		};
+		uint32_t rkey = mw1->rkey;
+
+		ret = ibv_bind_mw(qp, mw1, &b);
+		CHECK(ret == EINVAL && mw1->rkey == rkey,
+		      "bind_mw on a QP never connected: got %s, rkey %s", strerror(ret),
+		      mw1->rkey == rkey ? "kept" : "changed");
+		/* libibverbs' own check: ibv_bind_mw is for type 1 windows. */
+		ret = ibv_bind_mw(qp, mw2, &b);
+		CHECK(ret == EINVAL, "bind_mw of a type 2 window: got %s", strerror(ret));
+	}
+	CHECK(!qp || !ibv_destroy_qp(qp), "destroy_qp");
+	CHECK(!mr || !ibv_dereg_mr(mr), "dereg_mr");
+	CHECK(!mw1 || !ibv_dealloc_mw(mw1), "dealloc_mw type 1");
+	CHECK(!mw2 || !ibv_dealloc_mw(mw2), "dealloc_mw type 2");
+}
+
 static void errors(const char *name)
 {
 	static char buf[8192];
@@ -257,8 +297,7 @@ static void errors(const char *name)
 	      strerror(ret), strerror(EBUSY));
 
 	srq_errors(pd, cq, &dev);
-	/* Not implemented: must fail cleanly, in each verb's own way. */
-	EXPECT_NULL_ERRNO(ibv_alloc_mw(pd, IBV_MW_TYPE_1), EOPNOTSUPP, "alloc_mw");
+	mw_errors(pd, cq);
 	/* A QP that was never connected takes no send. */
 	qp = rc_qp(pd, cq, 1);
 	CHECK(qp, "create_qp: %s", strerror(errno));

@@ -42,6 +42,11 @@ check_limit max_qp_init_rd_atom URDMA_MAX_ORD
 check_limit max_srq URDMA_MAX_SRQ max_srq
 check_limit max_srq_wr URDMA_MAX_SRQ_WR
 check_limit max_srq_sge URDMA_MAX_SGE
+# Memory windows of type 1 and 2B (tests/vm/67-e2e-mw.sh).
+check_limit max_mw URDMA_MAX_MW max_mw
+for flag in MEM_WINDOW MEM_WINDOW_TYPE_2B; do
+	grep -qE "^\s+$flag\s*$" <<<"$info" || fail "device_cap_flags lack $flag"
+done
 # RFC 7306 atomics, atomic across QPs and processes (tests/vm/64-e2e-atomic.sh).
 [ "$(val atomic_cap)" = ATOMIC_HCA ] || fail "atomic_cap is '$(val atomic_cap)', expected ATOMIC_HCA"
 # rdma-core's test suite rejects a device whose vendor_id is 0.

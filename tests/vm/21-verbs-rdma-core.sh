@@ -48,6 +48,7 @@ suite=$OUT/rdma-core-suite/tests
 # urdma's failures and errors that are accepted: test id (module.Class.method) -> why. Each is
 # in docs/verbs.md, "rdma-core's test suite", iWARP's limits and urdma's defects apart.
 FORK="urdma defect: the test process made QPs in earlier modules (attaching it to urdmad), then forks both rdmacm ends, and a process forked after its parent attached cannot create QPs (EINVAL; runtime.rs, Shared::ensure_attached); in a fresh process it passes"
+JOINED="RC QPs joined by ibv_modify_qp (GID, QPN), without rdma_cm: an iWARP QP is connected only by iw_cm"
 declare -A ALLOW=(
 	[test_rdmacm.CMTestCase.test_rdmacm_sync_traffic]=$FORK
 	[test_rdmacm.CMTestCase.test_rdmacm_async_reject_traffic]=$FORK
@@ -55,12 +56,19 @@ declare -A ALLOW=(
 	[test_rdmacm.CMTestCase.test_rdmacm_async_write]=$FORK
 	[test_qp.QPTest.test_query_rc_qp]="wants a new QP of an RNIC to query as INIT (cxgb4 reports its idle state so); urdma.ko reports RESET, the state verbs gives a new QP (siw fails it too)"
 	[test_atomic.AtomicTest.test_atomic_cmp_and_swap]="RC QPs joined by ibv_modify_qp (GID, QPN), without rdma_cm: an iWARP QP is connected only by iw_cm (urdma: post_send EINVAL, not connected; siw: the RTS modify EINVAL)"
-	[test_atomic.AtomicTest.test_atomic_fetch_and_add]="RC QPs joined by ibv_modify_qp (GID, QPN), without rdma_cm: an iWARP QP is connected only by iw_cm"
-	[test_cq_events.CqEventsTestCase.test_cq_events_rc]="RC QPs joined by ibv_modify_qp (GID, QPN), without rdma_cm: an iWARP QP is connected only by iw_cm"
-	[test_cqex.CqExTestCase.test_rc_traffic_cq_ex]="RC QPs joined by ibv_modify_qp (GID, QPN), without rdma_cm: an iWARP QP is connected only by iw_cm"
-	[test_mr.MRTest.test_mr_rereg_access_bad_flow]="RC QPs joined by ibv_modify_qp (GID, QPN), without rdma_cm: an iWARP QP is connected only by iw_cm"
-	[test_mr.MRTest.test_mr_rereg_pd]="RC QPs joined by ibv_modify_qp (GID, QPN), without rdma_cm: an iWARP QP is connected only by iw_cm"
-	[test_relaxed_ordering.RoTestCase.test_ro_rc_traffic]="RC QPs joined by ibv_modify_qp (GID, QPN), without rdma_cm: an iWARP QP is connected only by iw_cm"
+	[test_atomic.AtomicTest.test_atomic_fetch_and_add]=$JOINED
+	[test_cq_events.CqEventsTestCase.test_cq_events_rc]=$JOINED
+	[test_cqex.CqExTestCase.test_rc_traffic_cq_ex]=$JOINED
+	[test_mr.MRTest.test_mr_rereg_access_bad_flow]=$JOINED
+	[test_mr.MRTest.test_mr_rereg_pd]=$JOINED
+	[test_relaxed_ordering.RoTestCase.test_ro_rc_traffic]=$JOINED
+	# their first bind is posted on a QP that never connected: EINVAL (siw has no windows)
+	[test_mr.MWTest.test_mw_type1]=$JOINED
+	[test_mr.MWTest.test_invalidate_mw_type1]=$JOINED
+	[test_mr.MWTest.test_mw_type2]=$JOINED
+	[test_mr.MWTest.test_mw_type2_invalidate_dealloc]=$JOINED
+	[test_mr.MWTest.test_mw_type2_invalidate_local]=$JOINED
+	[test_mr.MWTest.test_mw_type2_invalidate_remote]=$JOINED
 	[test_rdmacm.CMTestCase.test_rdmacm_async_traffic]="checks that rdma_set_option(ACK_TIMEOUT) shows in query_qp's timeout: rdma_cm applies it to IB/RoCE QPs only (siw fails it too)"
 	[test_rdmacm.CMTestCase.test_rdmacm_async_traffic_external_qp]="expects RDMA_CM_EVENT_CONNECT_RESPONSE then rdma_establish for an external QP: iw_cm moves the QP to RTS itself and reports ESTABLISHED (siw fails it too)"
 	[test_rdmacm.CMTestCase.test_rdmacm_async_udp_traffic]="RDMA_PS_UDP needs a UD QP: iWARP has none (create_qp EOPNOTSUPP; siw fails it too)"

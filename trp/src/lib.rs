@@ -84,5 +84,6 @@ pub use setup::{ConnectOutcome, Connecting, Incoming, SetupError};
 pub use state::QpState;
 pub use time::Instant;
 pub use verbs::{
-    AtomicOp, Completion, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    AtomicOp, Completion, LocalOp, PostError, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode,
+    WcStatus,
 };

@@ -40,6 +40,17 @@ pub enum SendOp {
         rkey: u32,
         op: AtomicOp,
     },
+    /// Work the caller does on its own memory table when it posts the
+    /// request (binding a memory window, invalidating an STag): nothing goes
+    /// on the wire, and the request completes in send queue order.
+    Local(LocalOp),
+}
+
+/// What a [`SendOp::Local`] request did, for its completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalOp {
+    BindWindow,
+    Invalidate,
 }
 
 /// RFC 7306's two atomics, both masked; verbs' are [`AtomicOp::fetch_add`]
@@ -123,6 +134,8 @@ impl SendOp {
                 op: AtomicOp::CompareSwap { .. },
                 ..
             } => WcOpcode::CompareSwap,
+            SendOp::Local(LocalOp::BindWindow) => WcOpcode::BindMw,
+            SendOp::Local(LocalOp::Invalidate) => WcOpcode::LocalInv,
         }
     }
 
@@ -175,6 +188,8 @@ pub enum WcOpcode {
     RdmaRead,
     CompareSwap,
     FetchAdd,
+    BindMw,
+    LocalInv,
     Recv,
     RecvRdmaWithImm,
 }

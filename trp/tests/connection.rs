@@ -988,3 +988,69 @@ fn srq_receives_limit_and_failure() {
     assert_eq!((b[0].wr_id, b[0].status), (12, WcStatus::LocalLength));
     assert_eq!(p.b.mem.srq.as_ref().unwrap().len(), 1);
 }
+
+/// A local request (a window bind, an invalidation) completes in send
+/// queue order: at once with nothing before it, otherwise after the
+/// requests before it, the write, the read and the local one after it
+/// included; and it is flushed like any other when the connection fails.
+#[test]
+fn local_requests_complete_in_send_queue_order() {
+    use trp::LocalOp;
+    let mut p = pair(Config::default(), Config::default());
+    send(&mut p, 1, SendOp::Local(LocalOp::BindWindow), &[]);
+    assert_eq!(
+        drain(&mut p.a.conn)
+            .iter()
+            .map(|c| (c.wr_id, c.status, c.opcode))
+            .collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success, WcOpcode::BindMw)],
+        "nothing before it: complete when posted"
+    );
+    let write = SendOp::RdmaWrite {
+        remote_addr: 1 << 19,
+        rkey: 2,
+    };
+    let read = SendOp::RdmaRead {
+        remote_addr: 1 << 19,
+        rkey: 2,
+    };
+    send(&mut p, 2, write, &sge(0, 100_000));
+    send(&mut p, 3, SendOp::Local(LocalOp::Invalidate), &[]);
+    send(&mut p, 4, read, &sge(0, 3000));
+    send(&mut p, 5, SendOp::Local(LocalOp::BindWindow), &[]);
+    send(&mut p, 6, SendOp::Local(LocalOp::Invalidate), &[]);
+    assert!(
+        drain(&mut p.a.conn).is_empty(),
+        "nothing completes before the write"
+    );
+    let mut got = Vec::new();
+    assert!(p.run_until(trp::Instant(p.now.0 + 1_000_000_000), |p| {
+        got.extend(drain(&mut p.a.conn).iter().map(|c| (c.wr_id, c.opcode)));
+        got.len() == 5
+    }));
+    assert_eq!(
+        got,
+        vec![
+            (2, WcOpcode::RdmaWrite),
+            (3, WcOpcode::LocalInv),
+            (4, WcOpcode::RdmaRead),
+            (5, WcOpcode::BindMw),
+            (6, WcOpcode::LocalInv),
+        ]
+    );
+    // Queued behind a write the peer never acknowledges: flushed.
+    p.ba.up = false;
+    send(&mut p, 7, write, &sge(0, 1000));
+    send(&mut p, 8, SendOp::Local(LocalOp::BindWindow), &[]);
+    let limit = trp::Instant(p.now.0 + 60_000_000_000);
+    let done = a_fails(&mut p, limit, FailReason::RetryExceeded);
+    assert_eq!(
+        done.iter()
+            .map(|c| (c.wr_id, c.status, c.opcode))
+            .collect::<Vec<_>>(),
+        vec![
+            (7, WcStatus::RetryExceeded, WcOpcode::RdmaWrite),
+            (8, WcStatus::Flush, WcOpcode::BindMw),
+        ]
+    );
+}

@@ -380,6 +380,12 @@ impl Connection {
             len = 8;
         }
         self.sq.push(wr, len);
+        if let SendOp::Local(_) = wr.op {
+            // With nothing before it left to issue, it waits only for what
+            // was sent so far, and may be complete already.
+            self.sq.pass_locals(self.tx.nxt().wrapping_sub(1));
+            self.progress();
+        }
         Ok(())
     }
 

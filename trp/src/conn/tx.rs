@@ -223,6 +223,20 @@ impl SendQueue {
         });
     }
 
+    /// Passes the local requests at the cursor: they have no segments and
+    /// complete once `last_psn`, the last PSN of the requests before them,
+    /// is acknowledged (and those requests have completed).
+    pub(super) fn pass_locals(&mut self, last_psn: u32) {
+        while let Some(e) = self.entries.get_mut(self.cursor) {
+            if !matches!(e.op, SendOp::Local(_)) {
+                break;
+            }
+            e.issued = true;
+            e.last_psn = last_psn;
+            self.cursor += 1;
+        }
+    }
+
     #[inline]
     pub(super) fn get_mut(&mut self, seq: u64) -> Option<&mut SqEntry> {
         self.entries
@@ -435,10 +449,14 @@ impl Connection {
                         len: rdmap::ATOMIC_REQUEST_LEN as u32,
                     }
                 }
+                // Passed when the request before it was issued or, with
+                // none left, when it was posted.
+                SendOp::Local(_) => return None,
             };
             if e.issued {
                 e.last_psn = next_psn;
                 sq.cursor += 1;
+                sq.pass_locals(next_psn);
             }
             return Some(kind);
         }
@@ -551,7 +569,7 @@ impl Connection {
                     (!e.issued).then(|| e.next_send_segment(invalidate, solicited, msn, max))
                 })
             }
-            SendOp::RdmaRead { .. } | SendOp::Atomic { .. } => 0,
+            SendOp::RdmaRead { .. } | SendOp::Atomic { .. } | SendOp::Local(_) => 0,
         }
     }
 
@@ -573,6 +591,7 @@ impl Connection {
             return 0;
         };
         let mut sent = 0;
+        let mut issued_at = None;
         for (buf, out_len) in bufs.iter_mut().zip(lens.iter_mut()).take(room) {
             let Some((hdr, off, len)) = next(e, &mut sq.next_msn.send) else {
                 break;
@@ -589,6 +608,7 @@ impl Connection {
             if e.issued {
                 e.last_psn = psn;
                 sq.cursor += 1;
+                issued_at = Some(psn);
             }
             let d = Datagram {
                 flags: if hdr.last { trp::FLAG_ACK_REQUEST } else { 0 },
@@ -605,6 +625,9 @@ impl Connection {
             self.rx.ack_sent();
             *out_len = at + len as usize;
             sent += 1;
+        }
+        if let Some(psn) = issued_at {
+            self.sq.pass_locals(psn);
         }
         sent
     }
