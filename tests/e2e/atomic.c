@@ -54,15 +54,6 @@ struct info {
 	uint32_t plain_rkey;
 };
 
-static struct rdma_cm_event *next_event(struct rdma_event_channel *ch)
-{
-	struct rdma_cm_event *ev;
-
-	if (rdma_get_cm_event(ch, &ev))
-		fail("rdma_get_cm_event: %s", strerror(errno));
-	return ev;
-}
-
 /* ---- server ---- */
 
 static volatile uint64_t *counter;

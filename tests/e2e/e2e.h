@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause */
 /*
  * What the rdma_cm test programs of tests/e2e share: failing with one line,
- * a deadline, and resolving an address.
+ * a deadline, the next rdma_cm event and resolving an address.
  */
 #ifndef E2E_H
 #define E2E_H
@@ -43,6 +43,16 @@ static void check_time(const char *what)
 {
 	if (now() > deadline)
 		fail("timed out %s", what);
+}
+
+/* The channel's next event; failing is fatal. */
+static inline struct rdma_cm_event *next_event(struct rdma_event_channel *ch)
+{
+	struct rdma_cm_event *ev;
+
+	if (rdma_get_cm_event(ch, &ev))
+		fail("rdma_get_cm_event: %s", strerror(errno));
+	return ev;
 }
 
 static struct rdma_addrinfo *resolve(const char *addr, const char *port, int passive)

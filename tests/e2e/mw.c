@@ -74,15 +74,6 @@ struct conn {
 	uint8_t *msg;		/* MSG bytes to receive, MSG to send, BUF of data */
 };
 
-static struct rdma_cm_event *next_event(struct rdma_event_channel *ch)
-{
-	struct rdma_cm_event *ev;
-
-	if (rdma_get_cm_event(ch, &ev))
-		fail("rdma_get_cm_event: %s", strerror(errno));
-	return ev;
-}
-
 static void expect_event(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
 {
 	struct rdma_cm_event *ev = next_event(ch);
