@@ -13,7 +13,7 @@ use rdma_core_sys::{
 use crate::abi::{context_is_ours, AllocContextResp};
 use crate::guard::{catch, set_errno};
 use crate::zero::{zeroed, Zeroable};
-use crate::{cq_ex, data, log, mw, srq, verbs};
+use crate::{cq_ex, data, log, mw, qp_ex, srq, verbs};
 
 /// The provider's per-open-device state. libibverbs allocates it (zeroed)
 /// and gives out the embedded `verbs_context`; it must stay plain data, as
@@ -62,6 +62,7 @@ static CONTEXT_OPS: ContextOps = ContextOps(verbs_context_ops {
     create_cq_ex: Some(cq_ex::create_cq_ex),
     destroy_cq: Some(verbs::destroy_cq),
     create_qp: Some(verbs::create_qp),
+    create_qp_ex: Some(qp_ex::create_qp_ex),
     modify_qp: Some(verbs::modify_qp),
     query_qp: Some(verbs::query_qp),
     destroy_qp: Some(verbs::destroy_qp),

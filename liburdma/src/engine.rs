@@ -440,6 +440,16 @@ impl Engine {
         Ok(())
     }
 
+    /// How many send requests QP `key`'s connection takes now (None: no
+    /// connection, or no such QP).
+    pub fn send_room(&self, key: QpKey) -> Option<usize> {
+        self.qps
+            .get(&key)?
+            .conn
+            .as_ref()
+            .map(|c| c.send_queue_room())
+    }
+
     pub fn post_recv(&mut self, key: QpKey, wr_id: u64, sges: &[Sge]) -> Result<(), PostFail> {
         let qp = self
             .qps

@@ -28,6 +28,7 @@ mod log;
 pub mod mem;
 mod mw;
 mod progress;
+mod qp_ex;
 mod qp_table;
 mod runtime;
 pub mod srq;

@@ -88,9 +88,13 @@ pub struct UrdmaQp {
     /// urdma.ko's QP id (= the QP number).
     pub id: u32,
     pub dev: u32,
+    /// The requests built by `ibv_wr_*` (a QP made by `ibv_create_qp_ex`
+    /// with send operations; else null).
+    pub batch: *mut crate::qp_ex::Batch,
 }
 
-// SAFETY: as for UrdmaCq: rdma-core's plain C struct and integers.
+// SAFETY: as for UrdmaCq: rdma-core's plain C struct, integers and a raw
+// pointer (null).
 unsafe impl Zeroable for UrdmaQp {}
 
 unsafe extern "C" {
@@ -517,6 +521,9 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
             if runtime::with_engine(|e| e.destroy_qp(key)) {
                 runtime::unregister_qp(key);
             }
+            // SAFETY: qp came from create_qp; its batch, if any, is no
+            // longer used (the application is done with the QP).
+            unsafe { crate::qp_ex::free_batch(qp.cast::<UrdmaQp>()) };
         };
         // SAFETY: qp came from create_qp, a box of UrdmaQp at offset 0;
         // libibverbs does not use it after a successful destroy.

@@ -90,6 +90,7 @@ fn main() {
         .allowlist_function("ibv_create_comp_channel")
         .allowlist_function("ibv_destroy_comp_channel")
         .allowlist_function("ibv_alloc_mw")
+        .allowlist_function("ibv_qp_to_qp_ex")
         .allowlist_function("ibv_create_srq")
         .allowlist_function("ibv_create_ah")
         // libibverbs locks these with its own pthread mutexes; Rust only

@@ -23,6 +23,9 @@
  *   -t S  give up after S seconds (300)    -x    poll with the extended CQ API
  *                                                (ibv_create_cq_ex, ibv_start_poll,
  *                                                ibv_next_poll, ibv_wc_read_*)
+ *   -w    post with the extended QP API (ibv_create_qp_ex, ibv_wr_start,
+ *         ibv_wr_send/rdma_write/..., ibv_wr_set_sge_list and
+ *         ibv_wr_set_inline_data_list, ibv_wr_complete)
  *
  * How it checks:
  * - Sends and Writes with Immediate consume the server's receives in order:
@@ -79,6 +82,7 @@ struct accept_pdata {
 static unsigned conns = 1, ops = 2000, batch = 16, maxsize = 65536, seed = 1;
 static unsigned ev_threads, time_limit = 300;
 static int use_cq_ex;	/* -x */
+static int use_wr_api;	/* -w */
 static time_t deadline;
 
 static void fail(const char *fmt, ...)
@@ -350,6 +354,82 @@ static void gather_copy(uint8_t *dst, unsigned len, struct ibv_sge *sge, int n)
 	}
 }
 
+/* rdma_create_qp, or with -w rdma_create_qp_ex with the send operations used here. */
+static int create_qp(struct conn *c, struct rdma_cm_id *id, struct ibv_qp_init_attr *qpa)
+{
+	struct ibv_qp_init_attr_ex ax = {
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = c->pd,
+		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE |
+				  IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ,
+	};
+
+	if (!use_wr_api)
+		return rdma_create_qp(id, c->pd, qpa);
+	ax.cap = qpa->cap;
+	ax.qp_type = qpa->qp_type;
+	ax.send_cq = qpa->send_cq;
+	ax.recv_cq = qpa->recv_cq;
+	if (rdma_create_qp_ex(id, &ax))
+		return -1;
+	qpa->cap = ax.cap;
+	if (!ibv_qp_to_qp_ex(id->qp))
+		fail("rdma_create_qp_ex: no ibv_qp_ex for the QP");
+	return 0;
+}
+
+/*
+ * ibv_post_send of the list at wr, or with -w the same requests built with
+ * ibv_wr_*: then all are posted or none (*bad is the first).
+ */
+static int post_send(struct conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	struct ibv_qp_ex *x;
+	struct ibv_send_wr *w;
+	int ret;
+
+	if (!use_wr_api)
+		return ibv_post_send(c->id->qp, wr, bad);
+	x = ibv_qp_to_qp_ex(c->id->qp);
+	ibv_wr_start(x);
+	for (w = wr; w; w = w->next) {
+		x->wr_id = w->wr_id;
+		x->wr_flags = w->send_flags & ~IBV_SEND_INLINE;
+		switch (w->opcode) {
+		case IBV_WR_SEND:
+			ibv_wr_send(x);
+			break;
+		case IBV_WR_RDMA_WRITE:
+			ibv_wr_rdma_write(x, w->wr.rdma.rkey, w->wr.rdma.remote_addr);
+			break;
+		case IBV_WR_RDMA_WRITE_WITH_IMM:
+			ibv_wr_rdma_write_imm(x, w->wr.rdma.rkey, w->wr.rdma.remote_addr, w->imm_data);
+			break;
+		case IBV_WR_RDMA_READ:
+			ibv_wr_rdma_read(x, w->wr.rdma.rkey, w->wr.rdma.remote_addr);
+			break;
+		default:
+			ibv_wr_abort(x);
+			*bad = wr;
+			return EINVAL;
+		}
+		if (w->send_flags & IBV_SEND_INLINE) {
+			struct ibv_data_buf d[MAX_SGE];
+
+			for (int i = 0; i < w->num_sge; i++)
+				d[i] = (struct ibv_data_buf){ (void *)(uintptr_t)w->sg_list[i].addr,
+							      w->sg_list[i].length };
+			ibv_wr_set_inline_data_list(x, w->num_sge, d);
+		} else {
+			ibv_wr_set_sge_list(x, w->num_sge, w->sg_list);
+		}
+	}
+	ret = ibv_wr_complete(x);
+	if (ret)
+		*bad = wr;
+	return ret;
+}
+
 static void setup_qp(struct conn *c, struct rdma_cm_id *id)
 {
 	struct ibv_qp_init_attr qpa = {
@@ -396,10 +476,10 @@ static void setup_qp(struct conn *c, struct rdma_cm_id *id)
 	if (ev_threads && ibv_req_notify_cq(c->cq, 0))
 		fail("ibv_req_notify_cq: %s", strerror(errno));
 	qpa.send_cq = qpa.recv_cq = c->cq;
-	if (rdma_create_qp(id, c->pd, &qpa)) {
+	if (create_qp(c, id, &qpa)) {
 		/* not every device offers inline data */
 		qpa.cap.max_inline_data = 0;
-		if (rdma_create_qp(id, c->pd, &qpa))
+		if (create_qp(c, id, &qpa))
 			fail("rdma_create_qp: %s", strerror(errno));
 	}
 	c->max_inline = qpa.cap.max_inline_data;
@@ -483,7 +563,7 @@ static void send_ack(struct conn *c)
 		return;
 	}
 	memcpy(p, &h, sizeof(h));
-	ret = ibv_post_send(c->id->qp, &wr, &bad);
+	ret = post_send(c, &wr, &bad);
 	if (ret)
 		fail("ibv_post_send (ack): %s", strerror(ret));
 	c->acks_posted++;
@@ -829,7 +909,7 @@ static void client_batch(struct conn *c, unsigned n, uint64_t *s)
 		for (k = first; k + 1 < first + len; k++)
 			wr[k].next = &wr[k + 1];
 		wr[first + len - 1].next = NULL;
-		ret = ibv_post_send(c->id->qp, &wr[first], &bad);
+		ret = post_send(c, &wr[first], &bad);
 		if (ret)
 			fail("conn %u: ibv_post_send: %s (bad_wr %" PRIu64 ")", c->index,
 			     strerror(ret), bad ? bad->wr_id : 0);
@@ -986,7 +1066,7 @@ static void *client_conn(void *arg)
 
 		post_ack_recv(c);
 		memcpy(slot, &h, sizeof(h));
-		ret = ibv_post_send(c->id->qp, &wr, &bad);
+		ret = post_send(c, &wr, &bad);
 		if (ret)
 			fail("ibv_post_send (done): %s", strerror(ret));
 		while (seen < 2) {
@@ -1029,7 +1109,7 @@ int main(int argc, char **argv)
 	int opt;
 
 	if (argc < 4) {
-		fprintf(stderr, "usage: %s server|client ADDR PORT [-c N] [-n N] [-b N] [-m N] [-s N] [-e T] [-t S] [-x]\n",
+		fprintf(stderr, "usage: %s server|client ADDR PORT [-c N] [-n N] [-b N] [-m N] [-s N] [-e T] [-t S] [-x] [-w]\n",
 			argv[0]);
 		return 2;
 	}
@@ -1037,7 +1117,7 @@ int main(int argc, char **argv)
 	addr = argv[2];
 	port = argv[3];
 	optind = 4;
-	while ((opt = getopt(argc, argv, "c:n:b:m:s:e:t:x")) != -1) {
+	while ((opt = getopt(argc, argv, "c:n:b:m:s:e:t:xw")) != -1) {
 		switch (opt) {
 		case 'c': conns = atoi(optarg); break;
 		case 'n': ops = atoi(optarg); break;
@@ -1047,6 +1127,7 @@ int main(int argc, char **argv)
 		case 'e': ev_threads = atoi(optarg); break;
 		case 't': time_limit = atoi(optarg); break;
 		case 'x': use_cq_ex = 1; break;
+		case 'w': use_wr_api = 1; break;
 		default: return 2;
 		}
 	}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The data-verifying workload (tests/e2e/verify.c) between the nodes: thousands of randomly
 # mixed Sends, Writes, Writes with Immediate and Reads with random sizes and scatter lists,
-# every byte and completion checked; on a clean link, polled through the extended CQ API,
-# at netem loss 2 % with reordering,
+# every byte and completion checked; on a clean link, through the extended API (posted with
+# ibv_wr_*, polled with ibv_start_poll), at netem loss 2 % with reordering,
 # over several connections to one port, and with completion channels waited on by several
 # threads on both sides (the completion-channel stress: every completion seen once, no wait
 # that never wakes).
@@ -39,8 +39,10 @@ grep -q "max_inline 256" <<<"$client_out" ||
 	fail "the client's QP was not given 256 bytes of inline data: $(grep -m1 'verify: conn' <<<"$client_out")"
 grep -qE " inline [1-9]" <<<"$client_out" || fail "no request was posted inline: $(grep -m1 'verify: conn' <<<"$client_out")"
 verify_run events -s 2 -e 4
-# the extended CQ API (ibv_create_cq_ex, ibv_start_poll/ibv_next_poll/ibv_end_poll) on both sides
-verify_run cqex -s 5 -x
+# the extended API on both sides: QPs of ibv_create_qp_ex posted with ibv_wr_* (inline data
+# by ibv_wr_set_inline_data_list), CQs of ibv_create_cq_ex polled with ibv_start_poll
+verify_run extended -s 5 -x -w
+grep -qE " inline [1-9]" <<<"$client_out" || fail "no request was built inline: $(grep -m1 'verify: conn' <<<"$client_out")"
 verify_run conns -s 3 -c 4
 t "$BED" netem loss 2% delay 1ms reorder 25% 50% || fail "scripts/bed netem"
 verify_run loss2 -s 4 -c 2

@@ -348,6 +348,11 @@ impl Connection {
         self.keepalive.deadline(quiet)
     }
 
+    /// How many more send work requests the send queue takes now.
+    pub fn send_queue_room(&self) -> usize {
+        self.cfg.max_send_wr.saturating_sub(self.sq.entries.len())
+    }
+
     /// Queues a send work request. In Error/Closed it completes at once
     /// with `Flush`, as verbs specifies.
     pub fn post_send<M: Memory + ?Sized>(
