@@ -1,0 +1,214 @@
+//! One QP's share of a round of progress: its flow's datagrams in, its timers, its
+//! datagrams out, its completions to their CQs. A part of [`super::Engine`], which owns
+//! the QPs, CQs and tables these functions are handed.
+
+use super::*;
+
+/// Whether the application makes the round, in one of its calls, and may post a reply to
+/// what the round receives.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Attended {
+    Yes,
+    No,
+}
+
+/// One QP's share of a round of [`Engine::progress`].
+#[allow(clippy::too_many_arguments)]
+pub(super) fn progress_one(
+    mrs: &mut MrTable,
+    srqs: Srqs<'_>,
+    cqs: &mut IntMap<CqKey, Cq>,
+    notices: &mut Vec<Notice>,
+    key: QpKey,
+    qp: &mut Qp,
+    now: Instant,
+    who: Attended,
+    p: &mut Progress,
+) {
+    if progress_qp(mrs, srqs, key, qp, now, who, notices) {
+        p.busy = true;
+    }
+    if deliver(cqs, key, qp) {
+        p.busy = true;
+    }
+    if let Some(t) = qp.conn.as_ref().and_then(|c| c.poll_timeout()) {
+        if qp.flow.is_some() {
+            p.deadline = Some(p.deadline.map_or(t, |d| d.min(t)));
+        }
+    }
+}
+
+/// Most receive bursts one round takes from a flow before moving on.
+const MAX_RX_BURSTS: usize = 64;
+
+/// The engine's SRQs and the list of those that fell below their limit.
+type Srqs<'a> = (&'a mut IntMap<SrqKey, (u32, Srq)>, &'a mut Vec<SrqKey>);
+
+#[allow(clippy::too_many_arguments)]
+fn progress_qp(
+    mrs: &mut MrTable,
+    (srqs, srq_limits): Srqs<'_>,
+    key: QpKey,
+    qp: &mut Qp,
+    now: Instant,
+    who: Attended,
+    notices: &mut Vec<Notice>,
+) -> bool {
+    let inline = qp.inline_region();
+    let Some(conn) = qp.conn.as_mut() else {
+        return false;
+    };
+    let mut work = false;
+    if let Some(flow) = qp.flow.as_mut() {
+        let srq = qp.init.srq.and_then(|k| srqs.get_mut(&k)).map(|(_, q)| q);
+        let mut mem = mrs.view(key.0, Some(key.1), inline, srq);
+        // Everything that has arrived first (bounded): a timer must not fire
+        // for data whose acknowledgement is still waiting in the ring.
+        let mut n = 0;
+        for _ in 0..MAX_RX_BURSTS {
+            let k = flow.receive(&mut |dgs| {
+                conn.handle_datagram_burst(now, &mut mem, dgs);
+            });
+            n += k;
+            if k == 0 {
+                break;
+            }
+        }
+        if who == Attended::No {
+            conn.release_held_ack();
+        }
+        if conn.poll_timeout().is_some_and(|t| t <= now) {
+            conn.handle_timeout(now);
+        }
+        let dg = conn.max_datagram();
+        let m = flow.transmit(dg, &mut |buf| conn.poll_transmit(now, &mem, buf));
+        work = n + m > 0 || flow.backlogged();
+    }
+    if let Some(k) = qp.init.srq {
+        if srqs.get_mut(&k).is_some_and(|(_, q)| q.take_limit_event()) {
+            srq_limits.push(k);
+        }
+    }
+    let mut ended = None;
+    while let Some(e) = conn.poll_event() {
+        work = true;
+        match e {
+            Event::PeerClosed => {
+                if qp.end != End::Told {
+                    notices.push(Notice::PeerClosed(key));
+                }
+            }
+            Event::Closed => {
+                // As for a failure: what the connection went through
+                // (URDMA_LOG=info), for applications that exit without
+                // destroying their QPs.
+                crate::log::info(format_args!(
+                    "QP {}/{}: connection closed (conn {:#x} peer {:#x}; stats {:?}, {:?})",
+                    key.0,
+                    key.1,
+                    conn.local_conn(),
+                    conn.peer_conn(),
+                    conn.stats(),
+                    conn.sender_stats()
+                ));
+                ended = Some(0)
+            }
+            Event::Failed(r) => {
+                // The sender's side says what a RetryExceeded waited for: how much was
+                // retransmitted, how many timeouts, the last round-trip estimate.
+                // The ids and sequence numbers pair the two ends' lines of one connection.
+                crate::log::info(format_args!(
+                    "QP {}/{}: connection failed: {r:?} (conn {:#x} peer {:#x} una {:#x} nxt {:#x} expected {:#x}; stats {:?}, {:?}, srtt {:?}, cwnd {})",
+                    key.0,
+                    key.1,
+                    conn.local_conn(),
+                    conn.peer_conn(),
+                    conn.unacked_psn(),
+                    conn.next_psn(),
+                    conn.expected_psn(),
+                    conn.stats(),
+                    conn.sender_stats(),
+                    conn.srtt(),
+                    conn.cwnd()
+                ));
+                qp.failed = true;
+                ended = Some(fail_errno(r))
+            }
+        }
+    }
+    if let Some(status) = ended {
+        if qp.end == End::Open {
+            qp.end = End::Draining {
+                status,
+                until: now + FINAL_SEND_LIMIT,
+            };
+        }
+    }
+    if let End::Draining { status, until } = qp.end {
+        // This round's transmit came after what ended the connection, so it made the last
+        // datagrams; a flow that took them all has nothing left (see FINAL_SEND_LIMIT).
+        if !qp.flow.as_ref().is_some_and(|f| f.backlogged()) || now >= until {
+            qp.end = End::Told;
+            qp.flow = None;
+            notices.push(Notice::Closed(key, status));
+        }
+    }
+    let start = qp.out.len();
+    while let Some(c) = conn.poll_completion() {
+        qp.out.push_back(c);
+    }
+    sends_first(&mut qp.out, start);
+    work
+}
+
+/// Puts the send-queue completions among `out[start..]` (those of one
+/// round) before its receive completions, each queue keeping its order.
+///
+/// trp completes a request when a packet acknowledges it, after it placed
+/// what that packet carries: a message the peer sent after it received
+/// ours can complete before our request does. An application that answers
+/// messages one at a time (verify's ACKs) would see the answer before the
+/// completion of what it answers. Verbs orders each queue's completions,
+/// not the two queues against each other, so this order is as legal as
+/// trp's and respects causality.
+pub(super) fn sends_first(out: &mut VecDeque<Completion>, start: usize) {
+    let mut seen_recv = false;
+    let mut needed = false;
+    for c in out.range(start..) {
+        match c.queue {
+            Queue::Recv => seen_recv = true,
+            Queue::Send if seen_recv => {
+                needed = true;
+                break;
+            }
+            Queue::Send => {}
+        }
+    }
+    if !needed {
+        return;
+    }
+    let round: Vec<Completion> = out.drain(start..).collect();
+    out.extend(round.iter().filter(|c| c.queue == Queue::Send).copied());
+    out.extend(round.iter().filter(|c| c.queue == Queue::Recv).copied());
+}
+
+/// Moves a QP's completions into its CQs while they have room.
+fn deliver(cqs: &mut IntMap<CqKey, Cq>, key: QpKey, qp: &mut Qp) -> bool {
+    let mut any = false;
+    while let Some(c) = qp.out.front() {
+        let cqk = match c.queue {
+            Queue::Send => qp.init.send_cq,
+            Queue::Recv => qp.init.recv_cq,
+        };
+        match cqs.get_mut(&cqk) {
+            Some(cq) if cq.room() == 0 => break,
+            Some(cq) => {
+                cq.push(to_wc(c, key.1), c.solicited);
+            }
+            None => {}
+        }
+        qp.out.pop_front();
+        any = true;
+    }
+    any
+}
