@@ -171,6 +171,25 @@ static int dereg_mr(__u32 mr)
 			  NULL, 0);
 }
 
+static int alloc_mw(__u32 pd, __u32 *mw)
+{
+	struct ib_uverbs_alloc_mw req = { .pd_handle = pd, .mw_type = 1 /* type 1 */ };
+	struct ib_uverbs_alloc_mw_resp resp = {};
+	int rv = uverbs_cmd(IB_USER_VERBS_CMD_ALLOC_MW, &req, sizeof(req),
+			    &resp, sizeof(resp));
+
+	*mw = resp.mw_handle;
+	return rv;
+}
+
+static int dealloc_mw(__u32 mw)
+{
+	struct ib_uverbs_dealloc_mw req = { .mw_handle = mw };
+
+	return uverbs_cmd(IB_USER_VERBS_CMD_DEALLOC_MW, &req, sizeof(req),
+			  NULL, 0);
+}
+
 static int create_cq(__u32 cqe, __u32 *cq)
 {
 	struct ib_uverbs_create_cq req = { .cqe = cqe, .comp_channel = -1 };
@@ -307,6 +326,7 @@ static int do_info(void)
 	printf("max_qp=%u\nmax_qp_wr=%u\nmax_sge=%u\nmax_cq=%u\nmax_cqe=%u\n",
 	       dev_attr.max_qp, dev_attr.max_qp_wr, dev_attr.max_sge,
 	       dev_attr.max_cq, dev_attr.max_cqe);
+	printf("max_mw=%u\n", dev_attr.max_mw);
 	printf("max_mr=%u\nmax_pd=%u\nmax_mr_size=%llu\n", dev_attr.max_mr,
 	       dev_attr.max_pd, (unsigned long long)dev_attr.max_mr_size);
 	printf("max_qp_rd_atom=%u\nmax_qp_init_rd_atom=%u\n",
@@ -495,6 +515,8 @@ static int mk_mr(__u32 *h)
 	return reg_mr(lim_pd, lim_buf, 4096, IB_UVERBS_ACCESS_LOCAL_WRITE, h);
 }
 
+static int mk_mw(__u32 *h) { return alloc_mw(lim_pd, h); }
+
 static int mk_qp(__u32 *h)
 {
 	struct qp_req q = qp_defaults(lim_pd, lim_cq);
@@ -532,6 +554,7 @@ static int do_limits(const char *path, long max_ctx)
 	static const struct kind pd = { "PD", mk_pd, dealloc_pd };
 	static const struct kind cq = { "CQ", mk_cq, destroy_cq };
 	static const struct kind mr = { "MR", mk_mr, dereg_mr };
+	static const struct kind mw = { "MW", mk_mw, dealloc_mw };
 	static const struct kind qp = { "QP", mk_qp, destroy_qp };
 	int main_fd = dev_fd, *fds;
 	long i;
@@ -542,6 +565,7 @@ static int do_limits(const char *path, long max_ctx)
 	check_limit(&cq, dev_attr.max_cq, 0);
 	must(alloc_pd(&lim_pd), "alloc_pd");
 	check_limit(&mr, dev_attr.max_mr, 0);
+	check_limit(&mw, dev_attr.max_mw, 0);
 	must(create_cq(4, &lim_cq), "create_cq");
 	check_limit(&qp, dev_attr.max_qp, 0);
 	must(destroy_cq(lim_cq), "destroy_cq");

@@ -19,14 +19,14 @@ restore() {
 
 dmesg_mark
 build_probe
-reload max_ctx=4 max_pd=8 max_mr=8 max_cq=8 max_qp=8
+reload max_ctx=4 max_pd=8 max_mr=8 max_mw=8 max_cq=8 max_qp=8
 setup_veth
 trap restore EXIT
 
 t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0"
 uv=$(uverbs_dev urdma0) || fail "no uverbs device for urdma0"
 info=$(t "$PROBE" "$uv" info) || fail "probe info: $(tail -n1 <<<"$info")"
-for k in max_qp max_cq max_mr max_pd; do
+for k in max_qp max_cq max_mr max_mw max_pd; do
 	grep -qx "$k=8" <<<"$info" || fail "$k not lowered to 8: $(grep "^$k=" <<<"$info")"
 done
 
