@@ -494,6 +494,11 @@ impl Shared {
             Err((e, permanent)) => {
                 if permanent {
                     self.attach_failed = Some(e);
+                    log::fatal(format_args!(
+                        "cannot attach to urdmad at {} ({}): this process cannot use urdma devices",
+                        path.display(),
+                        std::io::Error::from_raw_os_error(e)
+                    ));
                 }
                 Err(e)
             }

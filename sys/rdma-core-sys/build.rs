@@ -51,6 +51,7 @@ fn main() {
         .allowlist_function("_verbs_init_and_alloc_context")
         .allowlist_function("verbs_uninit_context")
         .allowlist_function("verbs_set_ops")
+        .allowlist_function("__verbs_log")
         .allowlist_function("ibv_cmd_get_context")
         .allowlist_function("ibv_cmd_query_device_any")
         .allowlist_function("ibv_cmd_query_port")

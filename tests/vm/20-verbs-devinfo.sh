@@ -63,6 +63,12 @@ quiet=$(env -u URDMA_LOG timeout 60 ibv_devinfo -d urdma0 2>&1 >/dev/null)
 [ -z "$quiet" ] || fail "ibv_devinfo wrote to stderr without URDMA_LOG: $(head -n1 <<<"$quiet")"
 loud=$(URDMA_LOG=debug timeout 60 ibv_devinfo -d urdma0 2>&1 >/dev/null)
 grep -q "liburdma.*opened urdma device" <<<"$loud" || fail "URDMA_LOG=debug logged nothing about opening the device"
+# Without URDMA_LOG, rdma-core's own variables: VERBS_LOG_LEVEL=4 (debug) into VERBS_LOG_FILE.
+vlog=$(mktemp)
+quiet=$(env -u URDMA_LOG VERBS_LOG_LEVEL=4 VERBS_LOG_FILE="$vlog" timeout 60 ibv_devinfo -d urdma0 2>&1 >/dev/null)
+[ -z "$quiet" ] || fail "VERBS_LOG_FILE set, yet the provider wrote to stderr: $(head -n1 <<<"$quiet")"
+grep -q "liburdma.*opened urdma device" "$vlog" || fail "VERBS_LOG_LEVEL=4 logged nothing about opening the device into VERBS_LOG_FILE"
+rm -f "$vlog"
 
 # The port follows the netdev.
 t ip link set veth0 down || fail "ip link set veth0 down"
