@@ -1,5 +1,9 @@
 //! urdmad logs through `tracing`; DPDK's own log lines are routed into it as well, so that
 //! everything has one format and one level filter.
+//!
+//! To a terminal, lines are coloured; to a file or pipe, plain; to the journal (systemd's
+//! `JOURNAL_STREAM` names stderr), each line carries its priority as `<N>` and no time,
+//! which journald adds itself.
 
 use dpdk_sys as sys;
 use std::os::raw::{c_char, c_int, c_void};
@@ -16,7 +20,13 @@ struct CookieIo {
 extern "C" {
     fn fopencookie(cookie: *mut c_void, mode: *const c_char, funcs: CookieIo) -> *mut libc::FILE;
 }
+use std::fmt;
+use std::io::IsTerminal;
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::filter::ParseError;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
 /// Why logging could not be set up.
@@ -37,12 +47,66 @@ pub fn init(level: &str) -> Result<(), LoggingError> {
         level: level.to_string(),
         error,
     })?;
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init()
-        .map_err(|error| LoggingError::Install { error })
+        .with_target(false);
+    let r = if stderr_is_journal() {
+        fmt.with_ansi(false).event_format(JournalLine).try_init()
+    } else {
+        fmt.with_ansi(std::io::stderr().is_terminal()).try_init()
+    };
+    r.map_err(|error| LoggingError::Install { error })
+}
+
+/// Whether stderr is the journal's stream: `JOURNAL_STREAM` (`DEV:INODE`) names it.
+fn stderr_is_journal() -> bool {
+    let Some((dev, ino)) = std::env::var("JOURNAL_STREAM")
+        .ok()
+        .and_then(|v| parse_journal_stream(&v))
+    else {
+        return false;
+    };
+    // SAFETY: fstat of a descriptor number into a zeroed stat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let ok = unsafe { libc::fstat(2, &mut st) } == 0;
+    ok && st.st_dev == dev && st.st_ino == ino
+}
+
+fn parse_journal_stream(v: &str) -> Option<(u64, u64)> {
+    let (dev, ino) = v.trim().split_once(':')?;
+    Some((dev.parse().ok()?, ino.parse().ok()?))
+}
+
+/// The syslog priority of a level, as journald reads a `<N>` prefix.
+fn priority(level: &Level) -> u8 {
+    match *level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        Level::DEBUG | Level::TRACE => 7,
+    }
+}
+
+/// One journal line: `<N>` and the event's fields.
+struct JournalLine;
+
+impl<S, N> FormatEvent<S, N> for JournalLine
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        write!(w, "<{}>", priority(event.metadata().level()))?;
+        ctx.format_fields(w.by_ref(), event)?;
+        writeln!(w)
+    }
 }
 
 unsafe extern "C" fn write_dpdk_log(
@@ -99,4 +163,50 @@ pub fn dpdk_level_arg(level: &str) -> String {
         _ => sys::RTE_LOG_WARNING,
     };
     format!("--log-level={l}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn journal_lines_carry_the_priority_and_nothing_else() {
+        let out = Captured::default();
+        let w = out.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_max_level(Level::DEBUG)
+            .with_writer(move || w.clone())
+            .with_ansi(false)
+            .event_format(JournalLine)
+            .finish();
+        tracing::subscriber::with_default(sub, || {
+            tracing::error!("port {} down", 1);
+            tracing::warn!(qp = 7, "slow");
+            tracing::info!("up");
+            tracing::debug!("detail");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text, "<3>port 1 down\n<4>slow qp=7\n<6>up\n<7>detail\n");
+    }
+
+    #[test]
+    fn journal_stream_is_dev_and_inode() {
+        assert_eq!(parse_journal_stream("8:12345"), Some((8, 12345)));
+        assert_eq!(parse_journal_stream("8:x"), None);
+        assert_eq!(parse_journal_stream(""), None);
+    }
 }
