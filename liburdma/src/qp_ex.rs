@@ -369,6 +369,20 @@ unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u6
     unsafe { push(qp, Work::Wire(SendOp::RdmaRead { remote_addr, rkey })) }
 }
 
+/// Starts an atomic on the 8 bytes at `remote_addr`.
+///
+/// # Safety
+/// As for [`batch`].
+unsafe fn push_atomic(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, op: AtomicOp) {
+    let atomic = SendOp::Atomic {
+        remote_addr,
+        rkey,
+        op,
+    };
+    // SAFETY: per the contract.
+    unsafe { push(qp, Work::Wire(atomic)) }
+}
+
 unsafe extern "C" fn wr_atomic_cmp_swp(
     qp: *mut ibv_qp_ex,
     rkey: u32,
@@ -378,16 +392,7 @@ unsafe extern "C" fn wr_atomic_cmp_swp(
 ) {
     let op = AtomicOp::compare_swap(compare, swap);
     // SAFETY: as for wr_send.
-    unsafe {
-        push(
-            qp,
-            Work::Wire(SendOp::Atomic {
-                remote_addr,
-                rkey,
-                op,
-            }),
-        )
-    }
+    unsafe { push_atomic(qp, rkey, remote_addr, op) }
 }
 
 unsafe extern "C" fn wr_atomic_fetch_add(
@@ -396,18 +401,8 @@ unsafe extern "C" fn wr_atomic_fetch_add(
     remote_addr: u64,
     add: u64,
 ) {
-    let op = AtomicOp::fetch_add(add);
     // SAFETY: as for wr_send.
-    unsafe {
-        push(
-            qp,
-            Work::Wire(SendOp::Atomic {
-                remote_addr,
-                rkey,
-                op,
-            }),
-        )
-    }
+    unsafe { push_atomic(qp, rkey, remote_addr, AtomicOp::fetch_add(add)) }
 }
 
 unsafe extern "C" fn wr_bind_mw(
@@ -439,17 +434,29 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, len: u
     }
 }
 
+/// The application's list of `n` entries at `list`; None (the batch failed) when it is
+/// longer than a request takes or missing.
+///
+/// # Safety
+/// `list` points to `n` entries when it is not null.
+unsafe fn parts<'a, T>(b: &mut Batch, n: usize, list: *const T) -> Option<&'a [T]> {
+    if n > MAX_PARTS || (n > 0 && list.is_null()) {
+        b.fail(libc::EINVAL);
+        return None;
+    }
+    Some(match n {
+        0 => &[],
+        // SAFETY: per the contract.
+        _ => unsafe { std::slice::from_raw_parts(list, n) },
+    })
+}
+
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     // SAFETY: as for wr_send.
     let b = unsafe { batch(qp) }.0;
-    if n > MAX_PARTS || (n > 0 && list.is_null()) {
-        b.fail(libc::EINVAL);
+    // SAFETY: the application's list of n SGEs.
+    let Some(list) = (unsafe { parts(b, n, list) }) else {
         return;
-    }
-    let list = match n {
-        0 => &[][..],
-        // SAFETY: the application's list of n SGEs.
-        _ => unsafe { std::slice::from_raw_parts(list, n) },
     };
     if let Some(r) = b.last() {
         r.sges = list
@@ -476,14 +483,9 @@ unsafe extern "C" fn wr_set_inline_data_list(
 ) {
     // SAFETY: as for wr_send.
     let b = unsafe { batch(qp) }.0;
-    if n > MAX_PARTS || (n > 0 && list.is_null()) {
-        b.fail(libc::EINVAL);
+    // SAFETY: the application's list of n buffers.
+    let Some(list) = (unsafe { parts(b, n, list) }) else {
         return;
-    }
-    let list = match n {
-        0 => &[][..],
-        // SAFETY: the application's list of n buffers.
-        _ => unsafe { std::slice::from_raw_parts(list, n) },
     };
     let mut bytes = Vec::new();
     for d in list {
