@@ -161,4 +161,11 @@ impl Flow for SocketFlow {
     fn wakes_itself(&self) -> bool {
         true
     }
+
+    /// The child's copies of the socket and its mapped rings are its own to close and
+    /// unmap; the epoll set was renewed (`runtime`), so taking the socket out of it leaves
+    /// the parent's set alone.
+    fn forked(&mut self) {
+        self.ring.forked();
+    }
 }

@@ -10,6 +10,7 @@
 
 use std::ffi::c_void;
 use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use dpdk_sys as sys;
@@ -29,8 +30,15 @@ const BURST: usize = 32;
 /// signal mask, so the application's threads keep their affinity and
 /// signals.
 pub fn eal_init(a: &Attachment) -> Result<(), String> {
-    secondary::eal_init(a, "liburdma").map_err(|e| e.to_string())
+    secondary::eal_init(a, "liburdma").map_err(|e| e.to_string())?;
+    // The first success is the process that initialised EAL; a child forked later
+    // finds EAL up and this already set.
+    let _ = EAL_PID.compare_exchange(0, std::process::id(), Ordering::Relaxed, Ordering::Relaxed);
+    Ok(())
 }
+
+/// The process that initialised EAL (0: none has).
+static EAL_PID: AtomicU32 = AtomicU32::new(0);
 
 /// Lets go of urdmad's DPDK state once urdmad is gone (EAL initialised and
 /// nothing of the process using a ring or mbuf any more): unmaps its
@@ -42,6 +50,10 @@ pub fn eal_init(a: &Attachment) -> Result<(), String> {
 /// initialise while any process holds those locks, nor would its hugepages
 /// be freed. EAL cannot be initialised again in this process, so it stays
 /// without urdmad for good.
+///
+/// A child forked after EAL came up only unlocks: `rte_eal_cleanup` would wait for EAL
+/// threads that exist in the parent alone, and remove the parent's multi-process socket.
+/// The locks belong to descriptions the parent shares, and urdmad is gone for it too.
 pub fn detach() {
     static DONE: std::sync::Once = std::sync::Once::new();
     if !secondary::eal_is_up() {
@@ -52,9 +64,11 @@ pub fn detach() {
         let dir = unsafe { std::ffi::CStr::from_ptr(sys::rte_eal_get_runtime_dir()) }
             .to_string_lossy()
             .into_owned();
-        // SAFETY: EAL is up; the caller guarantees nothing uses a DPDK
-        // object any more (every flow is dropped and no new one can be made).
-        unsafe { sys::rte_eal_cleanup() };
+        if EAL_PID.load(Ordering::Relaxed) == std::process::id() {
+            // SAFETY: EAL is up, initialised by this process; the caller guarantees nothing
+            // uses a DPDK object any more (every flow is dropped and no new one can be made).
+            unsafe { sys::rte_eal_cleanup() };
+        }
         unlock_files_under(Path::new(&dir));
     });
 }
@@ -343,6 +357,12 @@ impl Flow for DpdkFlow {
 
     fn backlogged(&self) -> bool {
         self.backlogged
+    }
+
+    fn forked(&mut self) {
+        // The spare is the parent's, and giving it back would make the child a second
+        // producer on the parent's free ring.
+        self.spare = std::ptr::null_mut();
     }
 }
 

@@ -55,6 +55,10 @@ pub trait Flow: Send {
     fn wakes_itself(&self) -> bool {
         false
     }
+    /// The process was forked and this is the child's copy of a flow that stays the
+    /// parent's: let go of nothing the parent still uses (the rings' buffers are shared),
+    /// so that dropping the flow afterwards frees only the child's own copies.
+    fn forked(&mut self) {}
 }
 
 /// What a QP was created with.
@@ -608,6 +612,22 @@ impl Engine {
         }
         self.progress(now);
         self.notices.clear();
+    }
+
+    /// In the child of a fork(): every QP is the parent's, and its connection goes on in
+    /// the parent. The child forgets them (a post on one fails with `EINVAL`) without
+    /// touching what the parent shares with it; CQs, SRQs and the MR table stay, as copies
+    /// over the child's own memory.
+    pub fn forked(&mut self) {
+        let mut qps = std::mem::take(&mut self.qps);
+        for qp in qps.values_mut() {
+            if let Some(f) = qp.flow.as_mut() {
+                f.forked();
+            }
+        }
+        drop(qps);
+        self.notices.clear();
+        self.turn = None;
     }
 
     /// Stops using the flow of a QP (its connection is over for urdmad).

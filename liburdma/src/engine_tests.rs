@@ -1287,3 +1287,94 @@ mod srq;
 
 #[path = "engine_mw_tests.rs"]
 mod mw;
+
+/// A flow that says whether it was told of a fork before it was dropped.
+struct Forkable {
+    inner: MemFlow,
+    told: Arc<AtomicBool>,
+    dropped_after: Arc<AtomicBool>,
+}
+
+impl Flow for Forkable {
+    fn receive(&mut self, handle: &mut dyn FnMut(&[&[u8]])) -> usize {
+        self.inner.receive(handle)
+    }
+    fn transmit(
+        &mut self,
+        datagram: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> usize {
+        self.inner.transmit(datagram, fill)
+    }
+    fn forked(&mut self) {
+        self.told.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Forkable {
+    fn drop(&mut self) {
+        let told = self.told.load(Ordering::SeqCst);
+        self.dropped_after.store(told, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_forked_child_forgets_the_parents_qps_and_keeps_its_cqs_and_mrs() {
+    let mut t = Bed::new();
+    t.connect();
+    let (told, dropped_after) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    t.e.qps.get_mut(&A).unwrap().flow = Some(Box::new(Forkable {
+        inner: MemFlow {
+            rx: t.ba.clone(),
+            tx: t.ab.clone(),
+        },
+        told: told.clone(),
+        dropped_after: dropped_after.clone(),
+    }));
+    let mut buf = vec![0u8; 64];
+    let addr = t.reg(1, 0x300, 1, &mut buf, Access::LOCAL_WRITE);
+    let s = [Sge {
+        addr,
+        len: 64,
+        lkey: 0x300,
+    }];
+    // Work in flight in the parent: a send not yet acknowledged, a receive posted.
+    t.e.post_recv(A, 1, &s).unwrap();
+    t.e.post_send(A, &send(2, &s)).unwrap();
+    t.e.progress(t.now);
+    t.ab.lock().unwrap().clear();
+
+    t.e.forked();
+    assert!(told.load(Ordering::SeqCst), "each flow hears of the fork");
+    assert!(
+        dropped_after.load(Ordering::SeqCst),
+        "and only then is dropped"
+    );
+    assert!(!t.e.has_qp(A) && !t.e.has_qp(B));
+    assert_eq!(t.e.deadline(), None, "no timer of the parent's runs on");
+    assert!(t.e.take_notices().is_empty(), "nothing to tell urdmad");
+    assert_eq!(
+        t.e.post_send(A, &send(3, &s)),
+        Err(PostFail::Errno(libc::EINVAL))
+    );
+    t.run(100);
+    assert!(
+        t.ab.lock().unwrap().is_empty(),
+        "nothing sent for the parent"
+    );
+    assert!(t.poll(ACQ).is_empty(), "no completion of the parent's work");
+    // The child's own QP, on the CQ and with the MR it inherited, works.
+    const C: QpKey = (1, 30);
+    t.e.create_qp(C, init(1, ACQ));
+    t.e.post_recv(C, 4, &s).unwrap();
+    assert!(t.e.cq(ACQ).is_some());
+    t.e.create_qp(B, init(2, BCQ));
+    connect_pair(&mut t.e, C, B, (&t.ab, &t.ba), t.now);
+    t.e.post_send(B, &send(5, &[])).unwrap();
+    t.run(20);
+    let got: Vec<_> = t.poll(ACQ).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(4, IBV_WC_SUCCESS)]);
+}

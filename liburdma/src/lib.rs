@@ -22,6 +22,7 @@ pub mod device;
 mod direct;
 mod dpdk;
 pub mod engine;
+mod fork;
 mod guard;
 mod int_hash;
 mod log;

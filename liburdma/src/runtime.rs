@@ -9,9 +9,19 @@
 //! (`/sys/class/infiniband/<dev>/urdmad`), connects, sends `ATTACH`, starts
 //! the helper thread, which initialises EAL as urdmad's secondary, and
 //! registers the QP (`QP dev= qpn=`). A process attaches once, to one
-//! urdmad: it may use devices served by that urdmad only. An attachment
-//! belongs to the process that made it; a child forked after it cannot
-//! create QPs.
+//! urdmad: it may use devices served by that urdmad only.
+//!
+//! # fork()
+//! An attachment belongs to the process that made it. The child of an
+//! attached process ([`crate::fork`]) lets go of its copy at once: the QPs
+//! (which stay the parent's), the control connection, and the helper's
+//! eventfd, timerfd and epoll set (shared objects after fork, replaced by
+//! fresh ones under the same descriptor numbers). Its first `create_qp`
+//! attaches it as a process of its own: a new control connection and
+//! `ATTACH`, so new rings, and a helper thread of its own. EAL is not
+//! initialised again: the child has the parent's, whose memory is urdmad's
+//! shared memory mapped at the same addresses, and its threads are not
+//! needed to use the rings.
 //!
 //! # Progress
 //! The application's own calls drive progress: `poll_cq` receives, runs
@@ -177,7 +187,6 @@ pub fn now() -> Instant {
 struct Attached {
     /// The control socket path it was found at.
     path: PathBuf,
-    pid: u32,
     /// None once urdmad has closed the connection.
     ctl: Option<Control>,
     rings: Rings,
@@ -209,22 +218,25 @@ struct Runtime {
 
 fn rt() -> &'static Runtime {
     static RT: OnceLock<Runtime> = OnceLock::new();
-    RT.get_or_init(|| Runtime {
-        state: Mutex::new(Shared {
-            engine: Engine::new(),
-            attached: None,
-            attach_failed: None,
-            helper_sleep: None,
-            armed: false,
-            event_look: Instant::ZERO,
-        }),
-        kick: OnceLock::new(),
-        alarm: OnceLock::new(),
-        sockets: OnceLock::new(),
+    RT.get_or_init(|| {
+        crate::fork::watch();
+        Runtime {
+            state: Mutex::new(Shared {
+                engine: Engine::new(),
+                attached: None,
+                attach_failed: None,
+                helper_sleep: None,
+                armed: false,
+                event_look: Instant::ZERO,
+            }),
+            kick: OnceLock::new(),
+            alarm: OnceLock::new(),
+            sockets: OnceLock::new(),
+        }
     })
 }
 
-fn lock() -> MutexGuard<'static, Shared> {
+pub(crate) fn lock() -> MutexGuard<'static, Shared> {
     lock_of(&rt().state)
 }
 
@@ -462,12 +474,6 @@ impl Shared {
     /// already (to the same one).
     pub fn ensure_attached(&mut self, path: &Path) -> Result<(), i32> {
         if let Some(a) = &self.attached {
-            if a.pid != std::process::id() {
-                log::error(format_args!(
-                    "this process was forked after its parent attached to urdmad: it cannot create QPs"
-                ));
-                return Err(libc::EINVAL);
-            }
             if a.path != path {
                 log::error(format_args!(
                     "a process may use the devices of one urdmad only: attached to {}, device served by {}",
@@ -503,6 +509,32 @@ impl Shared {
                 Err(e)
             }
         }
+    }
+
+    /// In the child of a fork(), before fork() returns there, with the lock taken before
+    /// the fork (no thread can have held it then): lets go of the parent's attachment,
+    /// keeping nothing that the parent still uses (see the module's comment).
+    pub(crate) fn forked(&mut self) {
+        if !renew_descriptors() {
+            log::error(format_args!(
+                "forked: cannot make the progress thread's descriptors: this process cannot attach to urdmad"
+            ));
+            self.attach_failed.get_or_insert(libc::EMFILE);
+        }
+        self.engine.forked();
+        if let Some(a) = self.attached.take() {
+            if a.ctl.is_none() {
+                // The parent lost urdmad and let go of EAL's memory: nothing to attach with.
+                self.attach_failed.get_or_insert(libc::ENOTCONN);
+            }
+            // Dropping closes the child's copies of the control socket, of the packet
+            // sockets urdmad passed and of the doorbell's socket; the parent's stay open.
+            drop(a);
+        }
+        self.helper_sleep = None;
+        self.armed = false;
+        self.event_look = Instant::ZERO;
+        IN_CALLS.store(0, Ordering::Relaxed);
     }
 
     /// urdmad's control connection, while it lasts.
@@ -782,32 +814,17 @@ fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
             return Err((libc::ECONNREFUSED, false));
         }
     };
-    // SAFETY: plain eventfd creation.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err((crate::guard::errno(), false));
+    // The first attachment makes them; a forked child's attachment finds them renewed.
+    for (cell, make) in helper_descriptors() {
+        if cell.get().is_none() {
+            let fd = make();
+            if fd < 0 {
+                return Err((crate::guard::errno(), false));
+            }
+            // SAFETY: a fresh descriptor we own.
+            let _ = cell.set(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
     }
-    // SAFETY: a fresh descriptor we own.
-    let _ = rt().kick.set(unsafe { OwnedFd::from_raw_fd(fd) });
-    // SAFETY: plain timerfd creation.
-    let fd = unsafe {
-        libc::timerfd_create(
-            libc::CLOCK_MONOTONIC,
-            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err((crate::guard::errno(), false));
-    }
-    // SAFETY: a fresh descriptor we own.
-    let _ = rt().alarm.set(unsafe { OwnedFd::from_raw_fd(fd) });
-    // SAFETY: plain epoll creation.
-    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if fd < 0 {
-        return Err((crate::guard::errno(), false));
-    }
-    // SAFETY: a fresh descriptor we own.
-    let _ = rt().sockets.set(unsafe { OwnedFd::from_raw_fd(fd) });
     let (tx, rx) = std::sync::mpsc::channel();
     let attachment = a.clone();
     let started = std::time::Instant::now();
@@ -844,10 +861,67 @@ fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
     ));
     Ok(Attached {
         path: path.to_owned(),
-        pid: std::process::id(),
         ctl: Some(ctl),
         rings,
     })
+}
+
+/// A new descriptor for one of the helper's three, or -1 (`errno` says why).
+type MakeFd = fn() -> i32;
+
+/// The helper's descriptors, each with how to make it: the kick (an eventfd), the alarm (a
+/// timerfd on the clock of [`now`]) and the epoll set of the direct path's sockets.
+fn helper_descriptors() -> [(&'static OnceLock<OwnedFd>, MakeFd); 3] {
+    fn kick() -> i32 {
+        // SAFETY: plain eventfd creation.
+        unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) }
+    }
+    fn alarm() -> i32 {
+        // SAFETY: plain timerfd creation.
+        unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        }
+    }
+    fn sockets() -> i32 {
+        // SAFETY: plain epoll creation.
+        unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) }
+    }
+    let r = rt();
+    [(&r.kick, kick), (&r.alarm, alarm), (&r.sockets, sockets)]
+}
+
+/// In a forked child: the helper's descriptors name objects the parent still uses (a kick
+/// would wake the parent's helper, an alarm set would move its alarm, a socket taken out of
+/// the epoll set would leave the parent's). Each is replaced by a fresh one under the same
+/// number, so that nothing holding the number needs to hear of it. False if one could not
+/// be made (it is closed then, and the child must not attach).
+fn renew_descriptors() -> bool {
+    let mut all = true;
+    for (cell, make) in helper_descriptors() {
+        let Some(old) = cell.get() else { continue };
+        let fresh = make();
+        // SAFETY: `fresh` is ours; `old` is the cell's descriptor, which keeps its number
+        // and now names the fresh object (or /dev/null's, if none could be made).
+        unsafe {
+            if fresh >= 0 && libc::dup3(fresh, old.as_raw_fd(), libc::O_CLOEXEC) >= 0 {
+                libc::close(fresh);
+                continue;
+            }
+            if fresh >= 0 {
+                libc::close(fresh);
+            }
+            all = false;
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if null >= 0 {
+                libc::dup3(null, old.as_raw_fd(), libc::O_CLOEXEC);
+                libc::close(null);
+            }
+        }
+    }
+    all
 }
 
 /// Starts a thread with every signal blocked (set around the spawn, so
@@ -1166,7 +1240,6 @@ mod tests {
             engine: Engine::new(),
             attached: Some(Attached {
                 path: dir.join("urdmad.sock"),
-                pid: std::process::id(),
                 ctl: Some(ctl),
                 rings: Rings::none(),
             }),
@@ -1254,6 +1327,43 @@ mod tests {
             assert!(asking.join().unwrap().is_err());
         });
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn renewed_descriptors_keep_their_numbers_and_leave_the_parents_objects_alone() {
+        for (cell, make) in helper_descriptors() {
+            if cell.get().is_none() {
+                // SAFETY: a fresh descriptor we own.
+                let _ = cell.set(unsafe { OwnedFd::from_raw_fd(make()) });
+            }
+        }
+        let kick = rt().kick.get().unwrap().as_raw_fd();
+        // What the parent keeps: the same eventfd under another number.
+        // SAFETY: duplicating our own descriptor.
+        let parents = unsafe { OwnedFd::from_raw_fd(libc::dup(kick)) };
+        let read = |fd: i32| {
+            let mut v = 0u64;
+            // SAFETY: reading 8 bytes of a non-blocking eventfd into a local.
+            let n = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+            (n == 8).then_some(v)
+        };
+        kick_helper();
+        assert!(renew_descriptors());
+        assert_eq!(rt().kick.get().unwrap().as_raw_fd(), kick);
+        assert_eq!(read(kick), None, "the number names a fresh eventfd");
+        kick_helper();
+        assert_eq!(
+            read(parents.as_raw_fd()),
+            Some(1),
+            "the parent's saw one kick"
+        );
+        assert_eq!(read(kick), Some(1));
+        // The fresh ones keep close-on-exec.
+        for (cell, _) in helper_descriptors() {
+            // SAFETY: querying our own descriptor's flags.
+            let flags = unsafe { libc::fcntl(cell.get().unwrap().as_raw_fd(), libc::F_GETFD) };
+            assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        }
     }
 
     #[test]

@@ -47,13 +47,8 @@ suite=$OUT/rdma-core-suite/tests
 
 # urdma's failures and errors that are accepted: test id (module.Class.method) -> why. Each is
 # in docs/verbs.md, "rdma-core's test suite", iWARP's limits and urdma's defects apart.
-FORK="urdma defect: the test process made QPs in earlier modules (attaching it to urdmad), then forks both rdmacm ends, and a process forked after its parent attached cannot create QPs (EINVAL; runtime.rs, Shared::ensure_attached); in a fresh process it passes"
 JOINED="RC QPs joined by ibv_modify_qp (GID, QPN), without rdma_cm: an iWARP QP is connected only by iw_cm"
 declare -A ALLOW=(
-	[test_rdmacm.CMTestCase.test_rdmacm_sync_traffic]=$FORK
-	[test_rdmacm.CMTestCase.test_rdmacm_async_reject_traffic]=$FORK
-	[test_rdmacm.CMTestCase.test_rdmacm_async_read]=$FORK
-	[test_rdmacm.CMTestCase.test_rdmacm_async_write]=$FORK
 	[test_qp.QPTest.test_query_rc_qp]="wants a new QP of an RNIC to query as INIT (cxgb4 reports its idle state so); urdma.ko reports RESET, the state verbs gives a new QP (siw fails it too)"
 	[test_atomic.AtomicTest.test_atomic_cmp_and_swap]="RC QPs joined by ibv_modify_qp (GID, QPN), without rdma_cm: an iWARP QP is connected only by iw_cm (urdma: post_send EINVAL, not connected; siw: the RTS modify EINVAL)"
 	[test_atomic.AtomicTest.test_atomic_fetch_and_add]=$JOINED
