@@ -1,4 +1,4 @@
-//! With the `daemon` feature: generates the Rust view of `struct urdma_cm_msg` (the
+//! Generates the Rust view of `struct urdma_cm_msg` (the
 //! /dev/urdma_cm messages) from the header urdma.ko compiles too, kmod/urdma-abi.h.
 
 fn main() {
@@ -10,11 +10,9 @@ fn main() {
             println!("cargo:rustc-link-arg={a}");
         }
     }
-    #[cfg(feature = "daemon")]
     generate();
 }
 
-#[cfg(feature = "daemon")]
 fn generate() {
     use std::env;
     use std::path::PathBuf;

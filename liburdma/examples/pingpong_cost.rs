@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use trp::{Access, Connecting, Instant, Region, SendOp, Sge};
 use urdma::engine::{Engine, Flow, QpInit, QpKey, SendReq};
-use urdmad::frame::{self, Endpoints, HEADERS};
-use urdmad::proto::{Connected, Role};
+use urdma_shared::frame::{self, Endpoints, HEADERS};
+use urdma_shared::proto::{Connected, Role};
 
 /// Frames one way: buffers kept for reuse, so that the harness allocates nothing per frame.
 #[derive(Default)]
@@ -201,7 +201,7 @@ impl FrameFlow {
 fn connect(a: &mut End, b: &mut End, ab: *mut Wire, ba: *mut Wire, now: Instant) {
     let cfg = trp::Config {
         pd: 1,
-        ..urdmad::proto::connection_config(16, 16, 1472, true)
+        ..urdma_shared::proto::connection_config(16, 16, 1472, true)
     };
     let mut c = Connecting::new(cfg, 0xA, 100, b"", now).expect("connecting");
     let mut req = vec![0u8; 1500];

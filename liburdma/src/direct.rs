@@ -1,4 +1,4 @@
-//! A connected QP's [`Flow`] on the direct path (`urdmad::direct`): its frames come and go
+//! A connected QP's [`Flow`] on the direct path (`urdma_shared::direct`): its frames come and go
 //! through the connection's own packet socket, whose rings are mapped here, instead of
 //! through urdmad.
 //!
@@ -7,8 +7,8 @@
 
 use std::os::fd::{OwnedFd, RawFd};
 
-use urdmad::direct::{Geometry, Rings};
-use urdmad::frame::{self, Endpoints, HEADERS};
+use urdma_shared::direct::{Geometry, Rings};
+use urdma_shared::frame::{self, Endpoints, HEADERS};
 
 use crate::dpdk::DpdkFlow;
 use crate::engine::Flow;

@@ -1,6 +1,6 @@
 //! The process as urdmad's DPDK secondary: EAL initialisation (once per
 //! process), the rings urdmad hands out (the process's mbuf rings,
-//! `urdmad::lending`, and a TX ring per port), and a connected QP's
+//! `urdma_shared::lending`, and a TX ring per port), and a connected QP's
 //! [`Flow`] over its RX ring and its port's TX ring.
 //!
 //! Ring discipline (docs/urdmad.md): the process is the only consumer of
@@ -14,13 +14,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use dpdk_sys as sys;
-use urdmad::doorbell::Ringer;
-use urdmad::lending::Borrower;
-use urdmad::proto::Attachment;
-use urdmad::secondary;
+use urdma_shared::doorbell::Ringer;
+use urdma_shared::lending::Borrower;
+use urdma_shared::proto::Attachment;
+use urdma_shared::secondary;
 
 use crate::engine::Flow;
-use urdmad::frame::{self, Endpoints, HEADERS};
+use urdma_shared::frame::{self, Endpoints, HEADERS};
 
 const BURST: usize = 32;
 

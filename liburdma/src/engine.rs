@@ -22,7 +22,7 @@ use crate::cq::{post_errno, to_wc, Cq, Notify};
 use crate::int_hash::IntMap;
 use crate::mem::{Bind, InlineBuf, MrTable, INLINE_STAG};
 use crate::qp_table::QpTable;
-use urdmad::proto::{Connected, Role};
+use urdma_shared::proto::{Connected, Role};
 
 /// (device id, QP number).
 pub type QpKey = (u32, u32);

@@ -6,7 +6,7 @@ use rdma_core_sys::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use trp::{Config, Region};
-use urdmad::proto::{Connected, Role};
+use urdma_shared::proto::{Connected, Role};
 
 type Wire = Arc<Mutex<VecDeque<Vec<u8>>>>;
 

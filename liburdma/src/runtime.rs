@@ -80,8 +80,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::Duration;
 
 use trp::Instant;
-use urdmad::client::Connection as Control;
-use urdmad::proto::{Event, Request, Response};
+use urdma_shared::client::Connection as Control;
+use urdma_shared::proto::{Event, Request, Response};
 
 use crate::direct::SocketFlow;
 use crate::dpdk::{self, DpdkFlow, Rings};
@@ -351,7 +351,7 @@ fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
                 }
                 return match r? {
                     Response::Ok => Ok(()),
-                    other => Err(urdmad::client::refusal(other)),
+                    other => Err(urdma_shared::client::refusal(other)),
                 };
             }
             if now >= deadline {
@@ -577,7 +577,7 @@ impl Shared {
     fn expect_ok(&mut self, req: &Request, now: Instant) -> Result<(), String> {
         match self.request(req, now)? {
             Response::Ok => Ok(()),
-            other => Err(urdmad::client::refusal(other)),
+            other => Err(urdma_shared::client::refusal(other)),
         }
     }
 
@@ -778,7 +778,7 @@ impl Shared {
 /// connection's socket, through urdmad's rings otherwise.
 fn make_flow(
     ring: DpdkFlow,
-    c: &urdmad::proto::Connected,
+    c: &urdma_shared::proto::Connected,
     sock: Option<OwnedFd>,
 ) -> Result<Box<dyn Flow>, String> {
     if c.direct == 0 {
@@ -792,7 +792,7 @@ fn make_flow(
         .ok_or("no epoll set for the direct path")?
         .as_raw_fd();
     let ep = ring.endpoints();
-    let geo = urdmad::direct::Geometry::new(c.datagram, c.direct);
+    let geo = urdma_shared::direct::Geometry::new(c.datagram, c.direct);
     Ok(Box::new(SocketFlow::new(ring, sock, geo, ep, epoll)?))
 }
 
@@ -806,7 +806,10 @@ fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
     let a = match ctl.request(&Request::Attach) {
         Ok(Response::Attached(a)) => a,
         Ok(other) => {
-            log::error(format_args!("ATTACH: {}", urdmad::client::refusal(other)));
+            log::error(format_args!(
+                "ATTACH: {}",
+                urdma_shared::client::refusal(other)
+            ));
             return Err((libc::EPERM, false));
         }
         Err(e) => {
@@ -1173,7 +1176,7 @@ mod tests {
             std::io::BufReader::new(&s).read_line(&mut line).unwrap();
             assert!(line.starts_with("HELLO "), "{line}");
             let hello = Response::Hello {
-                version: urdmad::proto::VERSION,
+                version: urdma_shared::proto::VERSION,
                 daemon: "fake".into(),
             };
             (&s).write_all(hello.encode().as_bytes()).unwrap();

@@ -146,7 +146,7 @@ fn dynamic_args() -> Vec<String> {
 /// which took ~10 s per application under emulation and maps drivers (mlx5's among them,
 /// with its own libibverbs provider) into every RDMA application. The statically linked
 /// EAL loads none. The pool's operations come from the ring driver's archive, linked whole
-/// for its constructor, which registers them; `urdmad::secondary` checks that the pool's
+/// for its constructor, which registers them; `urdma_shared::secondary` checks that the pool's
 /// operations index names the same operations in both processes.
 const SECONDARY_STATIC: &[&str] = &[
     "-Wl,--exclude-libs,ALL",

@@ -350,7 +350,15 @@ impl PortFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::direct::tests::{sa, udp};
+
+    fn sa(s: &str) -> std::net::SocketAddrV4 {
+        s.parse().unwrap()
+    }
+
+    /// A UDP frame from `src` to `dst`.
+    fn udp(src: &str, dst: &str) -> Vec<u8> {
+        crate::frame::udp_frame([2; 6], [4; 6], sa(src), sa(dst), b"payload")
+    }
     use crate::frame;
 
     /// Runs in the kernel: needs `CAP_BPF`, as urdmad does.

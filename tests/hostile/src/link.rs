@@ -19,9 +19,9 @@ pub struct Datagram<'a> {
 }
 
 /// The UDP datagram a frame carries, if it carries a whole one whose checksums hold
-/// (`urdmad::frame`, the framing every part of urdma uses).
+/// (`urdma_shared::frame`, the framing every part of urdma uses).
 pub fn parse(frame: &[u8]) -> Option<Datagram<'_>> {
-    let d = urdmad::frame::datagram(frame)?;
+    let d = urdma_shared::frame::datagram(frame)?;
     Some(Datagram {
         dst_mac: frame.get(0..6)?.try_into().ok()?,
         src_mac: frame.get(6..12)?.try_into().ok()?,
@@ -40,7 +40,7 @@ pub fn frame(
     dst: SocketAddrV4,
     payload: &[u8],
 ) -> Vec<u8> {
-    urdmad::frame::udp_frame(dst_mac, src_mac, src, dst, payload)
+    urdma_shared::frame::udp_frame(dst_mac, src_mac, src, dst, payload)
 }
 
 /// A packet socket bound to one interface: every frame that crosses it, sent or received.

@@ -45,7 +45,7 @@ const ETH_P_IP: u16 = 0x0800;
 const PACKET_VNET_HDR: i32 = 15;
 const VNET_HDR: usize = 10;
 /// A filter's verdict that keeps the frame (the bytes of it to keep: all).
-pub(crate) const ACCEPT: u32 = 0x0004_0000;
+pub const ACCEPT: u32 = 0x0004_0000;
 
 /// The rings of a connection's socket: `frames` slots of `frame_size` bytes each way.
 /// Both sides compute it from what `EVENT CONNECTED` says (the datagram size and the frame
@@ -128,16 +128,17 @@ const LDX_MSH: u32 = libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH;
 const RET: u32 = libc::BPF_RET | libc::BPF_K;
 const PKTTYPE: u32 = (libc::SKF_AD_OFF + libc::SKF_AD_PKTTYPE) as u32;
 /// Offsets in an Ethernet frame with an IPv4 header.
-pub(crate) const ETHERTYPE_AT: u32 = 12;
-pub(crate) const PROTO_AT: u32 = 23;
-pub(crate) const FRAG_AT: u32 = 20;
-pub(crate) const SADDR_AT: u32 = 26;
-pub(crate) const DADDR_AT: u32 = 30;
-pub(crate) const IHL_AT: u32 = 14;
+pub const ETHERTYPE_AT: u32 = 12;
+pub const PROTO_AT: u32 = 23;
+pub const FRAG_AT: u32 = 20;
+pub const SADDR_AT: u32 = 26;
+pub const DADDR_AT: u32 = 30;
+pub const IHL_AT: u32 = 14;
 /// The UDP ports, as one word, after `X` = the IP header's length.
-pub(crate) const PORTS_AT_X: u32 = 14;
+pub const PORTS_AT_X: u32 = 14;
 
-pub(crate) fn ports_word(src: u16, dst: u16) -> u32 {
+/// The two UDP ports as one word loaded at [`PORTS_AT_X`] reads them.
+pub fn ports_word(src: u16, dst: u16) -> u32 {
     u32::from(src) << 16 | u32::from(dst)
 }
 
@@ -551,7 +552,7 @@ impl Rings {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     /// A tiny classic-BPF interpreter for the instructions the filters use, so that their
@@ -601,12 +602,12 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn sa(s: &str) -> SocketAddrV4 {
+    fn sa(s: &str) -> SocketAddrV4 {
         s.parse().unwrap()
     }
 
     /// A UDP frame from `src` to `dst`.
-    pub(crate) fn udp(src: &str, dst: &str) -> Vec<u8> {
+    fn udp(src: &str, dst: &str) -> Vec<u8> {
         frame::udp_frame([2; 6], [4; 6], sa(src), sa(dst), b"payload")
     }
 

@@ -2,8 +2,8 @@
 //! test clients, `urdmad status`).
 //!
 //! This module is the single definition of that protocol. It depends on nothing but `std`
-//! (and trp for the connection's configuration), so the provider can use it with `default-features = false` and pull in neither DPDK nor
-//! the daemon's other dependencies.
+//! (and trp for the connection's configuration), so the provider pulls in neither DPDK nor
+//! anything of the daemon's for it.
 //!
 //! # Wire format
 //! A `SOCK_STREAM` Unix socket carrying lines of UTF-8 text, at most [`MAX_LINE`] bytes

@@ -1,0 +1,26 @@
+//! The contract between urdmad (the DPDK primary) and the processes it serves, apart from
+//! both, so that the provider carries nothing of the daemon and both compile one definition
+//! of each fact:
+//!
+//! | module | what |
+//! |---|---|
+//! | [`proto`] | the control protocol: requests, replies, events, their encoding |
+//! | [`client`] | its client side: connect, greet, send, read replies and events |
+//! | [`frame`] | the Ethernet/IPv4/UDP framing of TRP datagrams |
+//! | [`direct`] | a connection's own packet socket (the direct path): its filter and rings |
+//! | [`doorbell`] | waking an idle urdmad after a frame is put on a TX ring |
+//! | [`lending`] | the two rings through which a process borrows the mbufs it sends (`secondary`) |
+//! | [`secondary`] | attaching as a DPDK secondary process (`secondary`) |
+//!
+//! Only the last two need DPDK, behind the `secondary` feature.
+
+pub mod client;
+pub mod direct;
+pub mod doorbell;
+pub mod frame;
+pub mod proto;
+
+#[cfg(feature = "secondary")]
+pub mod lending;
+#[cfg(feature = "secondary")]
+pub mod secondary;
