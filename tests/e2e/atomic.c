@@ -186,7 +186,7 @@ struct conn {
 	struct info info;
 };
 
-static void expect_event(struct conn *c, enum rdma_cm_event_type want)
+static void expect_conn(struct conn *c, enum rdma_cm_event_type want)
 {
 	struct rdma_cm_event *ev = next_event(c->ch);
 
@@ -218,10 +218,10 @@ static void connect_to(struct conn *c, const char *addr, const char *port)
 		fail("rdma_create_id: %s", strerror(errno));
 	if (rdma_resolve_addr(c->id, NULL, ai->ai_dst_addr, 5000))
 		fail("rdma_resolve_addr: %s", strerror(errno));
-	expect_event(c, RDMA_CM_EVENT_ADDR_RESOLVED);
+	expect_conn(c, RDMA_CM_EVENT_ADDR_RESOLVED);
 	if (rdma_resolve_route(c->id, 5000))
 		fail("rdma_resolve_route: %s", strerror(errno));
-	expect_event(c, RDMA_CM_EVENT_ROUTE_RESOLVED);
+	expect_conn(c, RDMA_CM_EVENT_ROUTE_RESOLVED);
 	c->pd = ibv_alloc_pd(c->id->verbs);
 	c->cq = c->pd ? ibv_create_cq(c->id->verbs, DEPTH_MAX, NULL, NULL, 0) : NULL;
 	c->mr = c->cq ? ibv_reg_mr(c->pd, c->result, sizeof(c->result),
@@ -234,14 +234,14 @@ static void connect_to(struct conn *c, const char *addr, const char *port)
 		fail("rdma_create_qp: %s", strerror(errno));
 	if (rdma_connect(c->id, &cp))
 		fail("rdma_connect: %s", strerror(errno));
-	expect_event(c, RDMA_CM_EVENT_ESTABLISHED);
+	expect_conn(c, RDMA_CM_EVENT_ESTABLISHED);
 	rdma_freeaddrinfo(ai);
 }
 
 static void disconnect(struct conn *c)
 {
 	rdma_disconnect(c->id);
-	expect_event(c, RDMA_CM_EVENT_DISCONNECTED);
+	expect_conn(c, RDMA_CM_EVENT_DISCONNECTED);
 	rdma_destroy_qp(c->id);
 	ibv_dereg_mr(c->mr);
 	ibv_destroy_cq(c->cq);

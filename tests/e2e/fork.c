@@ -38,22 +38,6 @@
 #define MAX_CONNS 16
 #define RECVS 4
 
-/* The next CM event if one comes within 100 ms (NULL otherwise), or by the deadline. */
-static struct rdma_cm_event *cm_event(struct rdma_event_channel *ch, int wait)
-{
-	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
-	struct rdma_cm_event *ev;
-
-	while (poll(&p, 1, 100) == 0) {
-		if (!wait)
-			return NULL;
-		check_time("waiting for a connection event");
-	}
-	if (rdma_get_cm_event(ch, &ev))
-		fail("rdma_get_cm_event: %s", strerror(errno));
-	return ev;
-}
-
 /* ---- server ---- */
 
 struct server {
@@ -207,16 +191,6 @@ struct conn {
 	long sent;
 };
 
-static void expect(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
-{
-	struct rdma_cm_event *ev = cm_event(ch, 1);
-
-	if (ev->event != want)
-		fail("%s, expected %s (status %d)", rdma_event_str(ev->event),
-		     rdma_event_str(want), ev->status);
-	rdma_ack_cm_event(ev);
-}
-
 static void conn_open(struct conn *c, const char *addr, const char *port)
 {
 	struct rdma_addrinfo *ai = resolve(addr, port, 0);
@@ -233,10 +207,10 @@ static void conn_open(struct conn *c, const char *addr, const char *port)
 		fail("%s: rdma_create_id: %s", c->who, strerror(errno));
 	if (rdma_resolve_addr(c->id, NULL, ai->ai_dst_addr, 5000))
 		fail("%s: rdma_resolve_addr: %s", c->who, strerror(errno));
-	expect(c->ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+	expect_event(c->ch, RDMA_CM_EVENT_ADDR_RESOLVED);
 	if (rdma_resolve_route(c->id, 5000))
 		fail("%s: rdma_resolve_route: %s", c->who, strerror(errno));
-	expect(c->ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+	expect_event(c->ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
 	c->pd = ibv_alloc_pd(c->id->verbs);
 	c->cq = c->pd ? ibv_create_cq(c->id->verbs, 16, NULL, NULL, 0) : NULL;
 	c->smr = c->cq ? ibv_reg_mr(c->pd, c->sbuf, MSG, 0) : NULL;
@@ -249,7 +223,7 @@ static void conn_open(struct conn *c, const char *addr, const char *port)
 		fail("%s: rdma_create_qp: %s", c->who, strerror(errno));
 	if (rdma_connect(c->id, &cp))
 		fail("%s: rdma_connect: %s", c->who, strerror(errno));
-	expect(c->ch, RDMA_CM_EVENT_ESTABLISHED);
+	expect_event(c->ch, RDMA_CM_EVENT_ESTABLISHED);
 	rdma_freeaddrinfo(ai);
 }
 
@@ -293,7 +267,7 @@ static void exchange(struct conn *c, long n)
 static void conn_close(struct conn *c)
 {
 	rdma_disconnect(c->id);
-	expect(c->ch, RDMA_CM_EVENT_DISCONNECTED);
+	expect_event(c->ch, RDMA_CM_EVENT_DISCONNECTED);
 	rdma_destroy_qp(c->id);
 	ibv_dereg_mr(c->smr);
 	ibv_dereg_mr(c->rmr);

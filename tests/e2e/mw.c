@@ -74,16 +74,6 @@ struct conn {
 	uint8_t *msg;		/* MSG bytes to receive, MSG to send, BUF of data */
 };
 
-static void expect_event(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
-{
-	struct rdma_cm_event *ev = next_event(ch);
-
-	if (ev->event != want)
-		fail("%s, expected %s (status %d)", rdma_event_str(ev->event),
-		     rdma_event_str(want), ev->status);
-	rdma_ack_cm_event(ev);
-}
-
 /*
  * Completions polled while waiting for another: a receive and the send
  * whose acknowledgement came with it may complete in either order.

@@ -43,22 +43,6 @@
 #define BUF 256
 #define MSG 200
 
-/* The next CM event, if one comes within the deadline; NULL if none is waiting and !wait. */
-static struct rdma_cm_event *cm_event(struct rdma_event_channel *ch, int wait)
-{
-	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
-	struct rdma_cm_event *ev;
-
-	while (poll(&p, 1, wait ? 100 : 0) == 0) {
-		if (!wait)
-			return NULL;
-		check_time("waiting for a connection event");
-	}
-	if (rdma_get_cm_event(ch, &ev))
-		fail("rdma_get_cm_event: %s", strerror(errno));
-	return ev;
-}
-
 /* ---- server ---- */
 
 struct server {
@@ -295,16 +279,6 @@ static int run_server(const char *addr, const char *port, struct server *s)
 
 /* ---- client ---- */
 
-static void expect(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
-{
-	struct rdma_cm_event *ev = cm_event(ch, 1);
-
-	if (ev->event != want)
-		fail("%s, expected %s (status %d)", rdma_event_str(ev->event),
-		     rdma_event_str(want), ev->status);
-	rdma_ack_cm_event(ev);
-}
-
 static struct ibv_wc client_wc(struct ibv_cq *cq)
 {
 	struct ibv_wc wc;
@@ -338,10 +312,10 @@ static int run_client(const char *addr, const char *port, long id, long msgs, lo
 		fail("rdma_create_id: %s", strerror(errno));
 	if (rdma_resolve_addr(cm, NULL, ai->ai_dst_addr, 5000))
 		fail("rdma_resolve_addr: %s", strerror(errno));
-	expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+	expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
 	if (rdma_resolve_route(cm, 5000))
 		fail("rdma_resolve_route: %s", strerror(errno));
-	expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+	expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
 	pd = ibv_alloc_pd(cm->verbs);
 	cq = pd ? ibv_create_cq(cm->verbs, 16, NULL, NULL, 0) : NULL;
 	smr = cq ? ibv_reg_mr(pd, sbuf, sizeof(sbuf), 0) : NULL;
@@ -354,7 +328,7 @@ static int run_client(const char *addr, const char *port, long id, long msgs, lo
 		fail("rdma_create_qp: %s", strerror(errno));
 	if (rdma_connect(cm, &cp))
 		fail("rdma_connect: %s", strerror(errno));
-	expect(ch, RDMA_CM_EVENT_ESTABLISHED);
+	expect_event(ch, RDMA_CM_EVENT_ESTABLISHED);
 	for (; sent < msgs; sent++) {
 		struct ibv_sge rs = { .addr = (uintptr_t)rbuf, .length = sizeof(rbuf), .lkey = rmr->lkey };
 		struct ibv_recv_wr rw = { .sg_list = &rs, .num_sge = 1 }, *rbad;
@@ -380,7 +354,7 @@ static int run_client(const char *addr, const char *port, long id, long msgs, lo
 		}
 	}
 	rdma_disconnect(cm);
-	expect(ch, RDMA_CM_EVENT_DISCONNECTED);
+	expect_event(ch, RDMA_CM_EVENT_DISCONNECTED);
 	rdma_destroy_qp(cm);
 	ibv_dereg_mr(smr);
 	ibv_dereg_mr(rmr);
