@@ -11,6 +11,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "pabi.rs"]
+mod pabi;
+
 /// The private ABI the bindings are for; a provider is `lib<name>-rdmav34.so`.
 const PABI: &str = "34";
 const SOURCE_PACKAGE: &str = "ibverbs-sys-0.3.2+55.0";
@@ -23,6 +26,7 @@ fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
     let src = rdma_core_source();
     check_pabi(&src);
+    check_installed_pabi();
 
     let include = out.join("include");
     stage_headers(&src, &include);
@@ -194,6 +198,22 @@ fn check_pabi(src: &Path) {
         "{} is not an rdma-core tree with PABI {PABI}",
         src.display()
     );
+}
+
+/// The installed libibverbs must speak the same PABI, or it would never load the provider
+/// (pabi.rs): stop the build with one line saying so.
+fn check_installed_pabi() {
+    println!("cargo:rerun-if-env-changed=URDMA_LIBIBVERBS");
+    let Some(lib) = pabi::installed() else {
+        println!("cargo:warning=no installed libibverbs.so.1 found to check its provider ABI");
+        return;
+    };
+    println!("cargo:rerun-if-changed={}", lib.display());
+    let want = PABI.parse().expect("PABI is a number");
+    if let Err(e) = pabi::check(&lib, want) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
 }
 
 /// Lays out the include tree that rdma-core's cmake would publish.
