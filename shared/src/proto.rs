@@ -19,7 +19,7 @@
 //! OPEN port=0 local=10.0.0.1:4791 remote=10.0.0.2:4791 mac=02:..   (remote and mac optional)
 //!                                          -> OPENED flow=7 rx=urd_rx_7 steering=hardware queue=3
 //! CLOSE flow=7                             -> CLOSED flow=7
-//! STATUS                                   -> STATUS lines=N, then N report lines
+//! STATUS                                   -> STATUS lines=N, then N report lines (JSON records)
 //! DETACH                                   -> DETACHED
 //! QP dev=0 qpn=17                          -> OK
 //! UNQP dev=0 qpn=17                        -> OK
@@ -66,15 +66,17 @@ use std::str::FromStr;
 /// The protocol version this module speaks. Version 2 added the connection lines (`QP`,
 /// `UNQP`, `QPCLOSED`, `PEERCLOSED`, `ARM`, `SYNC`, `OK` and the unsolicited `EVENT` lines);
 /// version 3 the direct path (`EVENT CONNECTED ... direct=` with the connection's socket);
-/// version 4 the marks of who holds each of the pool's mbufs (`crate::holder`), which a
+/// version 4 the marks of who holds each of the pool's mbufs (urdmad's `holder`), which a
 /// process must clear on every mbuf it frees: urdmad frees what is still marked with a
 /// process's id once it is gone, so a process that left marks behind would have mbufs
 /// freed twice; version 5 the virtio header in front of every frame of a direct
-/// connection's rings (`crate::direct::Rings`), without which the kernel would take a frame's
+/// connection's rings ([`crate::direct::Rings`]), without which the kernel would take a frame's
 /// first bytes for one; version 6 the process's own rings for the mbufs it sends and gives
 /// back (`ATTACHED ... alloc= free=`, `crate::lending`) in place of the pool, which a
-/// process no longer touches and whose marks it no longer sets or clears.
-pub const VERSION: u32 = 6;
+/// process no longer touches and whose marks it no longer sets or clears; version 7 the
+/// status report's lines as JSON records (urdmad's `status` module) in place of `key=value`
+/// text.
+pub const VERSION: u32 = 7;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;

@@ -20,12 +20,13 @@ step() { echo "--- [$((SECONDS - start))s] $*"; }
 cleanup() { timeout 120 scripts/bed down >/dev/null 2>&1; }
 trap cleanup EXIT
 
-# counter NODE KIND KEY: a counter of the node's urdmad status line KIND (port, exception).
+# field NODE KIND KEY: KEY of the node's first urdmad status record KIND (port, exception).
+field() {
+	t "$urdmad" status --json --socket "/run/urdma/$1.sock" | jq -r ".$2[0].$3"
+}
+# counter NODE KIND KEY: the same, a counter ("none" if it is not one).
 counter() {
-	t "$urdmad" status --socket "/run/urdma/$1.sock" |
-		awk -v kind="$2" -v key="$3" '$1 == kind {
-			for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == key) print a[2] } }' |
-		grep -E '^[0-9]+$' || echo "none"
+	field "$@" | grep -E '^[0-9]+$' || echo "none"
 }
 snapshot() {
 	local n
@@ -82,7 +83,7 @@ step "netem delay: each urdmad drops its own frames seen again instead of giving
 # the direct path on, the filter on urdmad's sockets drops every frame the host sends before
 # urdmad sees it (echoes stays); without it, urdmad drops them itself and counts them.
 t scripts/bed netem delay 1ms || fail "scripts/bed netem delay 1ms"
-direct_a=$(counter A port direct)
+direct_a=$(field A port direct)
 ec_a0=$(counter A port echoes)
 tk_a0=$(counter A exception to_kernel)
 t scripts/bed exec A ping -c 3 -i 0.5 -W 10 10.77.0.2 || fail "ping with netem delay"
@@ -90,7 +91,7 @@ ec_a1=$(counter A port echoes)
 tk_a1=$(counter A exception to_kernel)
 t scripts/bed netem off || fail "scripts/bed netem off"
 echo "node A: direct=$direct_a, echoes $ec_a0 -> $ec_a1, to_kernel $tk_a0 -> $tk_a1"
-if [ "$direct_a" = 1 ]; then
+if [ "$direct_a" = true ]; then
 	((ec_a1 == ec_a0)) || fail "node A's urdmad saw $((ec_a1 - ec_a0)) of its own frames again past its filter"
 else
 	((ec_a1 - ec_a0 >= 3)) || fail "node A's urdmad saw $((ec_a1 - ec_a0)) of its own frames again, expected >= 3"

@@ -56,18 +56,16 @@ export URDMA_LOG=${URDMA_LOG:-info}
 
 # The drops node B's urdmad counts on the flows of the process with pid $1 (while it runs).
 flow_drops() {
-	"$BED" status B | awk -v pid="$1" '
-		{ delete f; for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] } }
-		$1 == "process" && f["pid"] == pid { client = f["client"] }
-		$1 == "flow" { drops[f["client"]] += f["drops"] }
-		END { print (client == "" ? 0 : drops[client] + 0) }'
+	local n
+	n=$("$BED" status --json B | jq -r --argjson pid "$1" '
+		[.process // [] | .[] | select(.pid == $pid) | .client] as $c |
+		[.flow // [] | .[] | select(.client == $c[0]) | .drops] | add // 0')
+	echo "${n:-0}"
 }
 
 # The flows node B's urdmad has open for the process with pid $1.
 proc_flows() {
-	"$BED" status B 2>/dev/null | awk -v pid="$1" '$1 == "process" {
-		delete f; for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
-		if (f["pid"] == pid) print f["flows"] }'
+	"$BED" status --json B 2>/dev/null | jq -r --argjson pid "$1" '.process // [] | .[] | select(.pid == $pid) | .flows'
 }
 
 # phase NAME STALLED: every pair at once; with STALLED=1 the first server stops for a while.
@@ -202,11 +200,11 @@ fi
 
 for n in A B; do
 	[ "$STACK" = urdma ] || break
-	flows=$("$BED" status "$n" | awk '$1 == "daemon" {for (i = 2; i <= NF; i++) if ($i ~ /^flows=/) print substr($i, 7)}')
+	flows=$("$BED" status --json "$n" | jq -r '.daemon[0].flows')
 	for _ in $(seq 150); do
 		[ "$flows" = 0 ] && break
 		sleep 0.2
-		flows=$("$BED" status "$n" | awk '$1 == "daemon" {for (i = 2; i <= NF; i++) if ($i ~ /^flows=/) print substr($i, 7)}')
+		flows=$("$BED" status --json "$n" | jq -r '.daemon[0].flows')
 	done
 	[ "$flows" = 0 ] || fail "urdmad of node $n still has $flows flows"
 done

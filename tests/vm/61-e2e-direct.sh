@@ -14,16 +14,13 @@ OPS=${DIRECT_OPS:-200}
 prog=$(build_e2e verify) || exit 1
 port=7600
 
-counter() { # NODE KIND KEY: the first value of KEY on a status line of KIND
-	t "$BED" status "$1" | awk -v kind="$2" -v key="$3" '$1 == kind {
-		for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == key) { print a[2]; exit } } }'
+counter() { # NODE KIND KEY: KEY of the node's first urdmad status record of KIND
+	t "$BED" status --json "$1" | jq -r ".$2[0].$3"
 }
 
 # NODE: its port's rx_packets, conns_direct and conns_forwarded, from one status call
 port_counters() {
-	t "$BED" status "$1" | awk '$1 == "port" {
-		for (i = 2; i <= NF; i++) { split($i, a, "="); v[a[1]] = a[2] }
-		print v["rx_packets"], v["conns_direct"], v["conns_forwarded"]; exit }'
+	t "$BED" status --json "$1" | jq -r '.port[0] | "\(.rx_packets) \(.conns_direct) \(.conns_forwarded)"'
 }
 
 # run LABEL EXPECTED_PATH: verify.c with 3 connections; node B's port must have handed all
@@ -59,7 +56,7 @@ run() {
 
 bed_up
 for n in A B; do
-	[ "$(counter "$n" port direct)" = 1 ] || fail "node $n's port offers no direct path: $(t "$BED" status "$n" | grep '^port')"
+	[ "$(counter "$n" port direct)" = true ] || fail "node $n's port offers no direct path: $(t "$BED" status "$n" | grep '^port')"
 done
 run direct direct
 direct_rx=$PORT_RX

@@ -40,10 +40,9 @@ echo "seed $SEED, $ROUNDS rounds"
 # a wrong byte, length, order or completion.
 WRONG_DATA='differs|payload|magic|twice or out of range|arrived, expected|byte_len|Send of type|opcode|WITH_IMM|completion wr_id [0-9]+$|receive completion with wr_id|completion for wr_id|unexpected receive|no completion event|timed out'
 
-# One line of node $1's urdmad status, field $3 of the line whose first word is $2.
+# Field $3 of node $1's first urdmad status record of kind $2.
 status_field() {
-	"$BED" status "$1" 2>/dev/null | awk -v k="$2" -v f="$3" '$1 == k {
-		for (i = 2; i <= NF; i++) if (index($i, f "=") == 1) print substr($i, length(f) + 2) }'
+	"$BED" status --json "$1" 2>/dev/null | jq -r ".$2[0].$3"
 }
 
 # What a node holds that a finished round must give back, as one line.
@@ -53,11 +52,8 @@ holdings() {
 		files=$((files + $(find "$d" -maxdepth 1 -name "urdmabed$n*" | wc -l)))
 	done
 	run=$(find "/var/run/dpdk/urdmabed$n" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
-	st=$("$BED" status "$n" 2>/dev/null | awk '
-		function f(k,  i) { for (i = 2; i <= NF; i++) if (index($i, k "=") == 1) return substr($i, length(k) + 2) }
-		$1 == "daemon" { d = "processes=" f("processes") " flows=" f("flows") " rings=" f("rings") }
-		$1 == "pool" { p = "mbufs=" f("in_use") }
-		END { print d, p }')
+	st=$("$BED" status --json "$n" 2>/dev/null | jq -r '.daemon[0] as $d |
+		"processes=\($d.processes) flows=\($d.flows) rings=\($d.rings) mbufs=\(.pool[0].in_use)"')
 	echo "res[$(res_counts "urdma$n")] $st hugepage_files=$files dpdk_run_files=$run" \
 		"module_refs=$(cat /sys/module/urdma/refcnt)"
 }

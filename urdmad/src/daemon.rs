@@ -10,6 +10,7 @@ use crate::lending::Lender;
 use crate::port::{self, Port, SteeringError};
 use crate::proto::{self, Attachment, ErrorCode, FlowSpec, PortInfo, Request, Response, Steering};
 use crate::service::{ServiceError, StartupError};
+use crate::status::{self, Record};
 use dpdk_sys as sys;
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -757,6 +758,8 @@ impl Daemon {
         if self.cm.chan.is_some() {
             self.cm_read_kernel();
             self.cm_tick();
+        } else {
+            self.cm_retry();
         }
         if !self.departed.is_empty() && self.swept_at.elapsed() >= Duration::from_millis(500) {
             self.sweep();
@@ -951,7 +954,7 @@ impl Daemon {
                 (Response::Closed { flow }.encode(), true)
             }
             Request::Status => {
-                let report = self.status();
+                let report = status::encode(&self.status());
                 let mut text = Response::Status {
                     lines: report.len(),
                 }
@@ -1230,33 +1233,36 @@ impl Daemon {
     }
 
     /// The status report: one `kind key=value...` line per object.
-    pub fn status(&self) -> Vec<String> {
+    pub fn status(&self) -> Vec<Record> {
         let mut out = Vec::new();
         let attached = self.clients.iter().filter(|c| c.attached.is_some()).count();
-        let rules: usize = self
+        let flow_rules: usize = self
             .ports
             .iter()
             .flat_map(|p| &p.queues)
             .filter(|q| q.rule.is_some())
             .count();
-        out.push(format!(
-            "daemon version={} pid={} prefix={} uptime_s={} processes={} flows={} rings={} flow_rules={rules} frames_wake={} spurious_wakes={}",
-            env!("CARGO_PKG_VERSION"),
-            std::process::id(),
-            self.cfg.daemon.file_prefix,
-            self.started.elapsed().as_secs(),
-            attached,
-            self.flows.len(),
-            self.rings,
-            u8::from(!self.idle.port_fds().is_empty()),
-            self.idle.spurious_wakes,
-        ));
+        out.push(Record::Daemon(status::Daemon {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            prefix: self.cfg.daemon.file_prefix.clone(),
+            uptime_s: self.started.elapsed().as_secs(),
+            processes: attached,
+            flows: self.flows.len(),
+            rings: self.rings,
+            flow_rules,
+            frames_wake: !self.idle.port_fds().is_empty(),
+            spurious_wakes: self.idle.spurious_wakes,
+        }));
         // SAFETY: the pool lives as long as the daemon.
-        let (avail, size) = unsafe { (sys::rte_mempool_avail_count(self.pool), (*self.pool).size) };
-        out.push(format!(
-            "pool name={POOL_NAME} size={size} available={avail} in_use={}",
-            size.saturating_sub(avail)
-        ));
+        let (available, size) =
+            unsafe { (sys::rte_mempool_avail_count(self.pool), (*self.pool).size) };
+        out.push(Record::Pool(status::Pool {
+            name: POOL_NAME.into(),
+            size,
+            available,
+            in_use: size.saturating_sub(available),
+        }));
         for p in &self.ports {
             let c = port::counters(p.port.id);
             let socket_drops = p.socket_drops.get()
@@ -1265,85 +1271,88 @@ impl Daemon {
                     .map(|&fd| crate::direct::take_stats(fd).1)
                     .sum::<u64>();
             p.socket_drops.set(socket_drops);
-            let free = p
-                .queues
-                .iter()
-                .filter(|q| q.state == QueueUse::Free)
-                .count();
-            let quarantined = p
-                .queues
-                .iter()
-                .filter(|q| q.state == QueueUse::Quarantined)
-                .count();
-            let reason = if p.port.steering_reason.is_empty() {
-                "-".to_string()
-            } else {
-                p.port.steering_reason.replace(' ', "_")
-            };
-            out.push(format!(
-                "port index={} name={} device={} mac={} steering={} steering_reason={reason} flow_queues={} free_queues={free} quarantined_queues={quarantined} rx_packets={} rx_bytes={} rx_missed={} rx_socket_drops={socket_drops} rx_errors={} tx_packets={} tx_bytes={} tx_errors={} from_processes={} from_processes_drops={} loopback={} echoes={} conns_direct={} conns_forwarded={} {}",
-                p.port.index, p.port.name, p.port.device, p.port.mac, p.port.steering.as_str(),
-                p.queues.len(), c.rx_packets, c.rx_bytes, c.rx_missed, c.rx_errors,
-                c.tx_packets, c.tx_bytes, c.tx_errors, p.from_processes, p.from_processes_drops,
-                p.loopback, p.echoes, p.conns_direct, p.conns_forwarded,
-                match &p.direct {
-                    Some(d) => format!("direct=1 direct_flows={} direct_max={}", d.len(), d.max()),
-                    None => format!("direct=0 direct_off={}", p.direct_off.replace(' ', "_")),
-                }
-            ));
+            let in_state = |s: QueueUse| p.queues.iter().filter(|q| q.state == s).count();
+            out.push(Record::Port(status::Port {
+                index: p.port.index,
+                name: p.port.name.clone(),
+                device: p.port.device.clone(),
+                mac: p.port.mac.to_string(),
+                steering: p.port.steering.as_str().into(),
+                steering_reason: Some(p.port.steering_reason.clone()).filter(|r| !r.is_empty()),
+                flow_queues: p.queues.len(),
+                free_queues: in_state(QueueUse::Free),
+                quarantined_queues: in_state(QueueUse::Quarantined),
+                rx_packets: c.rx_packets,
+                rx_bytes: c.rx_bytes,
+                rx_missed: c.rx_missed,
+                rx_socket_drops: socket_drops,
+                rx_errors: c.rx_errors,
+                tx_packets: c.tx_packets,
+                tx_bytes: c.tx_bytes,
+                tx_errors: c.tx_errors,
+                from_processes: p.from_processes,
+                from_processes_drops: p.from_processes_drops,
+                loopback: p.loopback,
+                echoes: p.echoes,
+                conns_direct: p.conns_direct,
+                conns_forwarded: p.conns_forwarded,
+                direct: p.direct.is_some(),
+                direct_flows: p.direct.as_ref().map(|d| d.len()),
+                direct_max: p.direct.as_ref().map(|d| d.max()),
+                direct_off: p.direct.is_none().then(|| p.direct_off.clone()),
+            }));
             for q in &p.queues {
-                let flow = match q.state {
-                    QueueUse::Flow { id, .. } => id.to_string(),
-                    _ => "-".to_string(),
-                };
-                out.push(format!(
-                    "queue port={} id={} state={} flow={flow} rule={} rx_packets={} rx_bytes={} drops={} strays={}",
-                    p.port.name, q.id, q.state_str(), q.rule.is_some() as u8, q.rx_packets, q.rx_bytes,
-                    q.drops, q.strays
-                ));
+                out.push(Record::Queue(status::Queue {
+                    port: p.port.name.clone(),
+                    id: q.id,
+                    state: q.state_str().into(),
+                    flow: match q.state {
+                        QueueUse::Flow { id, .. } => Some(id),
+                        _ => None,
+                    },
+                    rule: q.rule.is_some(),
+                    rx_packets: q.rx_packets,
+                    rx_bytes: q.rx_bytes,
+                    drops: q.drops,
+                    strays: q.strays,
+                }));
             }
             let e = port::counters(p.port.exception_id);
-            out.push(format!(
-                "exception port={} iface={} to_kernel={} to_kernel_drops={} from_kernel={} from_kernel_drops={} tap_rx_packets={} tap_tx_packets={}",
-                p.port.name, p.port.exception_name, p.to_kernel, p.to_kernel_drops, p.from_kernel,
-                p.from_kernel_drops, e.rx_packets, e.tx_packets
-            ));
+            out.push(Record::Exception(status::Exception {
+                port: p.port.name.clone(),
+                iface: p.port.exception_name.clone(),
+                to_kernel: p.to_kernel,
+                to_kernel_drops: p.to_kernel_drops,
+                from_kernel: p.from_kernel,
+                from_kernel_drops: p.from_kernel_drops,
+                tap_rx_packets: e.rx_packets,
+                tap_tx_packets: e.tx_packets,
+            }));
         }
         for c in &self.clients {
             if let Some(a) = &c.attached {
-                // SAFETY: rings live while the client is attached.
-                let queued: u32 =
-                    a.tx.iter()
+                out.push(Record::Process(status::Process {
+                    client: c.id,
+                    pid: c.peer.pid,
+                    uid: c.peer.uid,
+                    lcore: a.lcore,
+                    flows: c.flows.len(),
+                    // SAFETY: rings live while the client is attached.
+                    tx_queued: a
+                        .tx
+                        .iter()
                         .map(|t| unsafe { sys::rte_ring_count(t.ring) })
-                        .sum();
-                let tx_packets: u64 = a.tx.iter().map(|t| t.packets).sum();
-                let tx_drops: u64 = a.tx.iter().map(|t| t.drops).sum();
-                out.push(format!(
-                    "process client={} pid={} uid={} lcore={} flows={} tx_queued={} tx_packets={tx_packets} tx_drops={tx_drops} mbufs_lent={}",
-                    c.id,
-                    c.peer.pid,
-                    c.peer.uid,
-                    a.lcore,
-                    c.flows.len(),
-                    queued,
-                    a.lender.lent()
-                ));
+                        .sum(),
+                    tx_packets: a.tx.iter().map(|t| t.packets).sum(),
+                    tx_drops: a.tx.iter().map(|t| t.drops).sum(),
+                    mbufs_lent: a.lender.lent(),
+                }));
             }
         }
         self.cm_status(&mut out);
-        for (id, rec) in &self.flows {
+        for (&id, rec) in &self.flows {
             let p = &self.ports[usize::from(rec.port)];
             if let Some(f) = p.flows.get(rec.slot) {
-                // SAFETY: the ring lives while the flow is open.
-                let queued = unsafe { sys::rte_ring_count(f.ring) };
-                let remote = f.remote.map_or("any".to_string(), |r| r.to_string());
-                let steering = match (rec.queue, &rec.fallback) {
-                    (Some(q), _) => format!("steering=hardware queue={q}"),
-                    (None, Some(why)) => {
-                        format!("steering=software fallback={}", why.replace(' ', "_"))
-                    }
-                    (None, None) => "steering=software".to_string(),
-                };
                 // A direct connection's frames arrive on its socket, but for those urdmad
                 // took before the hand-over (`via_urdmad`); its socket ring's drops are the
                 // process's as much as its flow ring's.
@@ -1354,11 +1363,29 @@ impl Daemon {
                     }
                     None => ("urdmad", 0, 0),
                 };
-                out.push(format!(
-                    "flow id={id} client={} port={} local={} remote={remote} ring={} {steering} path={path} rx_packets={} via_urdmad={} rx_bytes={} drops={} queued={queued}",
-                    rec.client, p.port.name, f.local, rec.ring_name, f.rx_packets + sock_rx,
-                    f.rx_packets, f.rx_bytes, f.drops + sock_drops
-                ));
+                out.push(Record::Flow(status::Flow {
+                    id,
+                    client: rec.client,
+                    port: p.port.name.clone(),
+                    local: f.local.to_string(),
+                    remote: f.remote.map(|r| r.to_string()),
+                    ring: rec.ring_name.clone(),
+                    steering: if rec.queue.is_some() {
+                        "hardware"
+                    } else {
+                        "software"
+                    }
+                    .into(),
+                    queue: rec.queue,
+                    fallback: rec.fallback.clone(),
+                    path: path.into(),
+                    rx_packets: f.rx_packets + sock_rx,
+                    via_urdmad: f.rx_packets,
+                    rx_bytes: f.rx_bytes,
+                    drops: f.drops + sock_drops,
+                    // SAFETY: the ring lives while the flow is open.
+                    queued: unsafe { sys::rte_ring_count(f.ring) },
+                }));
             }
         }
         out

@@ -21,3 +21,4 @@ pub mod logging;
 pub mod port;
 pub mod portfilter;
 pub mod service;
+pub mod status;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use urdmad::client::Connection;
 use urdmad::config::Config;
+use urdmad::status;
 
 #[derive(Parser)]
 #[command(
@@ -29,12 +30,29 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the running daemon's ports, processes, flows and counters.
+    /// Print the running daemon's ports, processes, flows and counters: a line per record
+    /// (`kind key=value ...`), or with --json one JSON document.
     Status {
         /// Control socket (default: the one in the configuration).
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// One JSON object: per kind of record, the list of its records.
+        #[arg(long)]
+        json: bool,
     },
+}
+
+/// The report as `urdmad status` prints it.
+fn show_status(lines: &[String], json: bool) -> Result<String, String> {
+    if json {
+        let doc = status::document(lines)?;
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        return Ok(text + "\n");
+    }
+    lines
+        .iter()
+        .map(|l| status::text_line(l).map(|t| t + "\n"))
+        .collect()
 }
 
 fn fail(msg: impl Display) -> ExitCode {
@@ -48,15 +66,14 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
-    if let Some(Command::Status { socket }) = cli.command {
+    if let Some(Command::Status { socket, json }) = cli.command {
         let path = socket.unwrap_or(cfg.daemon.socket);
-        let report =
-            Connection::connect(&path, Duration::from_secs(5)).and_then(|mut c| c.status());
-        return match report {
-            Ok(lines) => {
-                for l in lines {
-                    println!("{l}");
-                }
+        return match Connection::connect(&path, Duration::from_secs(5))
+            .and_then(|mut c| c.status())
+            .and_then(|lines| show_status(&lines, json))
+        {
+            Ok(text) => {
+                print!("{text}");
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e),

@@ -69,10 +69,7 @@ impl Side {
     }
 
     fn status(&self) -> Vec<String> {
-        Connection::connect(&self.socket, WAIT)
-            .unwrap()
-            .status()
-            .unwrap()
+        status_text(&self.socket, WAIT).unwrap()
     }
 }
 
@@ -88,10 +85,23 @@ impl Drop for Side {
 /// `direct` false the port's connections stay on urdmad's flow rings (the tests of ARM and
 /// of what urdmad forwards need that).
 fn start_side(bed: &Bed, ns: &str, iface: &str, tag: &str, direct: bool) -> Side {
+    start_side_kernel(bed, ns, iface, tag, direct, false)
+}
+
+/// [`start_side`]; with `kernel_late` the fake kernel's channel appears only once urdmad
+/// serves without it, as when urdma.ko is loaded after urdmad started.
+fn start_side_kernel(
+    bed: &Bed,
+    ns: &str,
+    iface: &str,
+    tag: &str,
+    direct: bool,
+    kernel_late: bool,
+) -> Side {
     let socket = bed.dir.join(format!("urdmad-{tag}.sock"));
     let cm = bed.dir.join(format!("cm-{tag}"));
     let tap = format!("{}{tag}", bed.tap);
-    let fake = FakeKernel::bind(&cm).unwrap();
+    let early = (!kernel_late).then(|| FakeKernel::bind(&cm).unwrap());
     let cfg = format!(
         "[daemon]\nsocket = {socket:?}\ngroup = \"\"\nfile_prefix = \"{}{tag}\"\nmemory_mb = 48\nmbufs = 2047\nring_size = 256\nlog_level = \"debug\"\ncm_device = {cm:?}\n\
          [[port]]\nname = \"p0\"\ndevice = \"net_af_packet0,iface={iface}\"\nexception = {tap:?}\nsteering = \"software\"\ndirect = {direct}\n",
@@ -112,21 +122,35 @@ fn start_side(bed: &Bed, ns: &str, iface: &str, tag: &str, direct: bool) -> Side
         socket: socket.clone(),
         log,
     };
+    let serving = || {
+        let end = Instant::now() + START_LIMIT;
+        while daemon.try_status().is_err() {
+            assert!(
+                Instant::now() < end,
+                "urdmad {tag} not serving: {}",
+                daemon.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let fake = match early {
+        Some(f) => f,
+        None => {
+            serving();
+            assert_eq!(
+                field(&daemon.status(), "cm", "", "channel").as_deref(),
+                Some("none")
+            );
+            FakeKernel::bind(&cm).unwrap()
+        }
+    };
     let kernel = fake.accept(START_LIMIT).unwrap_or_else(|e| {
         panic!(
             "urdmad {tag} did not open its cm channel: {e}: {}",
             daemon.log_text()
         )
     });
-    let end = Instant::now() + START_LIMIT;
-    while daemon.try_status().is_err() {
-        assert!(
-            Instant::now() < end,
-            "urdmad {tag} not serving: {}",
-            daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    serving();
     let mut side = Side {
         _daemon: daemon,
         kernel,
@@ -288,7 +312,9 @@ fn exchange(
 fn connections_through_two_urdmads_with_fake_kernels() {
     let bed = Bed::new("cm");
     let a = start_side(&bed, &bed.ns_a, &bed.veth_a, "a", false);
-    let b = start_side(&bed, &bed.ns_b, &bed.veth_b, "b", false);
+    // B's urdmad starts before its kernel channel exists (urdma.ko loaded after urdmad)
+    // and takes it up when it appears: everything below goes through it.
+    let b = start_side_kernel(&bed, &bed.ns_b, &bed.veth_b, "b", false, true);
     let b_addr = SocketAddrV4::new(B_IP, 7000);
 
     // --- Listen on B, connect from A, accept on B.

@@ -7,6 +7,7 @@ use super::{Daemon, FlowSpecOpened};
 use crate::cm_channel::{Channel, Msg, Op};
 use crate::frame;
 use crate::proto::{self, Connected, Event, FlowSpec, Mac, Role};
+use crate::status::{self, Record};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
@@ -189,7 +190,13 @@ pub(super) struct Cm {
     /// ConnectRequests dropped because [`MAX_REQUESTS`] were pending.
     pub requests_dropped: u64,
     pub clock0: Option<Instant>,
+    /// Without the channel: when to try opening it again ([`CHANNEL_RETRY`]).
+    pub next_open: Option<Instant>,
 }
+
+/// How often urdmad looks for the connection channel while it has none (urdma.ko not loaded
+/// yet when urdmad started): connection management starts within this of the module's load.
+pub(super) const CHANNEL_RETRY: Duration = Duration::from_secs(1);
 
 /// A random u32 (never 0 when `nonzero`).
 fn random_u32(nonzero: bool) -> u32 {
@@ -245,22 +252,29 @@ impl Daemon {
         trp::Instant::from_nanos(c0.elapsed().as_nanos() as u64)
     }
 
-    /// Opens the kernel channel and registers every port's exception interface.
+    /// Opens the kernel channel and registers every port's exception interface. Without it
+    /// (urdma.ko not loaded yet) urdmad serves what needs no connection management and tries
+    /// again every [`CHANNEL_RETRY`] (`cm_retry`), saying so once.
     pub(super) fn cm_open(&mut self) {
         let path = self.cfg.daemon.cm_device.clone();
-        if !path.exists() {
-            tracing::warn!(device = %path.display(),
-                "no connection channel (is urdma.ko loaded?): running without connection management");
-            return;
-        }
-        let chan = match Channel::open(&path) {
+        let first = self.cm.next_open.is_none();
+        let opened = if path.exists() {
+            Channel::open(&path).map_err(|e| format!("cannot open it: {e}"))
+        } else {
+            Err("no such device (is urdma.ko loaded?)".to_string())
+        };
+        let chan = match opened {
             Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(device = %path.display(),
-                    "cannot open the connection channel: {e}; running without connection management");
+            Err(why) => {
+                if first {
+                    tracing::warn!(device = %path.display(),
+                        "no connection channel: {why}; connection management starts once it opens (tried every {CHANNEL_RETRY:?})");
+                }
+                self.cm.next_open = Some(Instant::now() + CHANNEL_RETRY);
                 return;
             }
         };
+        self.cm.next_open = None;
         let socket = std::path::absolute(&self.cfg.daemon.socket)
             .unwrap_or_else(|_| self.cfg.daemon.socket.clone());
         for p in &self.ports {
@@ -275,6 +289,13 @@ impl Daemon {
         self.cm.chan = Some(chan);
         self.cm.tap.macs = self.ports.iter().map(|p| p.port.mac.0).collect();
         self.cm.tap.enabled = true;
+    }
+
+    /// Tries the channel again when it is due ([`Daemon::cm_open`]).
+    pub(super) fn cm_retry(&mut self) {
+        if self.cm.chan.is_none() && self.cm.next_open.is_some_and(|t| Instant::now() >= t) {
+            self.cm_open();
+        }
     }
 
     pub(super) fn kernel_send(&mut self, m: Msg) {
@@ -1149,70 +1170,80 @@ impl Daemon {
     }
 
     /// Status lines of connection management.
-    pub(super) fn cm_status(&self, out: &mut Vec<String>) {
-        out.push(format!(
-            "cm channel={} listeners={} requests={} max_requests={MAX_REQUESTS} requests_dropped={} connecting={} connected={} qps={} rejects_sent={} aborts_sent={} strays={}",
-            if self.cm.chan.is_some() { "open" } else { "none" },
-            self.cm.listeners.len(),
-            self.cm.requests.len(),
-            self.cm.requests_dropped,
-            self.cm.handshakes.len(),
-            self.cm.conns.len(),
-            self.cm.qps.len(),
-            self.cm.rejects_sent,
-            self.cm.aborts_sent,
-            self.cm.strays
-        ));
+    pub(super) fn cm_status(&self, out: &mut Vec<Record>) {
+        out.push(Record::Cm(status::Cm {
+            channel: if self.cm.chan.is_some() {
+                "open"
+            } else {
+                "none"
+            }
+            .into(),
+            listeners: self.cm.listeners.len(),
+            requests: self.cm.requests.len(),
+            max_requests: MAX_REQUESTS,
+            requests_dropped: self.cm.requests_dropped,
+            connecting: self.cm.handshakes.len(),
+            connected: self.cm.conns.len(),
+            qps: self.cm.qps.len(),
+            rejects_sent: self.cm.rejects_sent,
+            aborts_sent: self.cm.aborts_sent,
+            strays: self.cm.strays,
+        }));
         for l in self.cm.listeners.values() {
-            let port = l
-                .port
-                .map_or("any".to_string(), |p| self.ports[p].port.name.clone());
-            out.push(format!(
-                "listener id={} dev={} port={port} local={}",
-                l.id,
-                l.dev,
-                SocketAddrV4::new(l.addr, l.udp)
-            ));
+            out.push(Record::Listener(status::Listener {
+                id: l.id,
+                dev: l.dev,
+                port: l.port.map(|p| self.ports[p].port.name.clone()),
+                local: SocketAddrV4::new(l.addr, l.udp).to_string(),
+            }));
         }
         let now = Instant::now();
-        for (req, r) in &self.cm.requests {
-            let state = match r.state {
-                ReqState::Pending => "pending",
-                ReqState::Rejected(_) => "rejected",
-                ReqState::Accepted => "accepted",
-            };
-            out.push(format!(
-                "request req={req} listener={} port={} local={} remote={} peer_conn={} state={state} idle_ms={}",
-                r.listener,
-                self.ports[r.port].port.name,
-                r.local,
-                r.remote,
-                r.peer_conn,
-                now.saturating_duration_since(r.last_seen).as_millis()
-            ));
+        for (&req, r) in &self.cm.requests {
+            out.push(Record::Request(status::Request {
+                req,
+                listener: r.listener,
+                port: self.ports[r.port].port.name.clone(),
+                local: r.local.to_string(),
+                remote: r.remote.to_string(),
+                peer_conn: r.peer_conn,
+                state: match r.state {
+                    ReqState::Pending => "pending",
+                    ReqState::Rejected(_) => "rejected",
+                    ReqState::Accepted => "accepted",
+                }
+                .into(),
+                idle_ms: now.saturating_duration_since(r.last_seen).as_millis() as u64,
+            }));
         }
-        for (id, h) in &self.cm.handshakes {
-            out.push(format!(
-                "connecting id={id} dev={} qpn={} port={} local={} remote={} mac={} sent={}",
-                h.dev, h.qpn, self.ports[h.port].port.name, h.local, h.remote, h.mac, h.sent
-            ));
+        for (&id, h) in &self.cm.handshakes {
+            out.push(Record::Connecting(status::Connecting {
+                id,
+                dev: h.dev,
+                qpn: h.qpn,
+                port: self.ports[h.port].port.name.clone(),
+                local: h.local.to_string(),
+                remote: h.remote.to_string(),
+                mac: h.mac.to_string(),
+                sent: h.sent,
+            }));
         }
-        for ((dev, qpn), c) in &self.cm.conns {
-            out.push(format!(
-                "connection dev={dev} qpn={qpn} client={} role={} port={} local={} remote={} mac={} flow={} peer_conn={} peer_closed={}",
-                c.client,
-                c.role.as_str(),
-                self.ports[c.port].port.name,
-                c.local,
-                c.remote,
-                c.mac,
-                c.flow,
-                c.peer_conn,
-                c.peer_closed_sent as u8
-            ));
+        for (&(dev, qpn), c) in &self.cm.conns {
+            out.push(Record::Connection(status::Connection {
+                dev,
+                qpn,
+                client: c.client,
+                role: c.role.as_str().into(),
+                port: self.ports[c.port].port.name.clone(),
+                local: c.local.to_string(),
+                remote: c.remote.to_string(),
+                mac: c.mac.to_string(),
+                flow: c.flow,
+                peer_conn: c.peer_conn,
+                peer_closed: c.peer_closed_sent,
+            }));
         }
-        for ((dev, qpn), client) in &self.cm.qps {
-            out.push(format!("qp dev={dev} qpn={qpn} client={client}"));
+        for (&(dev, qpn), &client) in &self.cm.qps {
+            out.push(Record::Qp(status::Qp { dev, qpn, client }));
         }
     }
 }

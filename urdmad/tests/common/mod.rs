@@ -317,7 +317,7 @@ impl Urdmad {
     }
 
     pub fn try_status(&self) -> Result<Vec<String>, String> {
-        urdmad::client::Connection::connect(&self.socket, Duration::from_secs(5))?.status()
+        status_text(&self.socket, Duration::from_secs(5))
     }
 
     pub fn status(&self) -> Vec<String> {
@@ -350,6 +350,16 @@ impl Drop for Urdmad {
             let _ = c.wait();
         }
     }
+}
+
+/// The status report of the urdmad at `socket` as `urdmad status` shows it, a text line
+/// per record.
+pub fn status_text(socket: &Path, timeout: Duration) -> Result<Vec<String>, String> {
+    urdmad::client::Connection::connect(socket, timeout)?
+        .status()?
+        .iter()
+        .map(|l| urdmad::status::text_line(l))
+        .collect()
 }
 
 /// `key=value` of the first status line starting with `kind` (and containing `filter`).
