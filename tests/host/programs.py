@@ -453,7 +453,7 @@ def self_test():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
     shapes = {
-        "jq": "jq . </dev/null",
+        "strace": "strace -c true </dev/null",
         "urdma-no-such-a": 'x=$(timeout -k 5 10 urdma-no-such-a --flag)',
         "urdma-no-such-b": "ip netns exec urdmaA stdbuf -oL urdma-no-such-b",
         "urdma-no-such-c": "bash -c 'urdma-no-such-c | cat'",
@@ -467,8 +467,8 @@ def self_test():
         shutil.copy(os.path.join(root, "scripts/setup"), os.path.join(tmp, "scripts/setup"))
         with open(os.path.join(tmp, "scripts/scratch"), "w") as fh:
             fh.write("#!/usr/bin/env bash\nt() { timeout 5 \"$@\"; }\n"
-                     "w2() { local f=$1; shift; t \"$@\" >\"$f\"; }\n# jq in a comment is no call\n"
-                     "echo 'jq in a string is no call'\n" + "\n".join(shapes.values()) + "\n")
+                     "w2() { local f=$1; shift; t \"$@\" >\"$f\"; }\n# strace in a comment is no call\n"
+                     "echo 'strace in a string is no call'\n" + "\n".join(shapes.values()) + "\n")
         r = subprocess.run([sys.executable, os.path.abspath(__file__), tmp], capture_output=True, text=True)
         print(r.stdout, end="")
         ok = r.returncode == 1

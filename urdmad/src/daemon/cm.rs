@@ -268,7 +268,7 @@ impl Daemon {
             Err(why) => {
                 if first {
                     tracing::warn!(device = %path.display(),
-                        "no connection channel: {why}; connection management starts once it opens (tried every {CHANNEL_RETRY:?})");
+                        "no connection channel: {why}; running without connection management until it opens (tried every {CHANNEL_RETRY:?})");
                 }
                 self.cm.next_open = Some(Instant::now() + CHANNEL_RETRY);
                 return;
