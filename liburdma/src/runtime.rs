@@ -900,7 +900,7 @@ fn helper_descriptors() -> [(&'static OnceLock<OwnedFd>, MakeFd); 3] {
 /// would wake the parent's helper, an alarm set would move its alarm, a socket taken out of
 /// the epoll set would leave the parent's). Each is replaced by a fresh one under the same
 /// number, so that nothing holding the number needs to hear of it. False if one could not
-/// be made (it is closed then, and the child must not attach).
+/// be made (the number then names /dev/null, and the child must not attach).
 fn renew_descriptors() -> bool {
     let mut all = true;
     for (cell, make) in helper_descriptors() {
