@@ -68,6 +68,7 @@ enum urdma_cm_op {
 	URDMA_CM_PEER_CLOSED = 6,	/* peer began a graceful close of dev/qpn */
 	URDMA_CM_CLOSED = 7,		/* dev/qpn's connection ended: status */
 	URDMA_CM_REQUEST_GONE = 8,	/* req abandoned before accept/reject */
+	URDMA_CM_STATS = 9,		/* ifname's port counters, in pdata */
 	/* kernel -> urdmad */
 	URDMA_CM_LISTEN = 32,		/* listener id on local addr:port (addr 0 = any) */
 	URDMA_CM_UNLISTEN = 33,		/* listener id is gone */
@@ -75,6 +76,28 @@ enum urdma_cm_op {
 	URDMA_CM_ACCEPT = 35,		/* accept req with dev/qpn: pdata, ird, ord */
 	URDMA_CM_REJECT = 36,		/* reject req: pdata */
 	URDMA_CM_DISCONNECT = 37,	/* close dev/qpn: status 0 graceful, <0 abort */
+};
+
+/*
+ * The counters of a port that URDMA_CM_STATS carries: pdata holds pdata_len / 8
+ * __u64 values, in this order, for the interface ifname (a shorter list leaves
+ * the others as they were).  Each device on that interface shows them as its
+ * port's hw_counters (rdma statistic show link DEV/1).  The frame counters are
+ * urdmad's port's; the others sum the transport counters of every QP that ran
+ * on the port, live or gone.
+ */
+enum urdma_stat {
+	URDMA_STAT_RX_FRAMES,		/* frames received on the port */
+	URDMA_STAT_TX_FRAMES,		/* frames sent on the port */
+	URDMA_STAT_RX_DROPS,		/* frames lost on their way to urdmad or a QP */
+	URDMA_STAT_RX_PACKETS,		/* datagrams QPs received */
+	URDMA_STAT_TX_PACKETS,		/* datagrams QPs sent, retransmissions too */
+	URDMA_STAT_RETRANSMISSIONS,	/* datagrams QPs sent again */
+	URDMA_STAT_TIMEOUTS,		/* retransmission timeouts */
+	URDMA_STAT_DUPLICATES,		/* datagrams QPs received twice */
+	URDMA_STAT_CRC_ERRORS,		/* datagrams dropped for their CRC32C */
+	URDMA_STAT_MALFORMED,		/* datagrams of a QP that did not parse */
+	URDMA_STAT_COUNT
 };
 
 /*

@@ -270,6 +270,7 @@ void urdma_cm_qp_modified(struct urdma_qp *qp, enum ib_qp_state state);
 void urdma_cm_qp_destroy(struct urdma_qp *qp);
 void urdma_cm_dev_gone(struct urdma_dev *udev);
 void urdma_cm_netdev_unregister(struct net_device *netdev);
+void urdma_cm_read_stats(struct urdma_dev *udev, u64 *values);
 int urdma_cm_init(void);
 void urdma_cm_exit(void);
 extern const struct attribute_group urdma_attr_group;

@@ -62,6 +62,7 @@ struct urdma_reg {
 	struct net_device *netdev;
 	char socket_path[URDMA_CM_PATHSIZ];
 	netdevice_tracker tracker;
+	u64 stats[URDMA_STAT_COUNT];	/* the last URDMA_CM_STATS */
 };
 
 struct urdma_listener {
@@ -1127,6 +1128,41 @@ static void urdma_cm_closed(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 	}
 }
 
+/* The port counters of the interface msg->ifname, if this channel serves it. */
+static void urdma_cm_stats(struct urdma_chan *chan, struct urdma_cm_msg *msg)
+{
+	size_t n = min_t(size_t, msg->pdata_len / sizeof(u64), URDMA_STAT_COUNT);
+	struct net_device *netdev;
+	struct urdma_reg *reg;
+
+	if (!memchr(msg->ifname, 0, sizeof(msg->ifname)))
+		return;
+	netdev = dev_get_by_name(chan->net, msg->ifname);
+	if (!netdev)
+		return;
+	reg = urdma_reg_find(netdev);
+	if (reg && reg->chan == chan)
+		memcpy(reg->stats, msg->pdata, n * sizeof(u64));
+	dev_put(netdev);
+}
+
+/*
+ * The counters of the urdmad serving the device's interface, the last it
+ * sent; zeros while none serves it.
+ */
+void urdma_cm_read_stats(struct urdma_dev *udev, u64 *values)
+{
+	struct urdma_reg *reg;
+
+	mutex_lock(&urdma_cm_mutex);
+	reg = urdma_reg_find(udev->netdev);
+	if (reg)
+		memcpy(values, reg->stats, sizeof(reg->stats));
+	else
+		memset(values, 0, sizeof(reg->stats));
+	mutex_unlock(&urdma_cm_mutex);
+}
+
 static int urdma_cm_dispatch(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 {
 	if (msg->pdata_len > URDMA_CM_MAX_PDATA)
@@ -1160,6 +1196,9 @@ static int urdma_cm_dispatch(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 		break;
 	case URDMA_CM_REQUEST_GONE:
 		urdma_cm_request_gone(chan, msg);
+		break;
+	case URDMA_CM_STATS:
+		urdma_cm_stats(chan, msg);
 		break;
 	default:
 		mutex_unlock(&urdma_cm_mutex);

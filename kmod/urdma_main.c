@@ -90,11 +90,41 @@ static void urdma_dealloc_driver(struct ib_device *ibdev)
 	netdev_put(udev->netdev, &udev->netdev_tracker);
 }
 
+/* Names of the counters urdmad sends (enum urdma_stat), as hw_counters show them. */
+static const struct rdma_stat_desc urdma_stat_descs[] = {
+	[URDMA_STAT_RX_FRAMES] = { .name = "rx_frames" },
+	[URDMA_STAT_TX_FRAMES] = { .name = "tx_frames" },
+	[URDMA_STAT_RX_DROPS] = { .name = "rx_drops" },
+	[URDMA_STAT_RX_PACKETS] = { .name = "rx_packets" },
+	[URDMA_STAT_TX_PACKETS] = { .name = "tx_packets" },
+	[URDMA_STAT_RETRANSMISSIONS] = { .name = "retransmissions" },
+	[URDMA_STAT_TIMEOUTS] = { .name = "timeouts" },
+	[URDMA_STAT_DUPLICATES] = { .name = "duplicates" },
+	[URDMA_STAT_CRC_ERRORS] = { .name = "crc_errors" },
+	[URDMA_STAT_MALFORMED] = { .name = "malformed" },
+};
+
+static struct rdma_hw_stats *
+urdma_alloc_hw_port_stats(struct ib_device *ibdev, u32 port_num)
+{
+	BUILD_BUG_ON(ARRAY_SIZE(urdma_stat_descs) != URDMA_STAT_COUNT);
+	return rdma_alloc_hw_stats_struct(urdma_stat_descs, URDMA_STAT_COUNT,
+					  RDMA_HW_STATS_DEFAULT_LIFESPAN);
+}
+
+static int urdma_get_hw_stats(struct ib_device *ibdev,
+			      struct rdma_hw_stats *stats, u32 port, int index)
+{
+	urdma_cm_read_stats(to_udev(ibdev), stats->value);
+	return stats->num_counters;
+}
+
 static const struct ib_device_ops urdma_dev_ops = {
 	.owner = THIS_MODULE,
 	.driver_id = RDMA_DRIVER_UNKNOWN,
 	.uverbs_abi_ver = URDMA_ABI_VERSION,
 
+	.alloc_hw_port_stats = urdma_alloc_hw_port_stats,
 	.alloc_mw = urdma_alloc_mw,
 	.alloc_pd = urdma_alloc_pd,
 	.alloc_ucontext = urdma_alloc_ucontext,
@@ -113,6 +143,7 @@ static const struct ib_device_ops urdma_dev_ops = {
 	.disassociate_ucontext = urdma_disassociate_ucontext,
 	.get_dev_fw_str = urdma_get_dev_fw_str,
 	.get_dma_mr = urdma_get_dma_mr,
+	.get_hw_stats = urdma_get_hw_stats,
 	.get_port_immutable = urdma_get_port_immutable,
 	.iw_accept = urdma_accept,
 	.iw_add_ref = urdma_qp_get,

@@ -146,6 +146,7 @@ fn connect_pair(e: &mut Engine, a: QpKey, b: QpKey, (ab, ba): (&Wire, &Wire), no
         datagram: 1472,
         crc: true,
         direct: 0,
+        stats: None,
         conn: 0xB,
         isn: 500,
         pdata: b"ok".to_vec(),

@@ -9,6 +9,7 @@
 //! | [`frame`] | the Ethernet/IPv4/UDP framing of TRP datagrams |
 //! | [`direct`] | a connection's own packet socket (the direct path): its filter and rings |
 //! | [`doorbell`] | waking an idle urdmad after a frame is put on a TX ring |
+//! | [`qpstats`] | each connected QP's transport figures, kept by its process for urdmad |
 //! | [`lending`] | the two rings through which a process borrows the mbufs it sends (`secondary`) |
 //! | [`secondary`] | attaching as a DPDK secondary process (`secondary`) |
 //!
@@ -19,6 +20,7 @@ pub mod direct;
 pub mod doorbell;
 pub mod frame;
 pub mod proto;
+pub mod qpstats;
 
 #[cfg(feature = "secondary")]
 pub mod lending;

@@ -402,6 +402,10 @@ pub struct Connected {
     /// and its rings hold this many frames each way (`direct::Geometry::new(datagram,
     /// direct)`).
     pub direct: u32,
+    /// The connection's slot in urdmad's table of QP figures ([`crate::qpstats`]), which the
+    /// process keeps current; `None` when every slot is taken (`stats=-`, or no field from
+    /// an urdmad without the table).
+    pub stats: Option<u32>,
     /// Our connection id.
     pub conn: u32,
     /// Our initial PSN.
@@ -481,7 +485,7 @@ impl Event {
     pub fn encode(&self) -> String {
         match self {
             Event::Connected(c) => format!(
-                "EVENT CONNECTED dev={} qpn={} role={} port={} local={} remote={} mac={} flow={} rx={} ird={} ord={} datagram={} crc={} direct={} conn={} isn={} pdata={} pkt={}\n",
+                "EVENT CONNECTED dev={} qpn={} role={} port={} local={} remote={} mac={} flow={} rx={} ird={} ord={} datagram={} crc={} direct={} stats={} conn={} isn={} pdata={} pkt={}\n",
                 c.dev,
                 c.qpn,
                 c.role.as_str(),
@@ -496,6 +500,7 @@ impl Event {
                 c.datagram,
                 u8::from(c.crc),
                 c.direct,
+                c.stats.map_or_else(|| "-".to_string(), |s| s.to_string()),
                 c.conn,
                 c.isn,
                 hex(&c.pdata),
@@ -545,6 +550,10 @@ impl Event {
                     _ => return Err(ProtoError::BadValue("crc")),
                 },
                 direct: g.num("direct")?,
+                stats: match g.opt("stats") {
+                    None | Some("-") => None,
+                    Some(v) => Some(v.parse().map_err(|_| ProtoError::BadValue("stats"))?),
+                },
                 conn: g.num("conn")?,
                 isn: g.num("isn")?,
                 pdata: bytes("pdata")?,
@@ -1056,6 +1065,7 @@ mod v2_tests {
             datagram: 1472,
             crc: true,
             direct: 0,
+            stats: Some(5),
             conn: 0xdead_beef,
             isn: 7,
             pdata: vec![],
@@ -1096,6 +1106,21 @@ mod v2_tests {
         assert!(is_event(&line));
         assert!(line.contains(" pdata= pkt=0001feff\n"), "{line}");
         assert_eq!(Event::decode(&line).unwrap(), e);
+        assert!(line.contains(" stats=5 "), "{line}");
+        // No slot, said or (an urdmad without the table) not said.
+        c.stats = None;
+        let none = Event::Connected(Box::new(c.clone())).encode();
+        assert!(none.contains(" stats=- "), "{none}");
+        assert_eq!(
+            Event::decode(&none).unwrap(),
+            Event::Connected(Box::new(c.clone()))
+        );
+        let unsaid = none.replace(" stats=- ", " ");
+        assert_eq!(
+            Event::decode(&unsaid).unwrap(),
+            Event::Connected(Box::new(c.clone()))
+        );
+        assert!(Event::decode(&none.replace(" stats=- ", " stats=x ")).is_err());
         c.role = Role::Active;
         c.pdata = (0..=254).collect();
         c.pkt = vec![0xab; 1472];

@@ -2,8 +2,9 @@
 # The two-node test bed (scripts/bed) works before any RDMA traffic does: up, a ping from
 # node A to node B that crosses both urdmads (counted in their status) and the veth pair,
 # netem on the link (loss 100% stops the ping, removing it restores it), `bed pair`, each
-# node's urdma device seen by rdma-core tools, a node's urdmad killed and restarted
-# (`bed restart`), and `scripts/bed down` leaving nothing behind.
+# node's urdma device seen by rdma-core tools, a node's urdmad stopped (deleting its device)
+# and killed, each time started again with `bed restart` and back with its address and device
+# (urdmad makes both from its configuration), and `scripts/bed down` leaving nothing behind.
 #   scripts/vm --out out/bed -- bash tests/vm/40-bed.sh
 set -u
 
@@ -118,12 +119,37 @@ for n in A B; do
 	grep -qw "urdma$n" <<<"$devs" || fail "node $n: ibv_devices does not list urdma$n"
 done
 
-step "kill -9 of node B's urdmad, then scripts/bed restart B"
+# back NODE WHAT: after `bed restart NODE` (which waits for the address and the device, as
+# urdmad makes them from its configuration), the node's status says so and A reaches B.
+back() {
+	local n=$1 what=$2 since=$SECONDS state
+	t scripts/bed restart "$n" || fail "scripts/bed restart $n after $what"
+	echo "  $what: urdmad back with address and device in $((SECONDS - since)) s"
+	((SECONDS - since <= RESTART_BOUND)) || fail "more than ${RESTART_BOUND}s for node $n to come back after $what"
+	state=$(field "$n" exception rdma_device_state)
+	[[ $state == created* ]] || fail "node $n's status says its device is '$state'"
+	[ "$(field "$n" exception addresses[0])" = 10.77.0.2/24 ] || fail "node $n's status shows no address"
+	t scripts/bed exec A ping -c 3 -i 0.5 -W 10 10.77.0.2 || fail "ping after $what"
+}
+# What urdmad takes from start to serving with its address and device, in the emulated VM.
+RESTART_BOUND=${RESTART_BOUND:-90}
+
+step "SIGTERM to node B's urdmad: it deletes its device, its interface and address go with it"
+[ "$(field B exception rdma_device)" = urdmaB ] || fail "node B's status names no device"
+kill -TERM "$pid_b"
+for _ in $(seq 300); do [ -d "/proc/$pid_b" ] || break; sleep 0.2; done
+[ -d "/proc/$pid_b" ] && fail "node B's urdmad still runs 60 s after SIGTERM"
+grep -q "urdma device deleted" /run/urdma/bed/B.log || fail "node B's urdmad did not say it deleted its device"
+rdma link show 2>/dev/null | grep -q "^link urdmaB/" && fail "urdmaB outlived its urdmad: $(rdma link show)"
+ip -n urdmaB link show urdma-tapB >/dev/null 2>&1 && fail "urdma-tapB outlived its urdmad"
+back B "a stop"
+pid_b=$(cat /run/urdma/bed/B.pid)
+
+step "kill -9 of node B's urdmad: a new one puts back address and device"
 kill -9 "$pid_b"
-t scripts/bed restart B || fail "scripts/bed restart B"
+back B "kill -9"
 pid_b2=$(cat /run/urdma/bed/B.pid)
 [ "$pid_b2" != "$pid_b" ] && [ -d "/proc/$pid_b2" ] || fail "no new urdmad in node B after restart"
-t scripts/bed exec A ping -c 3 -i 0.5 -W 10 10.77.0.2 || fail "ping after restarting node B's urdmad"
 links=$(t scripts/bed exec B rdma link show) || fail "rdma link show in node B"
 grep -qE "^link urdmaB/1 .*netdev urdma-tapB\b" <<<"$links" || fail "node B has no urdmaB on urdma-tapB after restart: $links"
 

@@ -23,6 +23,22 @@ mod abi {
 
 pub use abi::urdma_cm_msg as RawMsg;
 
+/// Where each port counter goes in an [`Op::Stats`] message (`enum urdma_stat`).
+pub mod stat {
+    use super::abi;
+    pub const RX_FRAMES: usize = abi::urdma_stat_URDMA_STAT_RX_FRAMES as usize;
+    pub const TX_FRAMES: usize = abi::urdma_stat_URDMA_STAT_TX_FRAMES as usize;
+    pub const RX_DROPS: usize = abi::urdma_stat_URDMA_STAT_RX_DROPS as usize;
+    pub const RX_PACKETS: usize = abi::urdma_stat_URDMA_STAT_RX_PACKETS as usize;
+    pub const TX_PACKETS: usize = abi::urdma_stat_URDMA_STAT_TX_PACKETS as usize;
+    pub const RETRANSMISSIONS: usize = abi::urdma_stat_URDMA_STAT_RETRANSMISSIONS as usize;
+    pub const TIMEOUTS: usize = abi::urdma_stat_URDMA_STAT_TIMEOUTS as usize;
+    pub const DUPLICATES: usize = abi::urdma_stat_URDMA_STAT_DUPLICATES as usize;
+    pub const CRC_ERRORS: usize = abi::urdma_stat_URDMA_STAT_CRC_ERRORS as usize;
+    pub const MALFORMED: usize = abi::urdma_stat_URDMA_STAT_MALFORMED as usize;
+    pub const COUNT: usize = abi::urdma_stat_URDMA_STAT_COUNT as usize;
+}
+
 /// Bytes of one message.
 pub const MSG_SIZE: usize = std::mem::size_of::<RawMsg>();
 /// Most private data bytes a message carries.
@@ -39,6 +55,9 @@ pub enum Op {
     PeerClosed,
     Closed,
     RequestGone,
+    /// A port's counters for the devices on its exception interface (pdata: `enum
+    /// urdma_stat` order, a u64 each).
+    Stats,
     Listen,
     Unlisten,
     Connect,
@@ -50,7 +69,7 @@ pub enum Op {
     Unknown,
 }
 
-const OPS: [(Op, abi::urdma_cm_op); 14] = [
+const OPS: [(Op, abi::urdma_cm_op); 15] = [
     (Op::Register, abi::urdma_cm_op_URDMA_CM_REGISTER),
     (Op::Request, abi::urdma_cm_op_URDMA_CM_REQUEST),
     (Op::Connected, abi::urdma_cm_op_URDMA_CM_CONNECTED),
@@ -59,6 +78,7 @@ const OPS: [(Op, abi::urdma_cm_op); 14] = [
     (Op::PeerClosed, abi::urdma_cm_op_URDMA_CM_PEER_CLOSED),
     (Op::Closed, abi::urdma_cm_op_URDMA_CM_CLOSED),
     (Op::RequestGone, abi::urdma_cm_op_URDMA_CM_REQUEST_GONE),
+    (Op::Stats, abi::urdma_cm_op_URDMA_CM_STATS),
     (Op::Listen, abi::urdma_cm_op_URDMA_CM_LISTEN),
     (Op::Unlisten, abi::urdma_cm_op_URDMA_CM_UNLISTEN),
     (Op::Connect, abi::urdma_cm_op_URDMA_CM_CONNECT),

@@ -2,6 +2,7 @@
 //! field; [`DEFAULT`] is what urdmad uses when no file is given and works unedited in the
 //! VM test bed (an af_packet port on `veth0`).
 
+use crate::netlink::Prefix;
 use crate::portfilter::MAX_DIRECT;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -80,6 +81,17 @@ impl Default for Daemon {
     }
 }
 
+/// Longest RDMA device name (`IB_DEVICE_NAME_MAX` less its NUL).
+pub const MAX_RDMA_NAME: usize = 63;
+
+/// A name the kernel takes as it is: `%` would make it a template (`urdma%d`).
+fn valid_rdma_name(name: &str) -> bool {
+    (1..=MAX_RDMA_NAME).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
 /// Most flow queues per port (queue 0 stays the port's default queue).
 pub const MAX_FLOW_QUEUES: u16 = 1023;
 
@@ -101,6 +113,14 @@ pub struct Port {
     pub device: String,
     /// Name of the kernel interface of the exception path (a TAP carrying the port's MAC).
     pub exception: String,
+    /// Addresses urdmad puts on the exception interface, bringing it up, when it creates it
+    /// (they go with the interface when urdmad stops).
+    #[serde(default)]
+    pub addresses: Vec<Prefix>,
+    /// The urdma device urdmad creates on the exception interface once urdma.ko allows
+    /// (`rdma link add NAME type urdma netdev EXCEPTION`) and deletes when it stops.
+    #[serde(default)]
+    pub rdma_device: Option<String>,
     #[serde(default = "default_steering")]
     pub steering: SteeringChoice,
     #[serde(default = "default_queue")]
@@ -214,7 +234,11 @@ pub enum ValidationError {
     FlowQueues { port: String, flow_queues: u16 },
     #[error("port {port}: direct_max {direct_max} is not between 1 and {MAX_DIRECT}")]
     DirectMax { port: String, direct_max: u32 },
-    #[error("port {port}: name or exception interface used twice")]
+    #[error(
+        "port {port}: rdma_device {name:?} is not 1 to {MAX_RDMA_NAME} letters, digits, - _ or ."
+    )]
+    RdmaDevice { port: String, name: String },
+    #[error("port {port}: name, exception interface or rdma_device used twice")]
     Duplicate { port: String },
 }
 
@@ -330,10 +354,17 @@ impl Config {
                     direct_max: p.direct_max,
                 });
             }
-            if self.ports[..i]
-                .iter()
-                .any(|q| q.name == p.name || q.exception == p.exception)
-            {
+            if let Some(name) = p.rdma_device.as_ref().filter(|n| !valid_rdma_name(n)) {
+                return Err(ValidationError::RdmaDevice {
+                    port: p.name.clone(),
+                    name: name.clone(),
+                });
+            }
+            if self.ports[..i].iter().any(|q| {
+                q.name == p.name
+                    || q.exception == p.exception
+                    || (q.rdma_device.is_some() && q.rdma_device == p.rdma_device)
+            }) {
                 return Err(ValidationError::Duplicate {
                     port: p.name.clone(),
                 });
@@ -447,12 +478,51 @@ mod tests {
                     "{}[[port]]\nname = 'p1'\ndevice = 'net_null1'\nexception = 'tap0'\n",
                     with("", "")
                 ),
-                "u.toml: port p1: name or exception interface used twice",
+                "u.toml: port p1: name, exception interface or rdma_device used twice",
+            ),
+            (
+                format!(
+                    "{}[[port]]\nname = 'p1'\ndevice = 'net_null1'\nexception = 'tap1'\nrdma_device = 'u0'\n",
+                    with("", "rdma_device = 'u0'")
+                ),
+                "u.toml: port p1: name, exception interface or rdma_device used twice",
+            ),
+            (
+                with("", "rdma_device = 'urdma%d'"),
+                r#"u.toml: port p0: rdma_device "urdma%d" is not 1 to 63 letters, digits, - _ or ."#,
+            ),
+            (
+                with("", "rdma_device = ''"),
+                r#"u.toml: port p0: rdma_device "" is not 1 to 63 letters, digits, - _ or ."#,
             ),
         ];
         for (text, expect) in cases {
             assert_eq!(message(&text), expect, "{text}");
         }
+    }
+
+    #[test]
+    fn a_port_names_its_addresses_and_device() {
+        let c = Config::parse(
+            &with(
+                "",
+                "addresses = ['10.77.0.1/24', 'fd00::1/64']\nrdma_device = 'urdma0'",
+            ),
+            "u.toml",
+        )
+        .unwrap();
+        let p = &c.ports[0];
+        let shown: Vec<String> = p.addresses.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.77.0.1/24", "fd00::1/64"]);
+        assert_eq!(p.rdma_device.as_deref(), Some("urdma0"));
+        let plain = &Config::parse(&with("", ""), "u.toml").unwrap().ports[0];
+        assert!(plain.addresses.is_empty() && plain.rdma_device.is_none());
+        let e = message(&with("", "addresses = ['10.77.0.1']"));
+        assert!(e.starts_with("u.toml: line 7: "), "{e}");
+        assert!(
+            e.contains(r#""10.77.0.1" is not an address with its prefix length"#),
+            "{e}"
+        );
     }
 
     #[test]

@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 mod cm;
+mod counters;
+mod device;
 mod direct;
 mod idle;
 
@@ -81,6 +83,12 @@ struct PortState {
     /// with their frames forwarded through urdmad.
     conns_direct: u64,
     conns_forwarded: u64,
+    /// The urdma device urdmad keeps on the exception interface, when configured.
+    rdma: Option<device::RdmaDevice>,
+    /// What closed flows left to the port's counters.
+    departed: counters::Departed,
+    /// The counters last sent to the kernel on the current channel.
+    pushed: Option<counters::PortCounters>,
 }
 
 struct FlowRec {
@@ -94,6 +102,8 @@ struct FlowRec {
     fallback: Option<String>,
     /// The connection's own socket, when it is on the direct path.
     direct: Option<direct::DirectSock>,
+    /// Its QP's slot in the table of QP figures, for a connection's flow.
+    stats: Option<u32>,
 }
 
 struct TxRing {
@@ -145,6 +155,10 @@ pub struct Daemon {
     /// held are taken back and their DPDK runtime files removed ([`Daemon::sweep`]).
     departed: Vec<(u32, u32)>,
     swept_at: Instant,
+    /// Where processes keep their connected QPs' figures.
+    qp_table: counters::QpTable,
+    /// When the ports' counters may next go to the kernel.
+    next_push: Instant,
 }
 
 /// What ended an idle sleep.
@@ -309,6 +323,9 @@ impl Daemon {
                     socket_drops: std::cell::Cell::new(0),
                     conns_direct: 0,
                     conns_forwarded: 0,
+                    rdma: pc.rdma_device.as_deref().map(device::RdmaDevice::new),
+                    departed: counters::Departed::default(),
+                    pushed: None,
                 }),
                 Err(e) => {
                     for p in &mut ports {
@@ -318,6 +335,16 @@ impl Daemon {
                     unsafe { sys::rte_mempool_free(pool) };
                     return Err(e.into());
                 }
+            }
+        }
+        for pc in &cfg.ports {
+            if let Err(e) = device::configure_interface(pc) {
+                for p in &mut ports {
+                    p.port.close();
+                }
+                // SAFETY: no port uses the pool any more.
+                unsafe { sys::rte_mempool_free(pool) };
+                return Err(e.into());
             }
         }
         // Once the ports' sockets exist.
@@ -364,6 +391,13 @@ impl Daemon {
                 return Err(e.into());
             }
         };
+        let qp_table = match counters::QpTable::new() {
+            Ok(t) => t,
+            Err(e) => {
+                close_all(&mut ports);
+                return Err(e.into());
+            }
+        };
         let drivers: Vec<String> = ports.iter().map(|p| p.port.driver()).collect();
         idle.watch_ports(drivers.iter().map(String::as_str));
         tracing::info!(
@@ -392,8 +426,11 @@ impl Daemon {
             idle,
             departed: Vec::new(),
             swept_at: Instant::now(),
+            qp_table,
+            next_push: Instant::now(),
         };
         d.cm_open();
+        d.devices_create();
         Ok(d)
     }
 
@@ -761,6 +798,8 @@ impl Daemon {
         } else {
             self.cm_retry();
         }
+        self.devices_create();
+        self.counters_push();
         if !self.departed.is_empty() && self.swept_at.elapsed() >= Duration::from_millis(500) {
             self.sweep();
         }
@@ -1129,6 +1168,7 @@ impl Daemon {
                 queue,
                 fallback,
                 direct: None,
+                stats: None,
             },
         );
         self.clients[i].flows.push(flow);
@@ -1151,6 +1191,11 @@ impl Daemon {
         let Some(rec) = self.flows.remove(&flow) else {
             return;
         };
+        let p = &mut self.ports[usize::from(rec.port)];
+        let drops = p.flows.get(rec.slot).map_or(0, |f| f.drops)
+            + rec.direct.as_ref().map_or(0, |d| d.counters().1);
+        let qp = rec.stats.map(|s| self.qp_table.give_back(s));
+        p.departed.add(qp, drops);
         self.direct_close(flow, &rec);
         let p = &mut self.ports[usize::from(rec.port)];
         if let Some(q) = rec.queue {
@@ -1265,12 +1310,7 @@ impl Daemon {
         }));
         for p in &self.ports {
             let c = port::counters(p.port.id);
-            let socket_drops = p.socket_drops.get()
-                + p.sockets
-                    .iter()
-                    .map(|&fd| crate::direct::take_stats(fd).1)
-                    .sum::<u64>();
-            p.socket_drops.set(socket_drops);
+            let socket_drops = p.socket_drops();
             let in_state = |s: QueueUse| p.queues.iter().filter(|q| q.state == s).count();
             out.push(Record::Port(status::Port {
                 index: p.port.index,
@@ -1327,6 +1367,13 @@ impl Daemon {
                 from_kernel_drops: p.from_kernel_drops,
                 tap_rx_packets: e.rx_packets,
                 tap_tx_packets: e.tx_packets,
+                addresses: self.cfg.ports[p.port.index as usize]
+                    .addresses
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+                rdma_device: p.rdma.as_ref().map(|d| d.name.clone()),
+                rdma_device_state: p.rdma.as_ref().map(|d| d.state_text()),
             }));
         }
         for c in &self.clients {
@@ -1385,6 +1432,7 @@ impl Daemon {
                     drops: f.drops + sock_drops,
                     // SAFETY: the ring lives while the flow is open.
                     queued: unsafe { sys::rte_ring_count(f.ring) },
+                    qp: rec.stats.map(|s| counters::figures(&self.qp_table.read(s))),
                 }));
             }
         }
@@ -1397,6 +1445,7 @@ impl Daemon {
             self.release(c, "urdmad stopping");
         }
         for p in &mut self.ports {
+            device::delete(p);
             for q in &mut p.queues {
                 // Only quarantined queues still hold a rule here; closing the port is the
                 // last chance to remove it.

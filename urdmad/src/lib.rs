@@ -6,7 +6,7 @@
 //! `urdma-shared` crate's, re-exported here under the same names so that the daemon's code
 //! reads `crate::proto` as before.
 
-pub use urdma_shared::{client, direct, doorbell, frame, proto, secondary};
+pub use urdma_shared::{client, direct, doorbell, frame, proto, qpstats, secondary};
 
 pub mod access;
 pub mod cm_channel;
@@ -18,6 +18,7 @@ pub mod holder;
 pub mod hwflow;
 pub mod lending;
 pub mod logging;
+pub mod netlink;
 pub mod port;
 pub mod portfilter;
 pub mod service;

@@ -35,6 +35,17 @@ pub enum StartupError {
     /// `reason` is `rte_strerror` of DPDK's error.
     #[error("cannot reserve the doorbell's shared memory: {reason}")]
     Doorbell { reason: String },
+    /// `reason` is `rte_strerror` of DPDK's error.
+    #[error("cannot reserve the table of QP figures: {reason}")]
+    QpStats { reason: String },
+    /// A port's exception interface could not be given its addresses or brought up.
+    #[error("port {port}: exception interface {interface}: {what}: {error}")]
+    Interface {
+        port: String,
+        interface: String,
+        what: String,
+        error: std::io::Error,
+    },
     /// The bound control socket could not be set up for polling.
     #[error("control socket: {error}")]
     ControlSocket { error: std::io::Error },

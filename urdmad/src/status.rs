@@ -111,6 +111,11 @@ pub struct Exception {
     pub from_kernel_drops: u64,
     pub tap_rx_packets: u64,
     pub tap_tx_packets: u64,
+    /// What urdmad put on the interface (`addresses`), and the device it keeps there:
+    /// `created index=N` or `waiting: WHY`.
+    pub addresses: Vec<String>,
+    pub rdma_device: Option<String>,
+    pub rdma_device_state: Option<String>,
 }
 
 #[derive(Serialize, Debug, Clone, PartialEq)]
@@ -219,6 +224,23 @@ pub struct Flow {
     pub rx_bytes: u64,
     pub drops: u64,
     pub queued: u32,
+    /// A connection's QP as its process last kept its figures (docs/urdmad.md, "Counters");
+    /// none for other flows and for a connection without a slot.
+    pub qp: Option<QpFigures>,
+}
+
+/// A connected QP's transport figures, while it lives.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct QpFigures {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub retransmissions: u64,
+    pub timeouts: u64,
+    pub duplicates: u64,
+    pub crc_errors: u64,
+    pub malformed: u64,
+    /// 0 before the first sample.
+    pub srtt_us: u64,
 }
 
 /// The report's lines on the wire.
@@ -235,19 +257,36 @@ pub fn text_line(line: &str) -> Result<String, String> {
     let obj = record(line)?;
     let mut out = String::new();
     for (k, v) in &obj {
-        let v = match v {
-            Value::Null => "-".to_string(),
-            Value::Bool(b) => u8::from(*b).to_string(),
-            Value::String(s) => s.replace(' ', "_"),
-            other => other.to_string(),
-        };
-        if k == "kind" {
-            out.insert_str(0, &v);
-        } else {
-            out.push_str(&format!(" {k}={v}"));
+        match v {
+            Value::String(s) if k == "kind" => out.insert_str(0, s),
+            // A record within the record: its fields, named `outer_inner`.
+            Value::Object(inner) => {
+                for (k2, v2) in inner {
+                    out.push_str(&format!(" {k}_{k2}={}", text_value(v2)));
+                }
+            }
+            v => out.push_str(&format!(" {k}={}", text_value(v))),
         }
     }
     Ok(out)
+}
+
+/// One value as a word.
+fn text_value(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_string(),
+        Value::Bool(b) => u8::from(*b).to_string(),
+        Value::String(s) => s.replace(' ', "_"),
+        Value::Array(items) if items.iter().all(Value::is_string) => {
+            let words: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
+            if words.is_empty() {
+                "-".to_string()
+            } else {
+                words.join(",").replace(' ', "_")
+            }
+        }
+        other => other.to_string(),
+    }
 }
 
 /// The report as one JSON document: per kind, in the order kinds first come, the list of
@@ -351,6 +390,85 @@ mod tests {
             "listener id=3 dev=0 port=the_port local=x"
         );
         assert_eq!(document(&wire).unwrap()["listener"][0]["port"], "the port");
+    }
+
+    #[test]
+    fn a_list_of_words_is_one_word_in_text_and_a_list_in_json() {
+        let exception = |addresses: Vec<String>| {
+            Record::Exception(Exception {
+                port: "p0".into(),
+                iface: "tap0".into(),
+                to_kernel: 0,
+                to_kernel_drops: 0,
+                from_kernel: 0,
+                from_kernel_drops: 0,
+                tap_rx_packets: 0,
+                tap_tx_packets: 0,
+                addresses,
+                rdma_device: Some("urdma0".into()),
+                rdma_device_state: Some("waiting: urdma.ko is not loaded".into()),
+            })
+        };
+        let wire = encode(&[
+            exception(vec!["10.0.0.1/24".into(), "fd00::1/64".into()]),
+            exception(Vec::new()),
+        ]);
+        let text = text_line(&wire[0]).unwrap();
+        assert!(
+            text.ends_with(" addresses=10.0.0.1/24,fd00::1/64 rdma_device=urdma0 rdma_device_state=waiting:_urdma.ko_is_not_loaded"),
+            "{text}"
+        );
+        assert!(text_line(&wire[1]).unwrap().contains(" addresses=- "));
+        let doc = document(&wire).unwrap();
+        assert_eq!(doc["exception"][0]["addresses"][1], "fd00::1/64");
+        assert_eq!(
+            doc["exception"][1]["addresses"].as_array().unwrap().len(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_record_within_a_record_is_prefixed_words_in_text_and_an_object_in_json() {
+        let flow = |qp| {
+            Record::Flow(Flow {
+                id: 7,
+                client: 1,
+                port: "p0".into(),
+                local: "10.0.0.1:4791".into(),
+                remote: None,
+                ring: "urd_rx_7".into(),
+                steering: "software".into(),
+                queue: None,
+                fallback: None,
+                path: "direct".into(),
+                rx_packets: 1,
+                via_urdmad: 0,
+                rx_bytes: 100,
+                drops: 0,
+                queued: 0,
+                qp,
+            })
+        };
+        let figures = QpFigures {
+            rx_packets: 10,
+            tx_packets: 12,
+            retransmissions: 2,
+            timeouts: 1,
+            duplicates: 0,
+            crc_errors: 0,
+            malformed: 0,
+            srtt_us: 350,
+        };
+        let wire = encode(&[flow(Some(figures)), flow(None)]);
+        let text = text_line(&wire[0]).unwrap();
+        assert!(
+            text.ends_with(" queued=0 qp_rx_packets=10 qp_tx_packets=12 qp_retransmissions=2 qp_timeouts=1 qp_duplicates=0 qp_crc_errors=0 qp_malformed=0 qp_srtt_us=350"),
+            "{text}"
+        );
+        assert!(text_line(&wire[1]).unwrap().ends_with(" queued=0 qp=-"));
+        let doc = document(&wire).unwrap();
+        assert_eq!(doc["flow"][0]["qp"]["retransmissions"], 2);
+        assert!(doc["flow"][1]["qp"].is_null());
     }
 
     #[test]

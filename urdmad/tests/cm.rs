@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use urdmad::client::Connection;
-use urdmad::cm_channel::{Channel, FakeKernel, Msg, Op};
+use urdmad::cm_channel::{stat, Channel, FakeKernel, Msg, Op};
 use urdmad::proto::{Connected, Event, Mac, Request, Response, Role};
 
 /// Addresses the CM messages use; no kernel owns them, so only urdmad answers.
@@ -23,6 +23,47 @@ const HANDSHAKE_GIVES_UP: Duration = Duration::from_secs(80);
 /// How long urdmad keeps a pending request whose requester has gone quiet (`REQUEST_IDLE`,
 /// daemon/cm.rs).
 const REQUEST_IDLE: Duration = Duration::from_secs(15);
+
+/// The next message urdmad sends the kernel within `wait`, but for port counters
+/// (`Op::Stats`, sent whenever they change), which go to `counters` by interface.
+fn from_urdmad(kernel: &Channel, wait: Duration) -> Option<Msg> {
+    let end = Instant::now() + wait;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let m = kernel.recv_timeout(left).unwrap()?;
+        if m.op != Op::Stats {
+            return Some(m);
+        }
+        let values = m
+            .pdata
+            .chunks_exact(8)
+            .map(|b| u64::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        COUNTERS.lock().unwrap().insert(m.ifname, values);
+    }
+}
+
+/// The last port counters urdmad sent for each interface.
+static COUNTERS: std::sync::Mutex<std::collections::BTreeMap<String, Vec<u64>>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// Waits (bounded) until urdmad has sent counters for `iface` that satisfy `ok`.
+fn counters_until(kernel: &Channel, iface: &str, ok: impl Fn(&[u64]) -> bool) -> Vec<u64> {
+    let end = Instant::now() + 3 * WAIT;
+    loop {
+        if let Some(v) = COUNTERS.lock().unwrap().get(iface).filter(|v| ok(v)) {
+            return v.clone();
+        }
+        assert!(
+            Instant::now() < end,
+            "no such counters for {iface}: {:?}",
+            COUNTERS.lock().unwrap().get(iface)
+        );
+        if let Some(m) = from_urdmad(kernel, Duration::from_millis(200)) {
+            panic!("unexpected {m:?} while waiting for counters");
+        }
+    }
+}
 
 struct Side {
     _daemon: Urdmad,
@@ -49,17 +90,14 @@ impl Side {
     }
 
     fn expect(&self, op: Op) -> Msg {
-        let m = self
-            .kernel
-            .recv_timeout(WAIT)
-            .expect("channel")
+        let m = from_urdmad(&self.kernel, WAIT)
             .unwrap_or_else(|| panic!("no {op:?} from urdmad within {WAIT:?}"));
         assert_eq!(m.op, op, "expected {op:?}, got {m:?}");
         m
     }
 
     fn nothing(&self, wait: Duration) {
-        if let Some(m) = self.kernel.recv_timeout(wait).unwrap() {
+        if let Some(m) = from_urdmad(&self.kernel, wait) {
             panic!("unexpected message {m:?}");
         }
     }
@@ -602,7 +640,7 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     // urdmad repeats a ConnectRequest for about a minute before it gives up.
     let end = Instant::now() + HANDSHAKE_GIVES_UP;
     let f = loop {
-        if let Some(m) = a.kernel.recv_timeout(Duration::from_millis(500)).unwrap() {
+        if let Some(m) = from_urdmad(&a.kernel, Duration::from_millis(500)) {
             break m;
         }
         assert!(Instant::now() < end, "no CONNECT_FAILED");
@@ -640,7 +678,7 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     // A's handshake gives up (nobody sends the Accept); B's pending request is then gone.
     let end = Instant::now() + HANDSHAKE_GIVES_UP;
     let f = loop {
-        if let Some(m) = a.kernel.recv_timeout(WAIT).unwrap() {
+        if let Some(m) = from_urdmad(&a.kernel, WAIT) {
             if m.op == Op::ConnectFailed {
                 break m;
             }
@@ -649,16 +687,29 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     };
     assert_eq!((f.id, f.status), (15, -110));
     let g = loop {
-        let m = b
-            .kernel
-            .recv_timeout(REQUEST_IDLE + 2 * WAIT)
-            .unwrap()
-            .expect("REQUEST_GONE");
+        let m = from_urdmad(&b.kernel, REQUEST_IDLE + 2 * WAIT).expect("REQUEST_GONE");
         if m.op == Op::RequestGone {
             break m;
         }
     };
     assert_eq!(g.req, req.req);
+
+    // Each urdmad told its kernel its port's counters as they moved: B's port received the
+    // frames A's port sent (ConnectRequests and data), and no frame was lost.
+    let port_frames = |p: &Side, name| {
+        field(&p.status(), "port", "", name)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let b_rx = port_frames(&b, "rx_packets");
+    let counted = counters_until(&b.kernel, &b.tap, |v| v[stat::RX_FRAMES] >= b_rx);
+    assert_eq!(counted.len(), stat::COUNT);
+    assert_eq!(counted[stat::RX_DROPS], 0, "{counted:?}");
+    let a_tx = port_frames(&a, "tx_packets");
+    counters_until(&a.kernel, &a.tap, |v| {
+        v[stat::TX_FRAMES] >= a_tx && a_tx > 0
+    });
 }
 
 /// The main thread's voluntary context switches.
@@ -757,7 +808,7 @@ fn a_connect_goes_out_on_the_port_holding_its_local_address() {
     let d = bed.start_with(&bed.write_config("two.toml", &text));
     let kernel = fake.accept(WAIT).unwrap();
     for tap in [&bed.tap, &tap2] {
-        let m = kernel.recv_timeout(WAIT).unwrap().unwrap();
+        let m = from_urdmad(&kernel, WAIT).unwrap();
         assert_eq!((m.op, &m.ifname), (Op::Register, tap));
     }
     sh(&[
@@ -809,7 +860,7 @@ fn a_connect_goes_out_on_the_port_holding_its_local_address() {
     let mut buf = vec![0u8; 512];
     let n = inc.reject(b"via p1", &mut buf).unwrap();
     peer.send_to(&buf[..n], from).unwrap();
-    let f = kernel.recv_timeout(WAIT).unwrap().expect("CONNECT_FAILED");
+    let f = from_urdmad(&kernel, WAIT).expect("CONNECT_FAILED");
     assert_eq!(
         (f.op, f.id, f.status, f.pdata.as_slice()),
         (Op::ConnectFailed, 21, -111, &b"via p1"[..])

@@ -287,6 +287,10 @@ impl Daemon {
         }
         tracing::info!(device = %path.display(), ports = self.ports.len(), "connection channel open");
         self.cm.chan = Some(chan);
+        // A new channel starts without counters: they go again at the next push.
+        for p in &mut self.ports {
+            p.pushed = None;
+        }
         self.cm.tap.macs = self.ports.iter().map(|p| p.port.mac.0).collect();
         self.cm.tap.enabled = true;
     }
@@ -656,6 +660,7 @@ impl Daemon {
                 datagram,
                 crc,
                 direct: 0,
+                stats: None,
                 conn: h.conn,
                 isn: h.isn,
                 pdata: h.pdata.clone(),
@@ -737,6 +742,16 @@ impl Daemon {
             // The rings are sized for the datagram the event announces.
             direct = self.direct_open(opened.flow, spec, c.datagram);
             c.direct = direct.map_or(0, |(_, frames)| frames);
+            c.stats = self.qp_table.take();
+            if let Some(rec) = self.flows.get_mut(&opened.flow) {
+                rec.stats = c.stats;
+            }
+            if c.stats.is_none() {
+                tracing::warn!(
+                    flow = opened.flow,
+                    "every slot of the QP figures is taken: this connection has none"
+                );
+            }
         }
         let text = event.encode();
         if let Err(e) = self.send_with(i, &text, direct.map(|(fd, _)| fd)) {
@@ -902,6 +917,7 @@ impl Daemon {
                 datagram,
                 crc: cfg.crc,
                 direct: 0,
+                stats: None,
                 conn,
                 isn,
                 pdata,

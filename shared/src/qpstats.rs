@@ -1,0 +1,108 @@
+//! Each connected QP's transport figures, which the process that owns the QP keeps current
+//! in memory urdmad reads: urdmad shows them on the QP's flow in its status while the QP
+//! lives, and adds them up into its port's counters, which urdma.ko shows as the device's
+//! `hw_counters` (`rdma statistic show`).
+//!
+//! urdmad reserves the table ([`MEMZONE`], [`SLOTS`] slots) at start and gives each
+//! connection's flow a slot of its own, zeroed, in `EVENT CONNECTED ... stats=N`. Only the
+//! owning process writes a slot, and only while it has the flow; urdmad reads it when asked
+//! for status or counters, and a last time when the flow closes, when it adds the slot's
+//! counts to its port's totals and the slot becomes free again. Each value is written and read
+//! whole (an atomic word): a reader may see one value of a round and another of the next,
+//! never a torn one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The memzone that holds the table of [`Slot`]s.
+pub const MEMZONE: &str = "urd_qp_stats";
+
+/// Slots in the table: connections beyond this many at once have no figures of their own
+/// (urdmad's status shows none for them, and the port's counters miss them).
+pub const SLOTS: u32 = 4096;
+
+/// What a slot counts, in slot order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Counter {
+    /// Datagrams the QP received (duplicates included).
+    RxPackets,
+    /// Datagrams it sent: new data, retransmissions and acknowledgements.
+    TxPackets,
+    /// Data datagrams it sent again.
+    Retransmissions,
+    /// Retransmission timeouts.
+    Timeouts,
+    /// Datagrams it received twice.
+    Duplicates,
+    /// Datagrams it dropped for their CRC32C.
+    CrcErrors,
+    /// Datagrams for it that did not parse.
+    Malformed,
+    /// Not a count: its smoothed round-trip time in microseconds (0 before the first sample).
+    SrttUs,
+}
+
+/// Values in a slot.
+pub const COUNTERS: usize = 8;
+
+/// Every counter, in slot order.
+pub const ALL: [Counter; COUNTERS] = [
+    Counter::RxPackets,
+    Counter::TxPackets,
+    Counter::Retransmissions,
+    Counter::Timeouts,
+    Counter::Duplicates,
+    Counter::CrcErrors,
+    Counter::Malformed,
+    Counter::SrttUs,
+];
+
+/// One QP's figures, alone in its cache line.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct Slot {
+    values: [AtomicU64; COUNTERS],
+}
+
+/// A copy of a slot's values, in slot order.
+pub type Values = [u64; COUNTERS];
+
+impl Slot {
+    /// The owning process, after a round of the QP's progress.
+    pub fn publish(&self, v: &Values) {
+        for (slot, v) in self.values.iter().zip(v) {
+            slot.store(*v, Ordering::Relaxed);
+        }
+    }
+
+    /// urdmad.
+    pub fn read(&self) -> Values {
+        std::array::from_fn(|i| self.values[i].load(Ordering::Relaxed))
+    }
+
+    /// urdmad, before handing the slot to a new flow.
+    pub fn clear(&self) {
+        self.publish(&[0; COUNTERS]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_one_cache_line_and_reads_what_was_published() {
+        assert_eq!(std::mem::size_of::<Slot>(), 64);
+        assert_eq!(ALL.len(), COUNTERS);
+        for (i, c) in ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+        let s = Slot::default();
+        let v: Values = [1, 2, 3, 4, 5, 6, 7, 800];
+        s.publish(&v);
+        assert_eq!(s.read(), v);
+        assert_eq!(s.read()[Counter::SrttUs as usize], 800);
+        s.clear();
+        assert_eq!(s.read(), [0; COUNTERS]);
+    }
+}
