@@ -43,6 +43,8 @@ struct FrameFlow {
     rx: *mut Wire,
     tx: *mut Wire,
     ep: Endpoints,
+    /// The QP's figures, kept as for urdmad's table (`URDMA_COST_NO_FIGURES` set: none).
+    figures: Option<Box<urdma_shared::qpstats::Slot>>,
 }
 
 // SAFETY: the harness never moves a flow to another thread.
@@ -99,6 +101,10 @@ impl Flow for FrameFlow {
                 }
             }
         }
+    }
+
+    fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {
+        self.figures.as_deref()
     }
 }
 
@@ -193,6 +199,9 @@ impl FrameFlow {
                 local: c.local,
                 remote: c.remote,
             },
+            figures: std::env::var_os("URDMA_COST_NO_FIGURES")
+                .is_none()
+                .then(Default::default),
         }
     }
 }

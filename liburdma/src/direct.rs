@@ -168,4 +168,8 @@ impl Flow for SocketFlow {
     fn forked(&mut self) {
         self.ring.forked();
     }
+
+    fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {
+        self.ring.figures()
+    }
 }

@@ -17,6 +17,7 @@ use dpdk_sys as sys;
 use urdma_shared::doorbell::Ringer;
 use urdma_shared::lending::Borrower;
 use urdma_shared::proto::Attachment;
+use urdma_shared::qpstats::{Slot, SLOTS};
 use urdma_shared::secondary;
 
 use crate::engine::Flow;
@@ -111,6 +112,8 @@ pub struct Rings {
     macs: Vec<[u8; 6]>,
     /// Wakes urdmad after frames are put on a TX ring while it sleeps.
     ringer: Option<Arc<Ringer>>,
+    /// urdmad's table of QP figures (null: it has none).
+    figures: *const Slot,
 }
 
 // SAFETY: the pointers name objects in urdmad's shared memory, valid while
@@ -126,6 +129,7 @@ impl Rings {
             tx: Vec::new(),
             macs: Vec::new(),
             ringer: None,
+            figures: std::ptr::null(),
         }
     }
 
@@ -138,11 +142,13 @@ impl Rings {
             tx,
             macs: a.ports.iter().map(|p| p.mac.0).collect(),
             ringer: secondary::lookup_ringer(control).map(Arc::new),
+            figures: secondary::lookup_qp_table().unwrap_or(std::ptr::null()),
         })
     }
 
     /// The flow of a connected QP: `rx_ring` on `port`, frames between
-    /// `local` and `remote` (peer MAC `remote_mac`).
+    /// `local` and `remote` (peer MAC `remote_mac`), its figures kept in slot
+    /// `stats` of urdmad's table.
     pub fn flow(
         &self,
         port: u16,
@@ -150,6 +156,7 @@ impl Rings {
         local: std::net::SocketAddrV4,
         remote: std::net::SocketAddrV4,
         remote_mac: [u8; 6],
+        stats: Option<u32>,
     ) -> Result<DpdkFlow, String> {
         let p = usize::from(port);
         let (Some(&tx), Some(&local_mac)) = (self.tx.get(p), self.macs.get(p)) else {
@@ -164,6 +171,13 @@ impl Rings {
             ringer: self.ringer.clone(),
             backlogged: false,
             spare: std::ptr::null_mut(),
+            figures: match stats {
+                // SAFETY: within the table, which urdmad keeps while it runs.
+                Some(i) if i < SLOTS && !self.figures.is_null() => unsafe {
+                    self.figures.add(i as usize)
+                },
+                _ => std::ptr::null(),
+            },
             ep: Endpoints {
                 local_mac,
                 remote_mac,
@@ -187,6 +201,8 @@ pub struct DpdkFlow {
     /// move both mbuf rings' indexes, cache lines that urdmad reads on
     /// another CPU, for nothing.
     spare: *mut sys::rte_mbuf,
+    /// The QP's slot in urdmad's table of figures (null: none).
+    figures: *const Slot,
     ep: Endpoints,
 }
 
@@ -361,8 +377,14 @@ impl Flow for DpdkFlow {
 
     fn forked(&mut self) {
         // The spare is the parent's, and giving it back would make the child a second
-        // producer on the parent's free ring.
+        // producer on the parent's free ring. The figures are the parent's QP's.
         self.spare = std::ptr::null_mut();
+        self.figures = std::ptr::null();
+    }
+
+    fn figures(&self) -> Option<&Slot> {
+        // SAFETY: a slot urdmad gave this connection, in memory mapped while attached.
+        unsafe { self.figures.as_ref() }
     }
 }
 

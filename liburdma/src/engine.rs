@@ -59,6 +59,11 @@ pub trait Flow: Send {
     /// parent's: let go of nothing the parent still uses (the rings' buffers are shared),
     /// so that dropping the flow afterwards frees only the child's own copies.
     fn forked(&mut self) {}
+    /// Where the QP's figures go for urdmad to read ([`urdma_shared::qpstats`]), if
+    /// urdmad gave the connection a slot.
+    fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {
+        None
+    }
 }
 
 /// What a QP was created with.
@@ -188,6 +193,9 @@ struct Qp {
     out: VecDeque<Completion>,
     /// Whether urdmad has heard how the connection ended.
     end: End,
+    /// When the QP's figures may next go to urdmad's table ([`FIGURES_PERIOD`]); `None`:
+    /// at the next round that changes them.
+    figures_due: Option<Instant>,
 }
 
 /// How far a QP's connection has got towards `Notice::Closed`.
@@ -209,6 +217,13 @@ enum End {
 /// would give up (RetryExceeded) after trp's give-up time instead of closing. Bounded, so
 /// that a TX path that stopped draining cannot hold the close back for good.
 const FINAL_SEND_LIMIT: Duration = Duration::from_secs(2);
+
+/// How often a QP's figures are copied to urdmad's table while datagrams flow: copying them
+/// on every round would cost a ping-pong message 2 % more instructions (callgrind of
+/// examples/pingpong_cost.rs), and urdmad reads them once a second. A timeout's round
+/// copies them at once; a connection gone quiet does so at its next keep-alive; a QP
+/// destroyed, on its way out.
+const FIGURES_PERIOD: Duration = Duration::from_millis(1);
 
 impl Qp {
     fn inline_region(&self) -> Option<trp::Region> {
@@ -298,6 +313,7 @@ impl Engine {
                 failed: false,
                 out: VecDeque::new(),
                 end: End::Open,
+                figures_due: None,
             },
         );
     }
@@ -309,6 +325,10 @@ impl Engine {
             return false;
         };
         self.mrs.unbind_qp(key.0, key.1);
+        if let (Some(conn), Some(slot)) = (&qp.conn, qp.flow.as_ref().and_then(|f| f.figures())) {
+            // The last word before urdmad closes the flow and adds them to the port's.
+            slot.publish(&round::figures(conn));
+        }
         if let Some(conn) = &qp.conn {
             // What the connection went through, for whoever asks with URDMA_LOG=info.
             crate::log::info(format_args!(

@@ -3,6 +3,7 @@
 //! the QPs, CQs and tables these functions are handed.
 
 use super::*;
+use urdma_shared::qpstats::{self, Counter};
 
 /// Whether the application makes the round, in one of its calls, and may post a reply to
 /// what the round receives.
@@ -36,6 +37,21 @@ pub(super) fn progress_one(
             p.deadline = Some(p.deadline.map_or(t, |d| d.min(t)));
         }
     }
+}
+
+/// A connection's figures as urdmad's table holds them ([`urdma_shared::qpstats`]).
+pub(super) fn figures(conn: &Connection) -> qpstats::Values {
+    let (rx, tx) = (conn.stats(), conn.sender_stats());
+    let mut v = [0; qpstats::COUNTERS];
+    v[Counter::RxPackets as usize] = rx.rx_packets;
+    v[Counter::TxPackets as usize] = tx.sent + tx.retransmitted + rx.tx_acks;
+    v[Counter::Retransmissions as usize] = tx.retransmitted;
+    v[Counter::Timeouts as usize] = tx.timeouts;
+    v[Counter::Duplicates as usize] = rx.rx_duplicates;
+    v[Counter::CrcErrors as usize] = rx.rx_crc_errors;
+    v[Counter::Malformed as usize] = rx.rx_malformed;
+    v[Counter::SrttUs as usize] = conn.srtt().map_or(0, |d| d.as_micros() as u64);
+    v
 }
 
 /// Most receive bursts one round takes from a flow before moving on.
@@ -77,12 +93,21 @@ fn progress_qp(
         if who == Attended::No {
             conn.release_held_ack();
         }
-        if conn.poll_timeout().is_some_and(|t| t <= now) {
+        let timed_out = conn.poll_timeout().is_some_and(|t| t <= now);
+        if timed_out {
             conn.handle_timeout(now);
         }
         let dg = conn.max_datagram();
         let m = flow.transmit(dg, &mut |buf| conn.poll_transmit(now, &mem, buf));
         work = n + m > 0 || flow.backlogged();
+        // Figures change only with datagrams and timers.
+        let due = qp.figures_due.is_none_or(|t| t <= now);
+        if timed_out || (n + m > 0 && due) {
+            if let Some(slot) = flow.figures() {
+                slot.publish(&figures(conn));
+                qp.figures_due = Some(now + FIGURES_PERIOD);
+            }
+        }
     }
     if let Some(k) = qp.init.srq {
         if srqs.get_mut(&k).is_some_and(|(_, q)| q.take_limit_event()) {

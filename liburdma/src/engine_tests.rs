@@ -1352,3 +1352,81 @@ fn a_forked_child_forgets_the_parents_qps_and_keeps_its_cqs_and_mrs() {
     let got: Vec<_> = t.poll(ACQ).iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, vec![(4, IBV_WC_SUCCESS)]);
 }
+
+/// A flow with a slot of figures, as urdmad's table would give it.
+struct Figured {
+    inner: MemFlow,
+    slot: Arc<urdma_shared::qpstats::Slot>,
+}
+
+impl Flow for Figured {
+    fn receive(&mut self, handle: &mut dyn FnMut(&[&[u8]])) -> usize {
+        self.inner.receive(handle)
+    }
+    fn transmit(
+        &mut self,
+        datagram: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> usize {
+        self.inner.transmit(datagram, fill)
+    }
+    fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {
+        Some(&self.slot)
+    }
+}
+
+#[test]
+fn a_qps_figures_follow_its_traffic_and_losses_and_its_last_word_is_its_end() {
+    use urdma_shared::qpstats::Counter;
+    let mut t = Bed::new();
+    t.connect();
+    let slot = Arc::new(urdma_shared::qpstats::Slot::default());
+    t.e.qps.get_mut(&A).unwrap().flow = Some(Box::new(Figured {
+        inner: MemFlow {
+            rx: t.ba.clone(),
+            tx: t.ab.clone(),
+        },
+        slot: slot.clone(),
+    }));
+    let at = |c: Counter| slot.read()[c as usize];
+    let mut rbuf = vec![0u8; 64];
+    let raddr = t.reg(2, 0x300, 2, &mut rbuf, Access::LOCAL_WRITE);
+    let r = [Sge {
+        addr: raddr,
+        len: 64,
+        lkey: 0x300,
+    }];
+    for wr in [1, 3, 5] {
+        t.e.post_recv(B, wr, &r).unwrap();
+    }
+    // A send: its round copies the figures; a second send's, within FIGURES_PERIOD, does not.
+    t.e.post_send(A, &send(2, &[])).unwrap();
+    t.e.progress(t.now);
+    assert_eq!(at(Counter::TxPackets), 1, "{:?}", slot.read());
+    t.e.post_send(A, &send(4, &[])).unwrap();
+    t.e.progress(t.now);
+    let conn = |t: &Bed| round::figures(t.e.qps[&A].conn.as_ref().unwrap());
+    assert_eq!(conn(&t)[Counter::TxPackets as usize], 2);
+    assert_eq!(at(Counter::TxPackets), 1, "{:?}", slot.read());
+    // The ACKs come; a send after the period copies all there is, a round trip measured.
+    t.run(40);
+    t.now = t.now + FIGURES_PERIOD;
+    t.e.post_send(A, &send(6, &[])).unwrap();
+    t.e.progress(t.now);
+    assert_eq!(slot.read(), conn(&t));
+    assert!(at(Counter::RxPackets) >= 1, "the ACKs: {:?}", slot.read());
+    assert!(at(Counter::SrttUs) > 0, "{:?}", slot.read());
+    assert_eq!(at(Counter::Retransmissions), 0);
+    // That send's datagram is lost: the timeout's round copies at once.
+    t.ab.lock().unwrap().clear();
+    t.now = t.now + std::time::Duration::from_secs(3);
+    t.e.progress(t.now);
+    assert_eq!(at(Counter::Timeouts), 1, "{:?}", slot.read());
+    assert!(at(Counter::Retransmissions) >= 1, "{:?}", slot.read());
+    t.run(40);
+    // Destroyed, the QP leaves its last figures for urdmad.
+    let last = conn(&t);
+    assert!(last[Counter::RxPackets as usize] >= 2, "{last:?}");
+    assert!(t.e.destroy_qp(A));
+    assert_eq!(slot.read(), last);
+}

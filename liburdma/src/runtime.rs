@@ -642,7 +642,7 @@ impl Shared {
                 let sock = a.ctl.as_mut().and_then(|ctl| ctl.take_socket(c.dev, c.qpn));
                 let r = a
                     .rings
-                    .flow(c.port, &c.rx_ring, c.local, c.remote, c.mac.0)
+                    .flow(c.port, &c.rx_ring, c.local, c.remote, c.mac.0, c.stats)
                     .and_then(|flow| make_flow(flow, &c, sock))
                     .and_then(|flow| self.engine.connected(key, &c, flow, now));
                 match r {

@@ -136,6 +136,24 @@ pub fn lookup_ringer(control: &std::path::Path) -> Option<Ringer> {
     }
 }
 
+/// The table of QP figures of the urdmad this process attached to (after [`eal_init`]);
+/// `None` when it has none.
+pub fn lookup_qp_table() -> Option<*const crate::qpstats::Slot> {
+    use crate::qpstats::{Slot, MEMZONE, SLOTS};
+    let name = CString::new(MEMZONE).ok()?;
+    // SAFETY: valid C string; EAL is up.
+    let mz = unsafe { sys::rte_memzone_lookup(name.as_ptr()) };
+    if mz.is_null() {
+        return None;
+    }
+    // SAFETY: a memzone urdmad reserved and keeps while it runs, mapped in this process
+    // for as long as EAL is up; used only if it is as long as the table.
+    unsafe {
+        ((*mz).len >= SLOTS as usize * std::mem::size_of::<Slot>())
+            .then(|| (*mz).__bindgen_anon_1.addr as *const Slot)
+    }
+}
+
 /// An open flow: its id and RX ring.
 pub struct Flow {
     pub id: u32,

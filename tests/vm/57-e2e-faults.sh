@@ -7,6 +7,9 @@
 # must finish with every byte and completion right; each row prints its time and goodput
 # against the clean link's, measured first in the same run (the same seed, so the same
 # work). netem acts in both directions.
+# The counters move with it: each device lists urdma's counters (`rdma statistic show`),
+# their QP datagrams rise with the clean run and their retransmissions with the loss rows, and
+# urdmad's status shows a live QP's figures (`.flow[].qp`) while the lossy run goes on.
 #
 # FAULT_OPS operations per connection (default 150, two connections), FAULT_RPING rping
 # iterations (default 100): the full matrix is (the guest sees only the environment the
@@ -32,6 +35,27 @@ rows=(
 )
 
 now() { date +%s.%N; }
+
+# The counters urdma.ko shows for each device (kmod/urdma_main.c), in their order.
+HW_COUNTERS="rx_frames tx_frames rx_drops rx_packets tx_packets retransmissions timeouts duplicates crc_errors malformed"
+# hw NODE NAME: counter NAME of the node's device, as `rdma statistic show` lists it.
+hw() {
+	t ip netns exec "urdma$1" rdma statistic show link "urdma$1/1" |
+		awk -v n="$2" '{for (i = 1; i < NF; i++) if ($i == n) print $(i + 1)}'
+}
+# hw_sum NAME: counter NAME of both nodes' devices, summed.
+hw_sum() { echo $(($(hw A "$1") + $(hw B "$1"))); }
+# hw_above NAME FLOOR WHAT: waits (bounded: urdmad sends them at most every second) until
+# both devices' NAME sum above FLOOR.
+hw_above() {
+	local v
+	for _ in $(seq 50); do
+		v=$(hw_sum "$1")
+		[ "$v" -gt "$2" ] && { echo "  $1: $2 -> $v ($3)"; return 0; }
+		sleep 0.2
+	done
+	fail "the devices' $1 stayed at $v (not above $2) after $3"
+}
 
 # verify_row LABEL: one verify run (client in node A, server in node B); sets ROW_S and
 # ROW_B to the client's seconds and bytes.
@@ -70,8 +94,18 @@ bed_up
 before_a=$(res_counts urdmaA)
 before_b=$(res_counts urdmaB)
 
+listed=$(t ip netns exec urdmaA rdma statistic show link urdmaA/1) || fail "rdma statistic show link urdmaA/1"
+echo "$listed"
+for c in $HW_COUNTERS; do
+	grep -qw "$c" <<<"$listed" || fail "rdma statistic lists no $c for urdmaA"
+done
+packets0=$(hw_sum rx_packets)
+
 verify_row "a clean link"
 clean_s=$ROW_S clean_b=$ROW_B
+hw_above rx_packets "$packets0" "the clean run"
+hw_above rx_frames 0 "the clean run"
+retrans0=$(hw_sum retransmissions)
 [ "$clean_b" -gt 0 ] || fail "the clean run moved no bytes"
 echo "fault matrix: verify.c, 2 connections x $OPS operations, $clean_b bytes each run"
 printf '  %-26s %8s %10s %10s\n' "netem" "seconds" "MB/s" "of clean"
@@ -83,9 +117,26 @@ row "none" "$clean_s" "$clean_b"
 for r in "${rows[@]}"; do
 	label=${r%%|*}
 	t "$BED" netem ${r#*|} >/dev/null || fail "scripts/bed netem ${r#*|}"
+	if [ "$label" = "loss 10%" ]; then
+		# Node A's live QPs' figures, as urdmad's status shows them during the run.
+		(for _ in $(seq 300); do
+			"$BED" status --json A 2>/dev/null |
+				jq -r '[.flow[]? | .qp // empty | .tx_packets] | max // 0'
+			sleep 0.2
+		done >"$OUT/faults-live-figures.log") &
+		watcher=$!
+	fi
 	verify_row "$label"
 	[ "$ROW_B" = "$clean_b" ] || fail "verify under $label moved $ROW_B bytes, the clean run $clean_b"
 	row "$label" "$ROW_S" "$ROW_B"
+	if [ "$label" = "loss 10%" ]; then
+		kill "$watcher" 2>/dev/null
+		wait "$watcher" 2>/dev/null
+		live=$(sort -n "$OUT/faults-live-figures.log" | tail -n1)
+		[ "${live:-0}" -gt 0 ] || fail "urdmad's status showed no live QP's figures during the run under $label"
+		echo "  a live QP's tx_packets in urdmad's status: up to $live"
+		hw_above retransmissions "$retrans0" "$label"
+	fi
 	case $label in
 	duplication* | all*) rping_row "$label" ;;
 	esac

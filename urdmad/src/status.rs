@@ -224,7 +224,7 @@ pub struct Flow {
     pub rx_bytes: u64,
     pub drops: u64,
     pub queued: u32,
-    /// A connection's QP as its process last kept its figures (docs/urdmad.md, "Counters");
+    /// A connection's QP as its process last kept its figures (docs/urdmad.md, "Status");
     /// none for other flows and for a connection without a slot.
     pub qp: Option<QpFigures>,
 }
