@@ -110,7 +110,7 @@ retrans0=$(hw_sum retransmissions)
 # A live QP's figures in node A's urdmad status, looked at while a longer run goes on.
 port=$((port + 1))
 start_server B faults-live "listening" "$prog" server "$ADDR_B" "$port" -t 600
-ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n $((OPS * 20)) -t 600 \
+ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n $((OPS * 10)) -t 600 \
 	>"$OUT/faults-live-client.log" 2>&1 &
 cpid=$!
 live=0
