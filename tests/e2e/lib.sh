@@ -33,6 +33,27 @@ bed_up() {
 	dmesg_mark
 }
 
+# The counters urdma.ko shows for each device (kmod/urdma_main.c), in their order.
+HW_COUNTERS="rx_frames tx_frames rx_drops rx_packets tx_packets retransmissions timeouts duplicates crc_errors malformed"
+# hw NODE NAME: counter NAME of the node's device, as `rdma statistic show` lists it.
+hw() {
+	t ip netns exec "urdma$1" rdma statistic show link "urdma$1/1" |
+		awk -v n="$2" '{for (i = 1; i < NF; i++) if ($i == n) print $(i + 1)}'
+}
+# hw_sum NAME: counter NAME of both nodes' devices, summed.
+hw_sum() { echo $(($(hw A "$1") + $(hw B "$1"))); }
+# hw_above NAME FLOOR WHAT: waits (bounded: urdmad sends them at most every second) until
+# both devices' NAME sum above FLOOR, and says so.
+hw_above() {
+	local v
+	for _ in $(seq 50); do
+		v=$(hw_sum "$1")
+		[ "$v" -gt "$2" ] && { echo "  $1: $2 -> $v ($3)"; return 0; }
+		sleep 0.2
+	done
+	fail "the devices' $1 stayed at $v (not above $2) after $3"
+}
+
 # Compiles tests/e2e/NAME.c (librdmacm + libibverbs) into $OUT and prints its path.
 build_e2e() {
 	local exe=$OUT/$1

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The PMD link end to end (docs/testbed.md, "The PMD link"): the bed's nodes wired by the VM's
+# two virtio-net PCI NICs instead of the veth pair, each urdmad driving its NIC through DPDK's
+# virtio PMD (the NIC bound to uio_pci_generic). Each urdmad's port is its NIC; ping, rping
+# -V, ib_write_bw -R and the data-verifying workload pass over it; verify passes again with
+# 5 % of the link's frames dropped (by its relay on the host, scripts/pmd-relay: netem cannot
+# reach frames the kernel never sees), and the devices' retransmissions rise with it.
+# Reduced for CI (PMD_OPS=150 operations, PMD_RPING=100 iterations); the full form is
+#   scripts/vm -- env PMD_OPS=2000 PMD_RPING=1000 tests/vm/run-all 70-e2e-pmd
+# vm-timeout: 1800
+set -u
+export URDMA_BED_LINK=pmd
+. tests/e2e/lib.sh
+
+OPS=${PMD_OPS:-150}
+RPING=${PMD_RPING:-100}
+prog=$(build_e2e verify) || exit 1
+port=7800
+
+# verify_run LABEL: verify.c, client in node A, server in node B, 2 connections.
+verify_run() {
+	local label=$1 t0=$SECONDS
+	port=$((port + 1))
+	start_server B "pmd-verify-$label" "listening" "$prog" server "$ADDR_B" "$port" -c 2 -t 900
+	t ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -c 2 -n "$OPS" -t 900 \
+		>"$OUT/pmd-verify-$label-client.log" 2>&1 ||
+		fail "verify over the PMD link ($label): $(grep -m1 FAIL "$OUT/pmd-verify-$label-client.log" || tail -n1 "$OUT/pmd-verify-$label-client.log")"
+	wait_server "pmd-verify-$label" 120
+	grep -q "verify: ok server" "$OUT/pmd-verify-$label.log" || fail "verify server ($label) did not finish"
+	echo "verify ($label): 2 connections x $OPS operations in $((SECONDS - t0)) s"
+}
+
+bed_up
+before_a=$(res_counts urdmaA)
+before_b=$(res_counts urdmaB)
+IFS=, read -r pci_a pci_b <<<"$URDMA_VM_PMD_LINK"
+for n in A B; do
+	want=$pci_a
+	[ "$n" = B ] && want=$pci_b
+	device=$(t "$BED" status --json "$n" | jq -r '.port[0].device')
+	[ "$device" = "$want" ] || fail "node $n's port is '$device', not the NIC $want"
+	driver=$(basename "$(readlink "/sys/bus/pci/devices/$want/driver")")
+	[ "$driver" = uio_pci_generic ] || fail "NIC $want is bound to '$driver', not uio_pci_generic"
+done
+echo "ports: node A on $pci_a, node B on $pci_b (uio_pci_generic, DPDK's virtio PMD)"
+
+t "$BED" exec A ping -c 3 -i 0.5 -W 10 "$ADDR_B" >/dev/null || fail "ping across the PMD link"
+rx=$(t "$BED" status --json B | jq -r '.port[0].rx_packets')
+[ "$rx" -gt 0 ] || fail "node B's port counted no frame after a ping"
+
+port=$((port + 1))
+start_server B pmd-rping "." sh -c "echo started; exec rping -s -a $ADDR_B -p $port -C $RPING -S 4096 -V"
+sleep 0.5
+out=$(timeout -k 5 900 ip netns exec urdmaA rping -c -a "$ADDR_B" -p "$port" -C "$RPING" -S 4096 -V 2>&1) ||
+	fail "rping -V over the PMD link: $(tail -n2 <<<"$out" | tr '\n' ' ')"
+wait_server pmd-rping 120
+grep -qiE "error|fail|mismatch" "$OUT/pmd-rping.log" && fail "rping server: $(grep -m1 -iE 'error|fail|mismatch' "$OUT/pmd-rping.log")"
+echo "rping -V -S 4096 -C $RPING: ok"
+
+t "$BED" pair --timeout 900 --logs "$OUT/pmd-perftest" ib_write_bw -R -s 65536 -n 200 >"$OUT/pmd-perftest.log" 2>&1 ||
+	fail "ib_write_bw -R over the PMD link: $(tail -n2 "$OUT/pmd-perftest.log" | tr '\n' ' ')"
+row=$(grep -E '^ *65536 +200 ' "$OUT/pmd-perftest/ib_write_bw-client.log") ||
+	fail "ib_write_bw printed no result row"
+echo "ib_write_bw -R -s 65536 -n 200: $(awk '{print $4 " MB/s"}' <<<"$row")"
+
+verify_run clean
+retrans0=$(hw_sum retransmissions)
+t "$BED" netem loss 5% || fail "scripts/bed netem loss 5% on the PMD link"
+verify_run loss5
+t "$BED" netem off || fail "scripts/bed netem off"
+hw_above retransmissions "$retrans0" "verify under 5 % loss"
+
+wait_res urdmaA "$before_a" 30
+wait_res urdmaB "$before_b" 30
+dmesg_check
+echo "PASS"
