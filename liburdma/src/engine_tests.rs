@@ -864,11 +864,13 @@ fn a_round_reports_sends_before_receives_keeping_each_queue_in_order() {
     assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![5, 6]);
 }
 
-/// A flow that says when it is dropped, and whether it heard of a fork.
+/// A flow that says when it is dropped and whether it heard of a fork, and has a slot of
+/// figures when the test gives it one (as urdmad's table would).
 struct Watched {
     inner: MemFlow,
     dropped: Arc<AtomicBool>,
     forked: Arc<AtomicBool>,
+    slot: Option<Arc<urdma_shared::qpstats::Slot>>,
 }
 
 impl Flow for Watched {
@@ -884,6 +886,9 @@ impl Flow for Watched {
     }
     fn forked(&mut self) {
         self.forked.store(true, Ordering::SeqCst);
+    }
+    fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {
+        self.slot.as_deref()
     }
 }
 
@@ -919,6 +924,7 @@ fn losing_urdmad_flushes_every_qp_wakes_armed_cqs_and_drops_the_flows() {
         },
         dropped: dropped.clone(),
         forked: Default::default(),
+        slot: None,
     }));
     // A third QP that never connected, with a receive waiting.
     const C: QpKey = (1, 11);
@@ -1309,6 +1315,7 @@ fn a_forked_child_forgets_the_parents_qps_and_keeps_its_cqs_and_mrs() {
         },
         dropped: dropped.clone(),
         forked: told.clone(),
+        slot: None,
     }));
     let mut buf = vec![0u8; 64];
     let addr = t.reg(1, 0x300, 1, &mut buf, Access::LOCAL_WRITE);
@@ -1353,40 +1360,20 @@ fn a_forked_child_forgets_the_parents_qps_and_keeps_its_cqs_and_mrs() {
     assert_eq!(got, vec![(4, IBV_WC_SUCCESS)]);
 }
 
-/// A flow with a slot of figures, as urdmad's table would give it.
-struct Figured {
-    inner: MemFlow,
-    slot: Arc<urdma_shared::qpstats::Slot>,
-}
-
-impl Flow for Figured {
-    fn receive(&mut self, handle: &mut dyn FnMut(&[&[u8]])) -> usize {
-        self.inner.receive(handle)
-    }
-    fn transmit(
-        &mut self,
-        datagram: usize,
-        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
-    ) -> usize {
-        self.inner.transmit(datagram, fill)
-    }
-    fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {
-        Some(&self.slot)
-    }
-}
-
 #[test]
 fn a_qps_figures_follow_its_traffic_and_losses_and_its_last_word_is_its_end() {
     use urdma_shared::qpstats::Counter;
     let mut t = Bed::new();
     t.connect();
     let slot = Arc::new(urdma_shared::qpstats::Slot::default());
-    t.e.qps.get_mut(&A).unwrap().flow = Some(Box::new(Figured {
+    t.e.qps.get_mut(&A).unwrap().flow = Some(Box::new(Watched {
         inner: MemFlow {
             rx: t.ba.clone(),
             tx: t.ab.clone(),
         },
-        slot: slot.clone(),
+        dropped: Default::default(),
+        forked: Default::default(),
+        slot: Some(slot.clone()),
     }));
     let at = |c: Counter| slot.read()[c as usize];
     let mut rbuf = vec![0u8; 64];
