@@ -2,8 +2,8 @@
 # scripts/package makes the three Debian packages, each what it says: the provider named for
 # the provider ABI of the libibverbs it was built against and carrying nothing of the daemon,
 # the daemon with its unit, conffile, group and modules, and a DKMS source tree that builds
-# urdma.ko for the VM's kernel as DKMS would. (Installing them into a booted Debian is the VM
-# bed's part.)
+# urdma.ko for the VM's kernel as DKMS would. (Installing them into a Debian booted with
+# systemd is tests/deploy's part.)
 #   bash tests/host/package.sh
 set -u
 

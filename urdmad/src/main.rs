@@ -61,6 +61,11 @@ fn fail(msg: impl Display) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // systemd sets RUNTIME_DIRECTORY for the unit's RuntimeDirectory= (the control socket's
+    // /run/urdma), and DPDK's EAL prefers it to /var/run/dpdk for its runtime files, where
+    // the applications, outside the unit, look for them (eal::runtime_dir). Removed while
+    // the process has one thread.
+    std::env::remove_var("RUNTIME_DIRECTORY");
     let cli = Cli::parse();
     let cfg = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,

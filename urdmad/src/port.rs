@@ -53,6 +53,8 @@ pub enum DeviceError {
     Nul,
     #[error("cannot probe device {device:?}: {reason}")]
     Probe { device: String, reason: String },
+    #[error("cannot bring up interface {iface} under the port: {reason}")]
+    InterfaceUp { iface: String, reason: String },
     #[error("device {device:?} was probed but is not an Ethernet port")]
     NotEthernet { device: String },
     #[error("configure: {reason}")]
@@ -323,6 +325,21 @@ fn kernel_iface(devargs: &str) -> Option<&str> {
     devargs.split(',').find_map(|kv| kv.strip_prefix("iface="))
 }
 
+/// Sets the interface under an af_packet/af_xdp port up. The PMD's probe needs it running
+/// (af_packet's PACKET_FANOUT is refused on a down interface), and on a host nobody else
+/// configures it: the kernel must not use it, and its addresses are the TAP's. The PMD takes
+/// it down again when the port stops.
+fn bring_up(iface: &str) -> Result<(), DeviceError> {
+    let fail = |e: std::io::Error| DeviceError::InterfaceUp {
+        iface: iface.to_owned(),
+        reason: e.to_string(),
+    };
+    let index = crate::netlink::ifindex(iface).map_err(fail)?;
+    crate::netlink::Netlink::route()
+        .and_then(|mut nl| nl.set_up(index))
+        .map_err(fail)
+}
+
 /// Sysctls that keep the kernel from answering, on the interface under an af_packet/af_xdp
 /// port, what the exception interface (same MAC) answers: without them every ARP and ICMP
 /// request gets two replies. rp_filter drops IPv4 whose return route is the TAP, arp_ignore
@@ -445,6 +462,12 @@ impl Port {
         cfg: &config::Port,
         pool: *mut sys::rte_mempool,
     ) -> Result<Port, PortError> {
+        if let Some(iface) = kernel_iface(&cfg.device) {
+            bring_up(iface).map_err(|error| PortError::Probe {
+                port: cfg.name.clone(),
+                error,
+            })?;
+        }
         let id = probe(&cfg.device).map_err(|error| PortError::Probe {
             port: cfg.name.clone(),
             error,

@@ -157,6 +157,26 @@ fn flows_get_their_packets_the_kernel_the_rest_and_secondaries_transmit() {
     assert!(c.wait(Duration::from_secs(15)).success());
 }
 
+/// systemd gives a unit with `RuntimeDirectory=` (urdmad's, for its socket) the variable
+/// RUNTIME_DIRECTORY, which DPDK prefers for its runtime files; the applications, outside
+/// the unit, look under /var/run/dpdk, and found no primary there.
+#[test]
+fn dpdk_runtime_files_stay_where_applications_look_under_a_systemd_runtime_directory() {
+    let bed = Bed::new("rd");
+    let run = bed.dir.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let cfg = bed.write_config("urdmad.toml", &bed.config("", None));
+    let mut d = bed.start_with_env(&cfg, &[("RUNTIME_DIRECTORY", run.to_str().unwrap())]);
+    let config = Path::new("/var/run/dpdk").join(&bed.prefix).join("config");
+    assert!(config.exists(), "no {}", config.display());
+    let inside: Vec<_> = std::fs::read_dir(&run).unwrap().flatten().collect();
+    assert!(
+        inside.is_empty(),
+        "DPDK files in RUNTIME_DIRECTORY: {inside:?}"
+    );
+    stop_cleanly(&bed, &mut d);
+}
+
 /// Stops `d` and checks that it exited with success and left nothing of the bed's behind.
 fn stop_cleanly(bed: &Bed, d: &mut Urdmad) {
     let (status, log) = d.stop();
@@ -704,7 +724,7 @@ fn built_in_default_configuration_serves_on_veth0_unedited() {
         "name",
         "veth0",
     ]);
-    sh(&["ip", "-n", &bed.ns_a, "link", "set", "veth0", "up"]);
+    // Left down, as a host's spare NIC is: urdmad brings its port's interface up itself.
     let socket = std::path::PathBuf::from("/run/urdma/urdmad.sock");
     let log = bed.dir.join("default.log");
     let child = Command::new("ip")
