@@ -53,8 +53,6 @@ pub enum DeviceError {
     Nul,
     #[error("cannot probe device {device:?}: {reason}")]
     Probe { device: String, reason: String },
-    #[error("cannot bring up interface {iface} under the port: {reason}")]
-    InterfaceUp { iface: String, reason: String },
     #[error("device {device:?} was probed but is not an Ethernet port")]
     NotEthernet { device: String },
     #[error("configure: {reason}")]
@@ -329,10 +327,10 @@ fn kernel_iface(devargs: &str) -> Option<&str> {
 /// (af_packet's PACKET_FANOUT is refused on a down interface), and on a host nobody else
 /// configures it: the kernel must not use it, and its addresses are the TAP's. The PMD takes
 /// it down again when the port stops.
-fn bring_up(iface: &str) -> Result<(), DeviceError> {
-    let fail = |e: std::io::Error| DeviceError::InterfaceUp {
-        iface: iface.to_owned(),
-        reason: e.to_string(),
+fn bring_up(device: &str, iface: &str) -> Result<(), DeviceError> {
+    let fail = |e: std::io::Error| DeviceError::Probe {
+        device: device.to_owned(),
+        reason: format!("cannot bring up interface {iface}: {e}"),
     };
     let index = crate::netlink::ifindex(iface).map_err(fail)?;
     crate::netlink::Netlink::route()
@@ -463,7 +461,7 @@ impl Port {
         pool: *mut sys::rte_mempool,
     ) -> Result<Port, PortError> {
         if let Some(iface) = kernel_iface(&cfg.device) {
-            bring_up(iface).map_err(|error| PortError::Probe {
+            bring_up(&cfg.device, iface).map_err(|error| PortError::Probe {
                 port: cfg.name.clone(),
                 error,
             })?;
