@@ -11,17 +11,8 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-passed=0
-failed=0
-check() { # WHAT CMD...: one check, a line each
-	if "${@:2}"; then
-		echo "bench-report: ok   $1"
-		passed=$((passed + 1))
-	else
-		echo "bench-report: FAIL $1"
-		failed=$((failed + 1))
-	fi
-}
+suite=bench-report
+. tests/host/checks.sh
 
 check "the report of docs/benchmarks/" scripts/bench-report docs/benchmarks "$out/full"
 check "it is docs/benchmarks.md, word for word" diff -u docs/benchmarks.md "$out/full/benchmarks.md"
@@ -37,5 +28,4 @@ for v in crc direct pmd; do
 	check "--$v: one line, exit 2, for a run without its stack" \
 		sh -c "scripts/bench-report --$v docs/benchmarks 2>'$out/$v.err'; [ \$? = 2 ] && [ \$(wc -l <'$out/$v.err') = 1 ]"
 done
-echo "bench-report: $passed passed, $failed failed"
-[ "$failed" = 0 ]
+summary

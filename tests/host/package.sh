@@ -11,17 +11,8 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-passed=0
-failed=0
-check() { # WHAT CMD...: one check, a line each
-	if "${@:2}"; then
-		echo "package: ok   $1"
-		passed=$((passed + 1))
-	else
-		echo "package: FAIL $1"
-		failed=$((failed + 1))
-	fi
-}
+suite=package
+. tests/host/checks.sh
 
 if ! scripts/package --no-build --out "$out/debs" >"$out/package.log" 2>&1; then
 	cat "$out/package.log"
@@ -96,5 +87,4 @@ else
 	failed=$((failed + 1))
 fi
 
-echo "package: $passed passed, $failed failed"
-[ "$failed" = 0 ]
+summary
