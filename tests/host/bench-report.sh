@@ -24,7 +24,9 @@ check "no plot, no Plots section" sh -c "! ls '$out'/bare/benchmarks/*.png 2>/de
 # The full page less its Plots section.
 without_plots() { awk '/^## Plots/ {skip = 1; next} /^## / {skip = 0} !skip' "$1"; }
 check "the rest is the same page" diff <(without_plots "$out/full/benchmarks.md") "$out/bare/benchmarks.md"
-for v in crc direct pmd; do
+check "--pmd: the PMD link's table of the committed run" \
+	sh -c "scripts/bench-report --pmd docs/benchmarks | grep -q '^| figure | veth bed'"
+for v in crc direct; do
 	check "--$v: one line, exit 2, for a run without its stack" \
 		sh -c "scripts/bench-report --$v docs/benchmarks 2>'$out/$v.err'; [ \$? = 2 ] && [ \$(wc -l <'$out/$v.err') = 1 ]"
 done
