@@ -196,6 +196,9 @@ struct Qp {
     /// When the QP's figures may next go to urdmad's table ([`FIGURES_PERIOD`]); `None`:
     /// at the next round that changes them.
     figures_due: Option<Instant>,
+    /// A round moved datagrams before `figures_due`: the next round after it copies them,
+    /// so the table is never left behind by the end of a burst.
+    figures_stale: bool,
 }
 
 /// How far a QP's connection has got towards `Notice::Closed`.
@@ -314,6 +317,7 @@ impl Engine {
                 out: VecDeque::new(),
                 end: End::Open,
                 figures_due: None,
+                figures_stale: false,
             },
         );
     }

@@ -102,11 +102,15 @@ fn progress_qp(
         work = n + m > 0 || flow.backlogged();
         // Figures change only with datagrams and timers.
         let due = qp.figures_due.is_none_or(|t| t <= now);
-        if timed_out || (n + m > 0 && due) {
+        let moved = n + m > 0 || qp.figures_stale;
+        if timed_out || (moved && due) {
             if let Some(slot) = flow.figures() {
                 slot.publish(&figures(conn));
                 qp.figures_due = Some(now + FIGURES_PERIOD);
             }
+            qp.figures_stale = false;
+        } else if moved {
+            qp.figures_stale = true;
         }
     }
     if let Some(k) = qp.init.srq {

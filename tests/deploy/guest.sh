@@ -43,6 +43,21 @@ check() { # DESCRIPTION CMD...
 	shift
 	if "$@"; then ok "$what"; else fail "$what"; fi
 }
+# wait_for SECS DESCRIPTION CMD...: CMD every 0.2 s until it succeeds, for at most SECS seconds
+# (then says so and returns 1), as tests/lib.sh's.  What is produced asynchronously (the
+# device's counters, which urdmad and the provider push to the kernel a second or two after
+# the traffic) is checked by waiting for it, not by reading it once.
+wait_for() {
+	local bound=$1 what=$2 end=$((SECONDS + $1))
+	shift 2
+	until "$@"; do
+		if [ "$SECONDS" -gt "$end" ]; then
+			echo "waited ${bound} s for $what, in vain"
+			return 1
+		fi
+		sleep 0.2
+	done
+}
 finish() {
 	echo done >>"$result"
 	exit 0
@@ -222,7 +237,7 @@ stage_booted_a() {
 	check "ibv_devinfo: $dev is an iWARP device, port active" \
 		sh -c "ibv_devinfo -d $dev | grep -q 'transport:.*iWARP' && ibv_devinfo -d $dev | grep -q PORT_ACTIVE"
 	check "rping -V to $peer_addr (node b)" rping_peer 300
-	check "rdma statistic show: tx_packets moved" \
+	check "rdma statistic show: tx_packets moved" wait_for 10 "tx_packets of $dev above 0" \
 		sh -c "rdma statistic show link $dev/1 | grep -Eq 'tx_packets [1-9]'"
 	check "urdmad status --json: the exception record says the device was created" \
 		sh -c "$urdmad status --json | jq -e '.exception[0].rdma_device_state == \"created\"' >/dev/null"
@@ -237,6 +252,8 @@ stage_booted_a() {
 	pid=$(systemctl show -p MainPID --value urdmad)
 	start=$SECONDS
 	kill -9 "$pid"
+	# until it has exited, the device and the active unit that wait_ready sees are its own
+	timeout 60 tail --pid="$pid" -f /dev/null
 	restarted "kill -9 of urdmad (pid $pid)" "$held" "$start"
 	check "systemd restarted urdmad once (NRestarts=1)" \
 		test "$(systemctl show -p NRestarts --value urdmad)" = 1

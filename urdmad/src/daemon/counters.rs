@@ -12,8 +12,10 @@ use dpdk_sys as sys;
 use std::ffi::CString;
 use std::time::{Duration, Instant};
 
-/// How stale the kernel's counters may be while they move; idle, none is sent.
-pub(super) const PUSH_PERIOD: Duration = Duration::from_secs(1);
+/// How stale the kernel's counters may be while they move; idle, none is sent. Short, so
+/// that `rdma statistic` right after the traffic shows it (docs/urdmad.md's table of how far
+/// behind); a push is one write to urdma.ko on a pass urdmad makes anyway.
+pub(super) const PUSH_PERIOD: Duration = Duration::from_millis(200);
 
 /// The kernel's counters of a port, in `enum urdma_stat` order.
 pub(super) type PortCounters = [u64; stat::COUNT];
