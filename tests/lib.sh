@@ -26,6 +26,25 @@ t() {
 	timeout -k 5 "$STEP_TIMEOUT" "$@"
 }
 
+# wait_for SECONDS DESCRIPTION CMD...: runs CMD every 0.2 s until it succeeds, or until
+# SECONDS have passed (then says what it waited for and returns 1).  What happens
+# asynchronously (counters urdmad pushes to the kernel at most every second, a dead
+# process's objects or flows reclaimed, a line another process logs, a file opened by a
+# background job) is checked by waiting for the condition: read once, the check fails or
+# passes by how fast the host happens to be.  Not for a check that something stays absent
+# or unchanged.
+wait_for() {
+	local bound=$1 what=$2 end=$((SECONDS + $1))
+	shift 2
+	until "$@"; do
+		if [ "$SECONDS" -gt "$end" ]; then
+			echo "waited ${bound} s for $what, in vain"
+			return 1
+		fi
+		sleep 0.2
+	done
+}
+
 # Kernel trouble is looked for from here on.
 dmesg_mark() {
 	DMESG_START=$(dmesg | wc -l)

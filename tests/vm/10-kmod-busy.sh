@@ -52,7 +52,8 @@ t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0"
 uv=$(uverbs_dev urdma0) || fail "no uverbs device for urdma0"
 sleep 300 3<>"$uv" &
 holder=$!
-sleep 1
+opened() { [ "$(readlink "/proc/$holder/fd/3")" = "$uv" ]; }
+wait_for 10 "the opener (pid $holder) to have $uv open" opened
 t rmmod urdma || fail "rmmod while $uv is open"
 kill -0 "$holder" 2>/dev/null || fail "the opener died with the module"
 stop

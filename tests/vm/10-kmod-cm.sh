@@ -270,6 +270,8 @@ stuck=$(ps -eo stat=,comm= | awk '$1 ~ /^D/ && $2 == "cm_probe"')
 STEP_TIMEOUT=180 client 10.77.0.1 7003 hello wait 150
 expect_line "$log/client" '^event UNREACHABLE status -110 ' "connect never answered"
 qpn=$(awk '$1 == "qpn" {print $2}' "$log/client")
+# the daemon logs the DISCONNECT when it reads it, in its own time
+wait_line "$log/d3" "^DISCONNECT .*qpn=$qpn status=-104" 10
 expect_line "$log/d3" "^DISCONNECT .*qpn=$qpn status=-104" "DISCONNECT after the connect timeout"
 
 # -- A second daemon in another namespace serves its own interface.

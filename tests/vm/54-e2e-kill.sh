@@ -3,6 +3,7 @@
 # completions or DISCONNECTED within a bound, urdmad reclaims the dead process's flows and
 # rdma resource counts return to their baseline on both nodes.  (Killing a node's urdmad is
 # 56-e2e-kill-urdmad.sh.)
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 
@@ -50,8 +51,12 @@ wait_res urdmaB "$before_b" 30
 kill_app server
 wait_res urdmaA "$before_a" 30
 wait_res urdmaB "$before_b" 30
+# urdmad reclaims a dead process's flows once it sees the process's socket close, in its own time
+flows_of() { "$BED" status "$1" | awk '$1 == "daemon" {for (i = 2; i <= NF; i++) if ($i ~ /^flows=/) print substr($i, 7)}'; }
+no_flows() { [ "$(flows_of "$1")" = 0 ]; }
 for n in A B; do
-	flows=$("$BED" status "$n" | awk '$1 == "daemon" {for (i = 2; i <= NF; i++) if ($i ~ /^flows=/) print substr($i, 7)}')
+	wait_for 10 "node $n's urdmad to have no flows" no_flows "$n"
+	flows=$(flows_of "$n")
 	[ "$flows" = 0 ] || fail "urdmad of node $n still has $flows flows"
 done
 
