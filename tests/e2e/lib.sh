@@ -17,17 +17,26 @@ in_node() {
 	"$BED" exec "$n" "$@"
 }
 
+# Under tests/vm/run-all, a test marked "# vm-bed: shared" gets URDMA_BED_SHARED=1 and the bed
+# run-all keeps up: bed_up takes it as it is (or brings one up, left for run-all to remove),
+# and bed_down leaves it tidy (scripts/bed tidy) for the next test instead of removing it.
 bed_down() {
 	# a test may leave its background processes: end the ones it started
 	local p
 	for p in $(jobs -p); do kill -9 "$p" 2>/dev/null; done
-	timeout 120 "$BED" down >/dev/null 2>&1
+	if [ -n "${URDMA_BED_SHARED:-}" ]; then
+		timeout 120 "$BED" tidy >/dev/null 2>&1
+	else
+		timeout 120 "$BED" down >/dev/null 2>&1
+	fi
 	true
 }
 
 bed_up() {
 	trap bed_down EXIT
-	t "$BED" up >"$OUT/bed-up.log" 2>&1 || fail "scripts/bed up: $(tail -n1 "$OUT/bed-up.log")"
+	if [ -z "${URDMA_BED_SHARED:-}" ] || ! "$BED" tidy >"$OUT/bed-up.log" 2>&1; then
+		t "$BED" up >"$OUT/bed-up.log" 2>&1 || fail "scripts/bed up: $(tail -n1 "$OUT/bed-up.log")"
+	fi
 	ADDR_A=$("$BED" addr A)
 	ADDR_B=$("$BED" addr B)
 	dmesg_mark
@@ -42,7 +51,7 @@ hw() {
 }
 # hw_sum NAME: counter NAME of both nodes' devices, summed.
 hw_sum() { echo $(($(hw A "$1") + $(hw B "$1"))); }
-# hw_above NAME FLOOR WHAT: waits (bounded: urdmad sends them at most every second) until
+# hw_above NAME FLOOR WHAT: waits (bounded: they lag the traffic by at most 2.3 s) until
 # both devices' NAME sum above FLOOR, and says so.
 hw_above() {
 	local v
@@ -54,9 +63,28 @@ hw_above() {
 	fail "the devices' $1 stayed at $v (not above $2) after $3"
 }
 
-# Compiles tests/e2e/NAME.c (librdmacm + libibverbs) into $OUT and prints its path.
+# listening NODE PORT: node NODE's urdmad holds a listener on PORT (the kernel hands it each
+# listen, in its own time).
+listening() {
+	"$BED" status "$1" 2>/dev/null | grep -qE "^listener .* local=[^ ]*:$2( |$)"
+}
+# wait_listening NODE PORT: waits (bounded) until the server just started in NODE listens on
+# PORT.  rping and perftest say nothing when they listen: a client started after a guessed
+# sleep finds nobody on a slow host, and waits for nothing on a fast one.
+wait_listening() {
+	wait_for 60 "a listener on port $2 in node $1's urdmad" listening "$1" "$2" ||
+		fail "node $1: nothing listens on port $2 after 60 s"
+}
+
+# Compiles tests/e2e/NAME.c (librdmacm + libibverbs) into $OUT and prints its path.  A build
+# newer than its sources is used as it is: gcc under the VM's emulation takes many seconds,
+# and scripts/test builds them all on the host, into the VM's $OUT, before the VM stage.
 build_e2e() {
 	local exe=$OUT/$1
+	if [ "$exe" -nt "tests/e2e/$1.c" ] && [ "$exe" -nt tests/e2e/e2e.h ]; then
+		echo "$exe"
+		return 0
+	fi
 	TMPDIR=$OUT t cc -O2 -Wall -Werror -o "$exe" "tests/e2e/$1.c" -lrdmacm -libverbs -lpthread ||
 		fail "cannot build tests/e2e/$1.c"
 	echo "$exe"

@@ -5,6 +5,7 @@
 # Reduced for CI: 400 iterations under loss rather than 1000; the full form is
 # scripts/vm -- env RPING_LOSS_ITER=1000 tests/vm/run-all 50-e2e-rping
 # vm-timeout: 3600
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 
@@ -21,7 +22,7 @@ rping_pair() {
 	port=$((port + 1))
 	start_server "$sn" "rping-$label-$size" "." \
 		sh -c "echo started; exec rping -s -a $sa -p $port -C $ITER -S $size -V"
-	sleep 0.5
+	wait_listening "$sn" "$port"
 	out=$(timeout -k 5 "$RPING_BOUND" ip netns exec "urdma$cn" rping -c -a "$sa" -p "$port" -C "$ITER" -S "$size" -V 2>&1)
 	rc=$?
 	[ $rc = 0 ] || fail "rping client $label size $size (exit $rc): $(tail -n2 <<<"$out" | tr '\n' ' ')"

@@ -17,5 +17,6 @@
 # first size (the server's first wake-up was a scheduling delay away on the bed's two
 # shared vCPUs; the client's four round trips were quicker).
 # vm-timeout: 1800
+# vm-bed: shared
 PERFTEST_TOOLS="ib_send_bw ib_write_bw ib_read_bw" PERFTEST_EVENTS="A ib_send_bw -t 1 -n 100 -s 65536" \
 	exec bash tests/vm/51-e2e-perftest.sh

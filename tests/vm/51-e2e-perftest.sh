@@ -17,6 +17,7 @@
 # (its minimum is 5), unless a run's ARGS give their own -n.  A run whose ARGS give -s runs
 # that one size instead of every size of -a.
 # vm-timeout: 1800
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 
@@ -54,7 +55,7 @@ perf() {
 	if [ "$sn" = B ]; then sa=$ADDR_B; else sa=$ADDR_A; fi
 	start_server "$sn" "pt-$label" "." \
 		sh -c "echo started; exec $tool -R -F ${all[*]} -p $port -d urdma$sn $*"
-	sleep 1
+	wait_listening "$sn" "$port"
 	out=$(t_or_dump "$tool" ip netns exec "urdma$cn" stdbuf -oL "$tool" -R -F "${all[@]}" -p "$port" -d "urdma$cn" "$@" "$sa" 2>&1)
 	rc=$?
 	echo "$out" >"$OUT/pt-$label-client.log"

@@ -6,6 +6,7 @@
 # over several connections to one port, and with completion channels waited on by several
 # threads on both sides (the completion-channel stress: every completion seen once, no wait
 # that never wakes).
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 

@@ -2,6 +2,7 @@
 # rdma_cm over urdma as librdmacm applications see it (tests/e2e/cm_cases.c): a reject
 # with private data, nobody listening, an unreachable peer, disconnect from either side,
 # a port already listened on, and several connections to one listening port.
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 

@@ -16,6 +16,7 @@
 # of one CPU (its helper wakes for trp's keep-alive only), and the thread blocked on the
 # channel is not woken at all (its voluntary context switches do not grow): nothing
 # arrives, so no event may come.
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 

@@ -13,6 +13,7 @@
 # urdmad's death also removes the urdma device (its TAP goes with it), which revokes the
 # objects of the processes still holding it: the holder sees IBV_EVENT_DEVICE_FATAL.
 # vm-timeout: 900
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 

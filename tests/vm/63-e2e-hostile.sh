@@ -13,6 +13,7 @@
 # stays within its bound, the listener rejects them, a good connection gets through
 # afterwards, and urdmad and the kernel are healthy.
 # vm-timeout: 1200
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 

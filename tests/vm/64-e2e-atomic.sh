@@ -15,6 +15,7 @@
 # 4. ib_atomic_lat and ib_atomic_bw (Fetch-and-Add and Compare-and-Swap), unmodified, with
 #    rdma_cm, node A to node B.
 # ATOMIC_OPS: each add client's operations (300; the Compare-and-Swap client does a third).
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 
@@ -78,7 +79,7 @@ for run in "ib_atomic_lat" "ib_atomic_bw -A FETCH_AND_ADD" "ib_atomic_bw -A CMP_
 	label=$(tr -d ' ' <<<"$run")
 	# shellcheck disable=SC2086 # the run's tool and arguments, split
 	start_server B "atomic-$label" "." sh -c "echo started; exec $run -R -F -n 200 -p $port -d urdmaB"
-	sleep 1
+	wait_listening B "$port"
 	# shellcheck disable=SC2086
 	out=$(t_or_dump "${run%% *}" ip netns exec urdmaA $run -R -F -n 200 -p "$port" -d urdmaA "$ADDR_B" 2>&1) ||
 		fail "$run: $(tail -n2 <<<"$out" | tr '\n' ' ')"

@@ -9,6 +9,7 @@
 #    receives, which the others went on using); the number of receives is what the clients
 #    sent; the limit event came for every refill; the SRQ is destroyed once its QPs are.
 # 2. ib_send_bw and ib_send_lat --use-srq, unmodified, with rdma_cm, node A to node B.
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 
@@ -53,7 +54,7 @@ read -r recvs events < <(sed -n 's/^srq: server recvs=\([0-9]*\) limit_events=\(
 for tool in ib_send_bw ib_send_lat; do
 	port=$((port + 1))
 	start_server B "srq-$tool" "." sh -c "echo started; exec $tool -R -F --use-srq -n 200 -s 4096 -p $port -d urdmaB"
-	sleep 1
+	wait_listening B "$port"
 	out=$(t_or_dump "$tool" ip netns exec urdmaA "$tool" -R -F --use-srq -n 200 -s 4096 -p "$port" -d urdmaA "$ADDR_B" 2>&1) ||
 		fail "$tool --use-srq: $(tail -n2 <<<"$out" | tr '\n' ' ')"
 	wait_server "srq-$tool" 120

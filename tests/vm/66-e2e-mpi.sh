@@ -15,6 +15,7 @@
 # FI_UNIVERSE_SIZE entries, by default (128 + 128) * 1024 = 262144; a device whose max_cqe is
 # smaller makes ofi_rxm fail ("Unable to create verbs CQ") and Open MPI fail with "PML cm cannot
 # be selected". MPI_FI_ENV (e.g. "FI_UNIVERSE_SIZE=256") adds variables for a run by hand.
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 

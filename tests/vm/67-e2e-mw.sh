@@ -14,6 +14,7 @@
 #    IBV_WC_REM_ACCESS_ERR.
 # Expected: every bind and invalidation completes in order, every byte outside the windows
 # is still zero at the end, and the MR is deregistered once the windows are gone.
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 

@@ -10,6 +10,7 @@
 # the parent's connection still works.
 # Expected: every echo is byte for byte what was sent, the server counts exactly the
 # messages of both connections, and both nodes' resources go back to what they were.
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 

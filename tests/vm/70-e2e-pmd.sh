@@ -50,7 +50,7 @@ rx=$(t "$BED" status --json B | jq -r '.port[0].rx_packets')
 
 port=$((port + 1))
 start_server B pmd-rping "." sh -c "echo started; exec rping -s -a $ADDR_B -p $port -C $RPING -S 4096 -V"
-sleep 0.5
+wait_listening B "$port"
 out=$(timeout -k 5 900 ip netns exec urdmaA rping -c -a "$ADDR_B" -p "$port" -C "$RPING" -S 4096 -V 2>&1) ||
 	fail "rping -V over the PMD link: $(tail -n2 <<<"$out" | tr '\n' ' ')"
 wait_server pmd-rping 120
