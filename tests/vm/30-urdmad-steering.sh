@@ -2,7 +2,7 @@
 # urdmad's hardware steering (rte_flow on net_tap, which needs tc flower, multiq and skbedit:
 # the VM's Debian kernel has them, the development hosts' kernel does not).  Runs the
 # steering tests that `cargo test` on the host marks as ignored, here where they can pass.
-# The test binary is the one `cargo test --release` built on the host (scripts/test does).
+# The test binary is the one scripts/setup built on the host (every target, release profile).
 set -u
 
 bin=
