@@ -11,7 +11,7 @@
 # their QP datagrams rise with the clean run and their retransmissions with loss 10 %, and
 # urdmad's status shows a live QP's figures (`.flow[].qp`) during a run.
 #
-# FAULT_OPS operations per connection (default 150, two connections), FAULT_RPING rping
+# FAULT_OPS operations per connection (default 100, two connections), FAULT_RPING rping
 # iterations (default 100): the full matrix is (the guest sees only the environment the
 # command gives it)
 #   scripts/vm -- env FAULT_OPS=2000 FAULT_RPING=1000 tests/vm/run-all 57-e2e-faults
@@ -20,7 +20,7 @@
 set -u
 . tests/e2e/lib.sh
 
-OPS=${FAULT_OPS:-150}
+OPS=${FAULT_OPS:-100}
 RPING=${FAULT_RPING:-100}
 port=7500
 prog=$(build_e2e verify) || exit 1
