@@ -36,27 +36,15 @@ BOUND=${URDMA_DEPLOY_BOUND:-90}
 exec >>"$share/$node.log" 2>&1
 echo "=== node $node, boot $(cat /proc/sys/kernel/random/boot_id), stage $(cat "$stage_file" 2>/dev/null || echo install)"
 
+# wait_for, a bounded wait on a condition: the tests' shared helpers, beside this script in the
+# share (tests/deploy/run puts them there); ok, fail and check below are this test's own.
+. "$share/lib.sh"
 ok() { echo "ok   $*" | tee -a "$result"; }
 fail() { echo "FAIL $*" | tee -a "$result"; }
 check() { # DESCRIPTION CMD...
 	local what=$1
 	shift
 	if "$@"; then ok "$what"; else fail "$what"; fi
-}
-# wait_for SECS DESCRIPTION CMD...: CMD every 0.2 s until it succeeds, for at most SECS seconds
-# (then says so and returns 1), as tests/lib.sh's.  What is produced asynchronously (the
-# device's counters, which urdmad and the provider push to the kernel a second or two after
-# the traffic) is checked by waiting for it, not by reading it once.
-wait_for() {
-	local bound=$1 what=$2 end=$((SECONDS + $1))
-	shift 2
-	until "$@"; do
-		if [ "$SECONDS" -gt "$end" ]; then
-			echo "waited ${bound} s for $what, in vain"
-			return 1
-		fi
-		sleep 0.2
-	done
 }
 finish() {
 	echo done >>"$result"
