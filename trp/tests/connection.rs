@@ -1054,3 +1054,47 @@ fn local_requests_complete_in_send_queue_order() {
         ]
     );
 }
+
+/// A datagram that acknowledges our Send and brings a Write we must refuse: the Send was
+/// received, so it completes successfully before the connection fails, and only what was
+/// not acknowledged is flushed (the server of tests/e2e/mw.c once saw its acknowledged
+/// Send flushed when the client's refused Write carried the acknowledgement).
+#[test]
+fn work_acknowledged_by_the_datagram_that_fails_the_connection_completes() {
+    let mut p = pair(Config::default(), Config::default());
+    post_recv(&mut p.b, 10, 0, 64);
+    send(&mut p, 1, PLAIN_SEND, &sge(0, 64));
+    // A's Send reaches B; B sends nothing yet, so its acknowledgement waits for B's next
+    // datagram.
+    let mut buf = vec![0u8; 65536];
+    while let Some(n) = p.a.conn.poll_transmit(p.now, &p.a.mem, &mut buf) {
+        let _ = p.b.conn.handle_datagram(p.now, &mut p.b.mem, &buf[..n]);
+    }
+    let got = drain(&mut p.b.conn);
+    assert_eq!((got[0].wr_id, got[0].status), (10, WcStatus::Success));
+    // A has a second Send, not yet sent, that the failure must flush.
+    send(&mut p, 2, PLAIN_SEND, &sge(0, 64));
+    // B writes under a key A does not have.
+    p.b.conn
+        .post_send(
+            &p.b.mem,
+            &SendWr {
+                wr_id: 20,
+                op: SendOp::RdmaWrite {
+                    remote_addr: 1 << 19,
+                    rkey: 0x7777,
+                },
+                sges: &sge(0, 8),
+                signaled: true,
+            },
+        )
+        .unwrap();
+    let n = p.b.conn.poll_transmit(p.now, &p.b.mem, &mut buf).unwrap();
+    let _ = p.a.conn.handle_datagram(p.now, &mut p.a.mem, &buf[..n]);
+    assert_eq!(p.a.conn.state(), QpState::Error);
+    let cq = drain(&mut p.a.conn);
+    assert_eq!(
+        cq.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Flush)]
+    );
+}

@@ -136,24 +136,7 @@ impl Connection {
         }
         let una = self.tx.una();
         if matches!(self.state, Phase::Rts | Phase::Closing(_)) {
-            while let Some(e) = self.sq.entries.front() {
-                let done = e.issued
-                    && if e.op.awaits_response() {
-                        e.reads_done >= e.reads_total
-                    } else {
-                        psn_lt(e.last_psn, una)
-                    };
-                if !done {
-                    break;
-                }
-                let e = self.sq.entries.pop_front().expect("front exists");
-                self.sq.head_seq += 1;
-                self.sq.cursor -= 1;
-                if e.signaled {
-                    self.cq
-                        .push_back(Completion::send(e.wr_id, &e.op, WcStatus::Success, e.len));
-                }
-            }
+            self.complete_finished();
         }
         match &self.state {
             Phase::Closing(c) if c.peer_fin && c.fin_psn.is_some_and(|p| psn_lt(p, una)) => {
@@ -165,6 +148,30 @@ impl Connection {
                 self.goto::<state::Error, state::Closed>(Phase::Closed(Closed::default()));
             }
             _ => {}
+        }
+    }
+
+    /// Completes, in order, the send work the peer has acknowledged (or answered).
+    #[inline(always)]
+    fn complete_finished(&mut self) {
+        let una = self.tx.una();
+        while let Some(e) = self.sq.entries.front() {
+            let done = e.issued
+                && if e.op.awaits_response() {
+                    e.reads_done >= e.reads_total
+                } else {
+                    psn_lt(e.last_psn, una)
+                };
+            if !done {
+                break;
+            }
+            let e = self.sq.entries.pop_front().expect("front exists");
+            self.sq.head_seq += 1;
+            self.sq.cursor -= 1;
+            if e.signaled {
+                self.cq
+                    .push_back(Completion::send(e.wr_id, &e.op, WcStatus::Success, e.len));
+            }
         }
     }
 
@@ -193,6 +200,12 @@ impl Connection {
             Phase::Closing(_) => false,
             Phase::Error(_) | Phase::Closed(_) => return,
         };
+        // What the peer acknowledged (often in the very datagram that makes us fail) was
+        // received: it completes as such, not flushed. Not so under the peer's Terminate,
+        // which acknowledges the message it refuses along with those before it.
+        if !matches!(f.reason, FailReason::TerminateReceived(_)) {
+            self.complete_finished();
+        }
         let retry = f.reason == FailReason::RetryExceeded;
         let mut first = f.send_status;
         for e in &self.sq.entries {
