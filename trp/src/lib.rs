@@ -61,6 +61,9 @@
 //! fixtures; `fuzzing` adds `trp::fuzzing`, the entry points of the fuzz
 //! targets. trp's own tests, benches and examples turn both on.
 
+// No unsafe code: the fuzz targets run without a sanitizer (scripts/test), which relies on it.
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod conn;
 #[cfg(feature = "fuzzing")]
