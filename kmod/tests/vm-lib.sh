@@ -55,12 +55,14 @@ uverbs_dev() {
 	return 1
 }
 
-# Builds the raw-uverbs probe and sets PROBE to it.
+# build_probe NAME: builds kmod/tests/NAME.c (a probe that speaks raw uverbs or ucma) into
+# $URDMA_OUT and sets PROBE to it.  A build newer than its sources is used as it is: gcc
+# under the VM's emulation takes seconds, and scripts/test builds the probes on the host,
+# into the VM's $URDMA_OUT, before the VM stage.
 build_probe() {
-	local dir
-	dir=$(mktemp -d 2>/dev/null) || dir=$(mktemp -d -p "${URDMA_OUT:?}") || fail "no temp dir"
-	t gcc -O2 -Wall -o "$dir/uverbs_probe" kmod/tests/uverbs_probe.c || fail "cannot build uverbs_probe"
-	PROBE=$dir/uverbs_probe
+	PROBE=${URDMA_OUT:-/tmp}/$1
+	[ "$PROBE" -nt "kmod/tests/$1.c" ] && [ "$PROBE" -nt kmod/urdma-abi.h ] && return 0
+	t gcc -O2 -Wall -o "$PROBE" "kmod/tests/$1.c" || fail "cannot build kmod/tests/$1.c"
 }
 
 # A #define from the ABI header.

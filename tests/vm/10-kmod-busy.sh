@@ -7,7 +7,7 @@ set -u
 
 dmesg_mark
 ensure_module
-build_probe
+build_probe uverbs_probe
 
 holder=
 stop() {
@@ -24,7 +24,7 @@ veth() {
 	trap finish EXIT
 }
 
-fifo=$(dirname "$PROBE")/holder.out
+fifo=$(mktemp)
 
 # hold N: a process with a context, PD, MR, CQ and QP on urdma0 (round N).
 hold() {

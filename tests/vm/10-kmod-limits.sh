@@ -18,7 +18,7 @@ restore() {
 }
 
 dmesg_mark
-build_probe
+build_probe uverbs_probe
 reload max_ctx=4 max_pd=8 max_mr=8 max_mw=8 max_cq=8 max_qp=8
 setup_veth
 trap restore EXIT

@@ -8,7 +8,7 @@ set -u
 dmesg_mark
 ensure_module
 setup_veth
-build_probe
+build_probe uverbs_probe
 
 t rdma link add urdma0 type urdma netdev veth0 || fail "rdma link add urdma0"
 uv=$(uverbs_dev urdma0) || fail "no uverbs device for urdma0"
