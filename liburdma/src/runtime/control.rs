@@ -1,0 +1,515 @@
+//! The control connection to urdmad: requests, and the events urdmad sends.
+//!
+//! `ARM`'s reply is not waited for: urdmad looks at the process's rings
+//! when it takes the `ARM` and sends `EVENT WAKE` at once if a frame is
+//! there, so a frame that came after the last round and before the `ARM`
+//! took effect still wakes the helper. The reply itself wakes it once; it
+//! finds nothing and sleeps again, armed. Waiting for the reply would hold
+//! the lock, and so every application thread in a verb, until urdmad got
+//! round to the control socket (it reads it every couple of milliseconds
+//! while it forwards traffic).
+//!
+//! Nor do application calls wait for urdmad under the lock, but for the
+//! first `create_qp` (attaching) and the rare `SYNC` of a post that finds its
+//! QP not yet connected: `QP` and `UNQP` are sent and their replies waited
+//! for with the lock released ([`ask`]), and `PEERCLOSED` and `QPCLOSED` are
+//! posted.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Mutex;
+
+use trp::Instant;
+use urdma_shared::client::Connection as Control;
+use urdma_shared::proto::{Event, Request, Response};
+
+use super::helper::kick_helper;
+use super::{lock, lock_of, ms_between, now, rt, Shared, CONTROL_TIMEOUT, SLOW_MS};
+use crate::direct::SocketFlow;
+use crate::dpdk::{self, DpdkFlow};
+use crate::engine::{Flow, Notice, QpKey};
+use crate::log;
+
+/// Sends `req` to urdmad and waits for an `OK`, without holding the lock while urdmad gets
+/// round to answering: the helper and the process's other threads make progress meanwhile.
+/// (urdmad answers between its forwarding rounds, and when it is short of CPU that takes
+/// a second or more; a process whose threads each created a QP under the lock stood still
+/// for all of their waits in a row, long enough for its peers to give its connections up.)
+/// The reply is read by whichever thread reads the socket first.
+fn ask(req: &Request) -> Result<(), String> {
+    ask_on(&rt().state, req)
+}
+
+fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
+    let asked = now();
+    let (ticket, fd) = {
+        let mut g = lock_of(state);
+        let Some(ctl) = g.control() else {
+            return Err("not attached to urdmad".into());
+        };
+        (ctl.send(req)?, ctl.as_raw_fd())
+    };
+    let deadline = asked + CONTROL_TIMEOUT;
+    // Time spent waiting for this process's own lock, which a slow answer's log line tells
+    // apart from urdmad's: under overload a thread preempted while it holds the lock delays
+    // every look at the socket, and the answer with it.
+    let mut lock_wait_ns = 0u64;
+    let mut wait_ms = ASK_POLL_MS;
+    loop {
+        {
+            let before = now();
+            let mut g = lock_of(state);
+            let now = now();
+            lock_wait_ns += now.as_nanos().saturating_sub(before.as_nanos());
+            g.pump(now);
+            let Some(ctl) = g.control() else {
+                return Err("urdmad closed the connection".into());
+            };
+            if let Some(r) = ctl.answer(ticket) {
+                let took = ms_between(asked, now);
+                if took >= SLOW_MS {
+                    log::info(format_args!(
+                        "urdmad took {took} ms to answer {} ({} ms of it waiting for the provider's lock)",
+                        req.encode().trim_end(),
+                        lock_wait_ns / 1_000_000
+                    ));
+                }
+                return match r? {
+                    Response::Ok => Ok(()),
+                    other => Err(urdma_shared::client::refusal(other)),
+                };
+            }
+            if now >= deadline {
+                ctl.abandon(ticket);
+                return Err(format!("urdmad did not answer within {CONTROL_TIMEOUT:?}"));
+            }
+        }
+        // Woken by the reply, or by anything else on the socket; a reply another thread read
+        // first (between the look above and this poll) is found at the next look.
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd. The descriptor stays open while the control connection
+        // does, which the look above checks after every wait.
+        unsafe { libc::poll(&mut p, 1, wait_ms) };
+        wait_ms = (wait_ms * 2).min(ASK_POLL_MAX_MS);
+    }
+}
+
+/// How long [`ask`] first waits on the socket before looking again (milliseconds). The
+/// wait ends early when anything comes on the socket; its timeout is for the reply that
+/// another thread read first.
+const ASK_POLL_MS: i32 = 2;
+/// ... doubling up to this. Every look takes the lock: in the overload test each of a
+/// process's 32 threads waited seconds in `rdma_create_qp` for urdmad's answer; looking
+/// every 2 ms, they would take the lock up to 16,000 times a second between them, and the
+/// CPU with it, from the threads that had work to do.
+const ASK_POLL_MAX_MS: i32 = 32;
+
+/// `QP dev= qpn=`: the QP is this process's.
+pub fn register_qp(key: QpKey) -> Result<(), String> {
+    ask(&Request::Qp {
+        dev: key.0,
+        qpn: key.1,
+    })
+}
+
+/// `UNQP dev= qpn=`, when urdmad is still there.
+pub fn unregister_qp(key: QpKey) {
+    {
+        let mut g = lock();
+        if g.control().is_none() {
+            return;
+        }
+        // The QP's own QPCLOSED, if destroying it made one, goes first (urdmad takes
+        // requests in order).
+        g.deliver_notices();
+    }
+    if let Err(e) = ask(&Request::Unqp {
+        dev: key.0,
+        qpn: key.1,
+    }) {
+        log::error(format_args!("UNQP {key:?}: {e}"));
+    }
+}
+
+impl Shared {
+    /// urdmad's control connection, while it lasts.
+    fn control(&mut self) -> Option<&mut Control> {
+        self.attached.as_mut().and_then(|a| a.ctl.as_mut())
+    }
+
+    /// One request to urdmad, waited for under the lock; events it meets are handled. Only
+    /// where waiting is rare: see [`ask`].
+    fn request(&mut self, req: &Request, now: Instant) -> Result<Response, String> {
+        let Some(ctl) = self.control() else {
+            return Err("not attached to urdmad".into());
+        };
+        let r = ctl.request(req);
+        self.pump(now);
+        r
+    }
+
+    /// Posts `req`, whose outcome nothing waits for (a refusal is logged when its reply is
+    /// read).
+    fn post(&mut self, req: &Request) {
+        if let Some(ctl) = self.control() {
+            if let Err(e) = ctl.post(req) {
+                log::error(format_args!("{}: {e}", req.encode().trim_end()));
+            }
+        }
+    }
+
+    /// Posts `ARM` (see the module's comment on progress).
+    pub(super) fn arm(&mut self) {
+        let Some(ctl) = self.control() else {
+            return;
+        };
+        match ctl.post(&Request::Arm) {
+            Ok(()) => self.armed = true,
+            Err(e) => log::error(format_args!("ARM: {e}")),
+        }
+    }
+
+    fn expect_ok(&mut self, req: &Request, now: Instant) -> Result<(), String> {
+        match self.request(req, now)? {
+            Response::Ok => Ok(()),
+            other => Err(urdma_shared::client::refusal(other)),
+        }
+    }
+
+    /// Reads and handles urdmad's events (never blocks). When urdmad has
+    /// closed the connection every QP fails.
+    pub fn pump(&mut self, now: Instant) -> bool {
+        let Some(ctl) = self.control() else {
+            return false;
+        };
+        let polled = ctl.poll_events();
+        for r in ctl.take_refusals() {
+            log::error(format_args!("{r}"));
+        }
+        match polled {
+            Ok(events) => {
+                let any = !events.is_empty();
+                if any && self.helper_sleep.is_some() {
+                    // Read by an application thread while the helper sleeps:
+                    // it must re-arm (a WAKE is one-shot).
+                    self.helper_sleep = None;
+                    kick_helper();
+                }
+                for e in events {
+                    self.handle_event(e, now);
+                }
+                any
+            }
+            Err(e) => {
+                log::error(format_args!("{e}: every QP fails"));
+                if let Some(a) = self.attached.as_mut() {
+                    a.ctl = None;
+                }
+                self.engine.fail_all(now);
+                // No flow is left and no EVENT CONNECTED can come: nothing
+                // touches urdmad's memory any more.
+                dpdk::detach();
+                true
+            }
+        }
+    }
+
+    fn handle_event(&mut self, e: Event, now: Instant) {
+        match e {
+            Event::Wake => self.armed = false,
+            Event::Disconnect { dev, qpn, status } => {
+                if status == 0 {
+                    log::debug(format_args!("QP {dev}/{qpn}: disconnect"));
+                    self.engine.close((dev, qpn));
+                } else {
+                    // Not the application's doing: say so, as for a failure of trp's.
+                    log::info(format_args!(
+                        "QP {dev}/{qpn}: aborted by the connection manager (status {status})"
+                    ));
+                    self.engine.abort((dev, qpn), now);
+                }
+            }
+            Event::Connected(c) => {
+                let key = (c.dev, c.qpn);
+                let Some(a) = self.attached.as_mut() else {
+                    return;
+                };
+                let sock = a.ctl.as_mut().and_then(|ctl| ctl.take_socket(c.dev, c.qpn));
+                let r = a
+                    .rings
+                    .flow(c.port, &c.rx_ring, c.local, c.remote, c.mac.0, c.stats)
+                    .and_then(|flow| make_flow(flow, &c, sock))
+                    .and_then(|flow| self.engine.connected(key, &c, flow, now));
+                match r {
+                    Ok(()) => log::debug(format_args!(
+                        "QP {}/{} connected {} -> {} ({:?})",
+                        c.dev, c.qpn, c.local, c.remote, c.role
+                    )),
+                    Err(e) => {
+                        log::error(format_args!("QP {}/{}: {e}", c.dev, c.qpn));
+                        self.engine.drop_flow(key);
+                        self.post(&Request::QpClosed {
+                            dev: c.dev,
+                            qpn: c.qpn,
+                            status: -libc::ECONNRESET,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tells urdmad what the engine found (PEERCLOSED, QPCLOSED), and urdma.ko which SRQs
+    /// fell below their limit. Posted: nothing here
+    /// depends on the reply, and urdmad takes requests in order, so a later request of this
+    /// process (`UNQP`) finds them done.
+    pub fn deliver_notices(&mut self) {
+        crate::srq::report_limits(self.engine.take_srq_limits());
+        for n in self.engine.take_notices() {
+            self.post(&match n {
+                Notice::PeerClosed((dev, qpn)) => Request::PeerClosed { dev, qpn },
+                Notice::Closed((dev, qpn), status) => Request::QpClosed { dev, qpn, status },
+            });
+        }
+    }
+
+    /// Reads the socket, and if that brings nothing asks for the rest of
+    /// urdmad's events with `SYNC`.
+    pub(super) fn catch_up(&mut self, now: Instant) {
+        if self.pump(now) {
+            return;
+        }
+        if let Err(e) = self.expect_ok(&Request::Sync, now) {
+            log::error(format_args!("SYNC: {e}"));
+        }
+    }
+}
+
+/// The flow of a connection urdmad handed over: on the direct path when it passed the
+/// connection's socket, through urdmad's rings otherwise.
+fn make_flow(
+    ring: DpdkFlow,
+    c: &urdma_shared::proto::Connected,
+    sock: Option<OwnedFd>,
+) -> Result<Box<dyn Flow>, String> {
+    if c.direct == 0 {
+        return Ok(Box::new(ring));
+    }
+    // urdmad no longer takes the connection's frames: without the socket nothing arrives.
+    let sock = sock.ok_or("urdmad put the connection on the direct path but passed no socket")?;
+    let epoll = rt()
+        .sockets
+        .get()
+        .ok_or("no epoll set for the direct path")?
+        .as_raw_fd();
+    let ep = ring.endpoints();
+    let geo = urdma_shared::direct::Geometry::new(c.datagram, c.direct);
+    Ok(Box::new(SocketFlow::new(ring, sock, geo, ep, epoll)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Attached, EVENT_LOOK};
+    use super::*;
+    use crate::dpdk::Rings;
+    use crate::engine::Engine;
+    use std::path::Path;
+    use std::time::Duration;
+
+    #[test]
+    fn writing_to_a_closed_socket_does_not_raise_sigpipe() {
+        use std::io::Write;
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(b);
+        // The default action, as in a C application (Rust's runtime
+        // ignores SIGPIPE). std's socket writes pass MSG_NOSIGNAL, so a
+        // write to a urdmad that has gone away fails with EPIPE instead of
+        // killing the application; this would kill the test otherwise.
+        // SAFETY: changing the disposition for the test, restored below.
+        let prev = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        let _ = a.write_all(b"x");
+        let r = a.write_all(b"ARM\n");
+        // SAFETY: restoring what was there.
+        unsafe { libc::signal(libc::SIGPIPE, prev) };
+        assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::BrokenPipe);
+        // SAFETY: reading the calling thread's pending set and mask.
+        unsafe {
+            let mut p: libc::sigset_t = std::mem::zeroed();
+            libc::sigpending(&mut p);
+            assert_eq!(libc::sigismember(&p, libc::SIGPIPE), 0);
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut p);
+            assert_eq!(libc::sigismember(&p, libc::SIGPIPE), 0);
+        }
+    }
+
+    /// A fake urdmad on a socket that answers HELLO; the connection and the
+    /// daemon's end of it.
+    fn fake_urdmad(dir: &Path) -> (Control, std::os::unix::net::UnixStream) {
+        use std::io::{BufRead, Write};
+        let path = dir.join("urdmad.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let daemon = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(&s).read_line(&mut line).unwrap();
+            assert!(line.starts_with("HELLO "), "{line}");
+            let hello = Response::Hello {
+                version: urdma_shared::proto::VERSION,
+                daemon: "fake".into(),
+            };
+            (&s).write_all(hello.encode().as_bytes()).unwrap();
+            s
+        });
+        let ctl = Control::connect(&path, Duration::from_secs(5)).unwrap();
+        (ctl, daemon.join().unwrap())
+    }
+
+    #[test]
+    fn losing_urdmad_fails_every_qp_and_ends_the_attachment() {
+        use crate::engine::QpInit;
+        let dir = std::env::temp_dir().join(format!("urdma-lost-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (state, daemon) = attached_to_fake(&dir);
+        let path = dir.join("urdmad.sock");
+        let mut sh = state.into_inner().unwrap();
+        let key = (1, 7);
+        sh.engine.create_cq((1, 1), 8, None);
+        sh.engine.create_qp(
+            key,
+            QpInit {
+                pd: 1,
+                send_cq: (1, 1),
+                recv_cq: (1, 1),
+                sig_all: false,
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline: 0,
+                srq: None,
+            },
+        );
+        sh.engine.post_recv(key, 42, &[]).unwrap();
+        let t = now();
+        assert!(!sh.pump(t), "nothing from a live urdmad yet");
+        assert_eq!(sh.ensure_attached(&path), Ok(()));
+
+        drop(daemon); // kill -9
+        assert!(sh.pump(t));
+        assert!(sh.attached.as_ref().unwrap().ctl.is_none());
+        // SAFETY: all-zero is a valid ibv_wc.
+        let mut wc = [unsafe { std::mem::zeroed::<rdma_core_sys::ibv_wc>() }; 4];
+        assert_eq!(sh.engine.poll_cq((1, 1), &mut wc), Some(1));
+        assert_eq!(wc[0].wr_id, 42);
+        assert_eq!(wc[0].status, rdma_core_sys::IBV_WC_WR_FLUSH_ERR);
+        // Posts after the loss flush too; nothing asks urdmad anything.
+        sh.engine.post_recv(key, 43, &[]).unwrap();
+        sh.engine.progress(t);
+        assert_eq!(sh.engine.poll_cq((1, 1), &mut wc), Some(1));
+        assert_eq!(wc[0].status, rdma_core_sys::IBV_WC_WR_FLUSH_ERR);
+        assert_eq!(sh.ensure_attached(&path), Err(libc::ENOTCONN));
+        assert!(sh.control().is_none());
+        assert!(sh.expect_ok(&Request::Sync, t).is_err());
+        assert!(!sh.pump(t));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A process's state attached to a fake urdmad; the daemon's end.
+    fn attached_to_fake(dir: &Path) -> (Mutex<Shared>, std::os::unix::net::UnixStream) {
+        let (ctl, daemon) = fake_urdmad(dir);
+        let sh = Shared {
+            engine: Engine::new(),
+            attached: Some(Attached {
+                path: dir.join("urdmad.sock"),
+                ctl: Some(ctl),
+                rings: Rings::none(),
+            }),
+            attach_failed: None,
+            helper_sleep: None,
+            armed: false,
+            event_look: Instant::ZERO,
+        };
+        (Mutex::new(sh), daemon)
+    }
+
+    #[test]
+    fn an_application_polling_reads_urdmads_events_now_and_then() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("urdma-look-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (state, daemon) = attached_to_fake(&dir);
+        let mut sh = state.into_inner().unwrap();
+        // What urdmad wrote waits until a round looks: the helper may not get the lock.
+        let wake = |sh: &mut Shared| {
+            sh.armed = true;
+            (&daemon).write_all(b"EVENT WAKE\n").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let t = now();
+        wake(&mut sh);
+        sh.full_round(t);
+        assert!(!sh.armed, "read by the application's round");
+        // Not on every poll: the next look is EVENT_LOOK later.
+        wake(&mut sh);
+        sh.full_round(t + EVENT_LOOK / 2);
+        assert!(sh.armed, "a poll within EVENT_LOOK reads nothing");
+        sh.full_round(t + EVENT_LOOK);
+        assert!(!sh.armed);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_request_waits_for_urdmad_without_the_lock() {
+        use std::io::{BufRead, Write};
+        let dir = std::env::temp_dir().join(format!("urdma-ask-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (state, daemon) = attached_to_fake(&dir);
+        let mut from = std::io::BufReader::new(daemon.try_clone().unwrap());
+        std::thread::scope(|s| {
+            let asking = s.spawn(|| ask_on(&state, &Request::Qp { dev: 0, qpn: 5 }));
+            let mut line = String::new();
+            from.read_line(&mut line).unwrap();
+            assert_eq!(line, "QP dev=0 qpn=5\n");
+            // While urdmad has not answered, the lock is free for the process's other
+            // threads, which post and read what comes meanwhile.
+            {
+                let mut g = (0..200)
+                    .find_map(|_| {
+                        let g = state.try_lock().ok();
+                        if g.is_none() {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        g
+                    })
+                    .expect("the lock is free while urdmad has not answered");
+                g.post(&Request::Arm);
+                (&daemon).write_all(b"EVENT WAKE\n").unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                assert!(g.pump(now()), "the event is read by the thread that looks");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(!asking.is_finished());
+            // The QP's reply, read by another thread first, still reaches its asker.
+            (&daemon).write_all(b"OK\nOK\n").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            lock_of(&state).pump(now());
+            assert_eq!(asking.join().unwrap(), Ok(()));
+            // A refusal is the asker's error.
+            let asking = s.spawn(|| ask_on(&state, &Request::Unqp { dev: 0, qpn: 5 }));
+            (&daemon)
+                .write_all(b"ERROR code=EEXIST message=taken\n")
+                .unwrap();
+            let e = asking.join().unwrap().unwrap_err();
+            assert!(e.contains("taken"), "{e}");
+            // urdmad gone while a request waits: an error, not a hang.
+            let asking = s.spawn(|| ask_on(&state, &Request::Qp { dev: 0, qpn: 6 }));
+            std::thread::sleep(Duration::from_millis(20));
+            daemon.shutdown(std::net::Shutdown::Both).unwrap();
+            assert!(asking.join().unwrap().is_err());
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

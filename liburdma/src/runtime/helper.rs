@@ -1,0 +1,269 @@
+//! The helper thread: progress while the application is elsewhere.
+//!
+//! # Progress
+//! The application's own calls drive progress: `poll_cq` receives, runs
+//! timers and transmits for every connection; `post_send` and `post_recv` for
+//! the QP posted to, and for every connection once a full round is due
+//! ([`crate::engine::Engine::progress_after_post`]: a round over hundreds of QPs on every post
+//! made a message cost what all of them cost).
+//! The helper thread covers the time the application spends elsewhere
+//! (blocked in `ibv_get_cq_event`, `rdma_get_cm_event`, polling its own
+//! memory, ...). While an application thread polls (it is in a data verb or
+//! made one within [`crate::progress::APP_ACTIVE`]; `ibv_req_notify_cq` ends
+//! that at once) the helper stays out of its way: it sleeps without watching
+//! for frames and looks again when the application may have stopped, less
+//! often the longer it polls ([`crate::progress::LOOK_MAX`]). Its rounds leave
+//! the ACKs peers asked for to the application's reply while the application
+//! may still post one (`Shared::helper_round`), as the application's own rounds
+//! do. Otherwise, while traffic flows it keeps going (yielding the CPU between
+//! rounds); once the application has been away for
+//! [`crate::progress::APP_QUIET`] it may spin on for
+//! [`crate::progress::SPIN_ROUNDS`] idle rounds while its yields find the CPU
+//! free ([`YIELD_FREE`]); then it posts `ARM` to urdmad (unless it
+//! is armed already, or every connection is on the direct path, whose socket
+//! wakes it by itself) and sleeps in `poll()` on the
+//! control socket, its own eventfd, its alarm (a timerfd) and the epoll set
+//! of the direct connections' sockets until an event (`EVENT WAKE`,
+//! `EVENT CONNECTED`, `EVENT DISCONNECT`), a frame on a direct connection,
+//! the earliest trp timer, or a kick. An application call that makes a timer
+//! due earlier than the helper's alarm moves the alarm forward (one system
+//! call) rather than waking the helper to go back to sleep with a shorter
+//! timeout: almost every message does that (the delayed ACK, the
+//! retransmission timer), and on a host whose cores are shared each of
+//! those wake-ups was a context switch on the message's path. These rules
+//! are [`crate::progress`]'s, tested there; this module carries them out.
+//!
+//! The helper takes the lock with `try_lock` and never holds it while it
+//! sleeps or waits for urdmad. It blocks every signal.
+//!
+
+use std::os::fd::AsRawFd;
+use std::sync::TryLockError;
+use std::time::Duration;
+
+use trp::Instant;
+
+use super::{activity, lock, now, rt, tuning};
+use crate::progress::{Round, Step};
+
+/// A yield that returns within this found no other thread wanting the CPU. One that took
+/// longer gave the CPU to another thread, the application's very likely: the helper then
+/// stops spinning and sleeps until a frame or a timer wakes it. A helper that spins on a
+/// shared CPU delays the application it serves, and by using CPU time it loses the
+/// scheduler's preference for threads that wake after sleeping, so that its next wake-up
+/// waits for a time slice to end (measured in the emulated two-vCPU bed: `ib_write_lat`
+/// 2.9 ms with a 64-round spin, 0.8 ms without; docs/performance.md).
+const YIELD_FREE: Duration = Duration::from_micros(100);
+
+/// Gives up the CPU; whether nobody else took it ([`YIELD_FREE`]).
+fn yield_cpu() -> bool {
+    let t = std::time::Instant::now();
+    std::thread::yield_now();
+    t.elapsed() < YIELD_FREE
+}
+
+/// Sets the helper's alarm to `at` (None: no alarm).
+pub(super) fn set_alarm(at: Option<Instant>) {
+    let Some(fd) = rt().alarm.get() else { return };
+    // An all-zero value disarms; a deadline of 0 ns is long past anyway.
+    let ns = at.map_or(0, |t| t.as_nanos().max(1));
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        },
+    };
+    // SAFETY: our timerfd; a valid itimerspec; no old value wanted.
+    unsafe {
+        libc::timerfd_settime(
+            fd.as_raw_fd(),
+            libc::TFD_TIMER_ABSTIME,
+            &spec,
+            std::ptr::null_mut(),
+        )
+    };
+}
+
+pub(super) fn kick_helper() {
+    if let Some(fd) = rt().kick.get() {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+pub(super) fn helper_loop() {
+    let kick = rt().kick.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
+    let alarm = rt().alarm.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
+    let sockets = rt().sockets.get().map(|f| f.as_raw_fd()).unwrap_or(-1);
+    let t = tuning();
+    let mut idle = 0u32;
+    // The last yield found the CPU free: spinning costs nobody.
+    let mut free = true;
+    // Spinning without the lock: every flow has a descriptor that says when
+    // something comes, and the alarm is set to the earliest timer.
+    let mut quiet = false;
+    let mut ctl = -1;
+    // How long to stay away from a lock the application holds.
+    let mut busy = t.app_active;
+    loop {
+        if quiet {
+            let woken = readable_any([ctl, kick, alarm, sockets]);
+            if !woken && t.keep_spinning(idle, free, activity(), now()) {
+                idle += 1;
+                free = yield_cpu();
+                continue;
+            }
+            quiet = false;
+            drain([kick, alarm]);
+        }
+        let mut g = match rt().state.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) if readable_any([ctl, kick, -1, -1]) => {
+                // A kick (the application goes to sleep) or urdmad's word came during the
+                // call: the helper's round follows it.
+                lock()
+            }
+            Err(TryLockError::WouldBlock) => {
+                // The application is in a verb, which makes progress itself: look again
+                // when it may have stopped, as while it polls, backing off the same way.
+                // (Every 50 µs, the helper of a process with 256 QPs, whose calls hold the
+                // lock for long, took a quarter of a CPU in the bed for nothing.)
+                sleep_on_for([ctl, kick, -1, -1], busy);
+                busy = t.next_look(busy);
+                continue;
+            }
+        };
+        busy = t.app_active;
+        let Some(fd) = g
+            .attached
+            .as_ref()
+            .and_then(|a| a.ctl.as_ref())
+            .map(|c| c.as_raw_fd())
+        else {
+            // urdmad is gone: nothing more will arrive.
+            return;
+        };
+        ctl = fd;
+        let now = now();
+        let events = readable(fd) && g.pump(now);
+        let p = g.helper_round(now);
+        g.deliver_notices();
+        let round = Round {
+            worked: p.busy || events,
+            idle,
+            cpu_free: free,
+            needs_arm: g.engine.needs_arm(),
+            armed: g.armed,
+        };
+        let (step, next_idle) = t.after_round(round, activity(), now, || g.engine.deadline());
+        idle = next_idle;
+        let sleep = match step {
+            Step::Again => {
+                drop(g);
+                free = yield_cpu();
+                continue;
+            }
+            Step::Spin { on_descriptors } => {
+                quiet = on_descriptors;
+                if quiet {
+                    set_alarm(g.engine.deadline());
+                }
+                drop(g);
+                free = yield_cpu();
+                continue;
+            }
+            Step::Sleep { sleep, arm } => {
+                if arm {
+                    g.arm();
+                }
+                sleep
+            }
+        };
+        g.helper_sleep = Some(sleep);
+        set_alarm(sleep.until);
+        drop(g);
+        let mut look = t.app_active;
+        loop {
+            sleep_on([fd, kick, alarm, if sleep.watching { sockets } else { -1 }]);
+            // Woken by its alarm while the application still calls: the calls make the
+            // progress, and a round here would only take the lock from them (under
+            // emulation, a quarter of a CPU per helper at 256 QPs). Look again when the
+            // application may have stopped. urdmad's messages and kicks take their round.
+            // The longer it has polled, the longer the helper stays away.
+            if !readable_any([fd, kick, -1, -1]) && t.look_again(sleep, activity(), self::now()) {
+                drain([-1, alarm]);
+                look = t.next_look(look);
+                set_alarm(Some(self::now() + look));
+                continue;
+            }
+            break;
+        }
+        lock().helper_sleep = None;
+        drain([kick, alarm]);
+        // One round to see what woke it: anything to do starts the spin
+        // again, nothing (ARM's reply, a timer with nothing due) sleeps.
+        idle = t.spin_rounds - 1;
+        free = true;
+    }
+}
+
+/// Empties the helper's eventfd and timerfd.
+fn drain(fds: [i32; 2]) {
+    for f in fds {
+        let mut v = 0u64;
+        // SAFETY: reading our non-blocking eventfd or timerfd into a local.
+        unsafe { libc::read(f, (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+/// Whether any of `fds` (-1: none) has something to read, without waiting.
+fn readable_any(fds: [i32; 4]) -> bool {
+    wait_readable(fds, Some(Duration::ZERO))
+}
+
+/// Whether `fd` has something to read (one poll() that does not wait).
+fn readable(fd: i32) -> bool {
+    readable_any([fd, -1, -1, -1])
+}
+
+/// Sleeps until one of `fds` is readable or `d` has passed.
+fn sleep_on_for(fds: [i32; 4], d: Duration) {
+    wait_readable(fds, Some(d));
+}
+
+/// Sleeps until one of `fds` is readable.
+fn sleep_on(fds: [i32; 4]) {
+    wait_readable(fds, None);
+}
+
+/// Waits until one of `fds` (-1: none) is readable, for at most `timeout` (`None`: no
+/// bound); whether one is.
+fn wait_readable(fds: [i32; 4], timeout: Option<Duration>) -> bool {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    let t = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
+    });
+    let tp = t
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: a valid pollfd array and timespec (or none); no signal mask change.
+    unsafe {
+        libc::ppoll(
+            p.as_mut_ptr(),
+            p.len() as libc::nfds_t,
+            tp,
+            std::ptr::null(),
+        ) > 0
+    }
+}
