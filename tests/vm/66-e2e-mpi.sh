@@ -49,6 +49,12 @@ mpi_run() {
 	start=$SECONDS
 	t ip netns exec urdmaA mpirun "${mpiargs[@]}" "$@" "$prog" -n "$ITERS" -m "$MAXSIZE" >"$log" 2>&1
 	rc=$?
+	if [ "$rc" = 124 ]; then
+		# Where it stood: the launch's own lines (plm) and whatever of it is still running.
+		grep -m20 -E 'plm:|orted|daemon' "$log"
+		ps -eo pid,ppid,etimes,stat,wchan:24,args | grep -E '[m]pirun|[o]rted|[n]etns-rsh|/[m]pi ' |
+			sed 's/^/mpi '"$name"' still running: /'
+	fi
 	grep -E '^mpi:|mtl:ofi:provider|<warn>|PML|FAIL|error' "$log" | grep -v 'returned -61\|OFI_MRAIL'
 	echo "mpi $name: exit $rc in $((SECONDS - start)) s"
 	if grep -q "Unable to create verbs CQ" "$log"; then
@@ -69,7 +75,7 @@ mpi_run() {
 mpi_run 1node urdmaA -np 2
 printf 'A slots=1\nB slots=1\n' >"$OUT/mpi-hosts"
 mpi_run 2node "urdmaA urdmaB" -np 2 --hostfile "$OUT/mpi-hosts" \
-	--mca plm_rsh_agent "$PWD/tests/e2e/netns-rsh" --mca plm_rsh_no_tree_spawn 1 \
+	--mca plm_rsh_agent "$PWD/tests/e2e/netns-rsh" --mca plm_rsh_no_tree_spawn 1 --mca plm_base_verbose 5 \
 	--mca oob_tcp_if_include "${ADDR_A%.*}.0/24"
 
 wait_res urdmaA "$before_a" 30
