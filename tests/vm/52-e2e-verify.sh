@@ -19,7 +19,7 @@ verify_run() {
 	local label=$1 out
 	shift
 	port=$((port + 1))
-	start_server B "verify-$label" "listening" "$prog" server "$ADDR_B" "$port" "${@}" -t 600
+	start_server B "verify-$label" "listening" "$prog" server "$ADDR_B" "$port" "${@}" -n "$OPS" -t 600
 	out=$(t ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" "${@}" -n "$OPS" -t 600 2>&1)
 	rc=$?
 	echo "$out"

@@ -43,7 +43,7 @@ verify_row() {
 	local label=$1 log rc t0 t1
 	port=$((port + 1))
 	log=$OUT/faults-$port-client.log
-	start_server B "faults-$port" "listening" "$prog" server "$ADDR_B" "$port" -s 11 -c 2 -t 900
+	start_server B "faults-$port" "listening" "$prog" server "$ADDR_B" "$port" -s 11 -c 2 -n "$OPS" -t 900
 	t0=$(now)
 	STEP_TIMEOUT=900 t_or_dump verify ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" \
 		-s 11 -c 2 -n "$OPS" -t 900 >"$log" 2>&1
@@ -90,7 +90,7 @@ retrans0=$(hw_sum retransmissions)
 
 # A live QP's figures in node A's urdmad status, looked at while a longer run goes on.
 port=$((port + 1))
-start_server B faults-live "listening" "$prog" server "$ADDR_B" "$port" -t 600
+start_server B faults-live "listening" "$prog" server "$ADDR_B" "$port" -n $((OPS * 10)) -t 600
 ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -n $((OPS * 10)) -t 600 \
 	>"$OUT/faults-live-client.log" 2>&1 &
 cpid=$!

@@ -69,26 +69,28 @@ proc_flows() {
 	"$BED" status --json B 2>/dev/null | jq -r --argjson pid "$1" '.process // [] | .[] | select(.pid == $pid) | .flows'
 }
 
+# The operations per connection of pair $1: the slow pair (1) has more to do, so that it is
+# still at it when it is stopped (with 4 times the others' work, it once finished right after
+# its first stop, which then fell where nothing was in flight for it; with 10 times, once the
+# data path had become faster, it finished before the status reads that wait for its
+# connections had seen them all). Its server is told the same count.
+pair_ops() {
+	if [ "$1" = 1 ]; then echo $((OPS * 30)); else echo "$OPS"; fi
+}
+
 # phase NAME STALLED: every pair at once; with STALLED=1 the first server stops for a while.
 # Sets OTHERS_S to the seconds until the last of the other pairs' clients finished.
 phase() {
-	local name=$1 stalled=$2 i spids=() cpids=() start t_conn slow_pid p ops
+	local name=$1 stalled=$2 i spids=() cpids=() start t_conn slow_pid p
 	SLOW_DROPS=0
 	for i in $(seq "$PROCS"); do
 		start_server "$SRV_NODE" "overload-$name-s$i" "listening" "$prog" server "$ADDR_B" "$((port + i))" \
-			-c "$CONNS" -s "$i" -m "$MAXSIZE" -t "$LIMIT" -e "$EVENTS"
+			-c "$CONNS" -n "$(pair_ops "$i")" -s "$i" -m "$MAXSIZE" -t "$LIMIT" -e "$EVENTS"
 		spids+=("$SERVER_PID")
 	done
 	start=$SECONDS
 	for i in $(seq "$PROCS"); do
-		# the slow pair has more to do, so that it is still at it when it is stopped (with 4
-		# times the others' work, it once finished right after its first stop, which then
-		# fell where nothing was in flight for it; with 10 times, once the data path had
-		# become faster, it finished before the status reads that wait for its connections
-		# had seen them all)
-		ops=$OPS
-		[ "$i" = 1 ] && ops=$((OPS * 30))
-		"${CLI[@]}" "$prog" client "$ADDR_B" "$((port + i))" -c "$CONNS" -n "$ops" \
+		"${CLI[@]}" "$prog" client "$ADDR_B" "$((port + i))" -c "$CONNS" -n "$(pair_ops "$i")" \
 			-s "$i" -m "$MAXSIZE" -t "$LIMIT" -e "$EVENTS" >"$OUT/overload-$name-c$i.log" 2>&1 &
 		cpids+=("$!")
 	done

@@ -21,7 +21,7 @@ port=7800
 verify_run() {
 	local label=$1 t0=$SECONDS
 	port=$((port + 1))
-	start_server B "pmd-verify-$label" "listening" "$prog" server "$ADDR_B" "$port" -c 2 -t 900
+	start_server B "pmd-verify-$label" "listening" "$prog" server "$ADDR_B" "$port" -c 2 -n "$OPS" -t 900
 	t ip netns exec urdmaA "$prog" client "$ADDR_B" "$port" -c 2 -n "$OPS" -t 900 \
 		>"$OUT/pmd-verify-$label-client.log" 2>&1 ||
 		fail "verify over the PMD link ($label): $(grep -m1 FAIL "$OUT/pmd-verify-$label-client.log" || tail -n1 "$OUT/pmd-verify-$label-client.log")"
