@@ -42,18 +42,35 @@ for v in ${MPI_FI_ENV:-}; do fienv+=(-x "$v"); done
 mpiargs=(--allow-run-as-root --oversubscribe --mca pml cm --mca mtl ofi --mca btl self,vader
 	--mca mtl_base_verbose 100 --mca orte_base_help_aggregate 0 "${fienv[@]}")
 
+# stuck_state: what of a run is still going, and its TCP connections in both nodes, with the
+# nodes' addresses (Open MPI's daemons call mpirun back over TCP, through urdma's TAPs).
+stuck_state() {
+	local ns
+	ps -eo pid,ppid,etimes,stat,wchan:24,args | grep -E '[m]pirun|[o]rted|[n]etns-rsh|/[m]pi '
+	for ns in urdmaA urdmaB; do
+		echo "$ns: $(ip -n "$ns" -o -4 addr show | awk '{print $2, $4}' | tr '\n' ' ')"
+		ip netns exec "$ns" ss -tanp 2>&1 | grep -v LISTEN | sed "s/^/$ns: /"
+	done
+}
+
 # mpi_run NAME DEVICES MPIRUN_ARGS...: mpirun in node A; checks the devices the ranks used.
+# A run still going 20 s before its bound (STEP_TIMEOUT) has where it stands recorded first
+# (stuck_state).
 mpi_run() {
-	local name=$1 devs=$2 rc d log=$OUT/mpi-$1.log
+	local name=$1 devs=$2 rc d log=$OUT/mpi-$1.log watcher
 	shift 2
 	start=$SECONDS
+	rm -f "$log.stuck"
+	(sleep $((STEP_TIMEOUT > 40 ? STEP_TIMEOUT - 20 : STEP_TIMEOUT / 2)) && stuck_state >"$log.stuck" 2>&1) &
+	watcher=$!
 	t ip netns exec urdmaA mpirun "${mpiargs[@]}" "$@" "$prog" -n "$ITERS" -m "$MAXSIZE" >"$log" 2>&1
 	rc=$?
+	pkill -P "$watcher" sleep 2>/dev/null
+	wait "$watcher" 2>/dev/null
 	if [ "$rc" = 124 ]; then
-		# Where it stood: the launch's own lines (plm) and whatever of it is still running.
+		# Where it stood: the launch's own lines (plm), and what still ran before the bound.
 		grep -m20 -E 'plm:|orted|daemon' "$log"
-		ps -eo pid,ppid,etimes,stat,wchan:24,args | grep -E '[m]pirun|[o]rted|[n]etns-rsh|/[m]pi ' |
-			sed 's/^/mpi '"$name"' still running: /'
+		sed 's/^/mpi '"$name"' before the bound: /' "$log.stuck" 2>/dev/null
 	fi
 	grep -E '^mpi:|mtl:ofi:provider|<warn>|PML|FAIL|error' "$log" | grep -v 'returned -61\|OFI_MRAIL'
 	echo "mpi $name: exit $rc in $((SECONDS - start)) s"
