@@ -42,9 +42,9 @@ for v in ${MPI_FI_ENV:-}; do fienv+=(-x "$v"); done
 mpiargs=(--allow-run-as-root --oversubscribe --mca pml cm --mca mtl ofi --mca btl self,vader
 	--mca mtl_base_verbose 100 --mca orte_base_help_aggregate 0 "${fienv[@]}")
 
-# stuck_state: what of a run is still going, and its TCP connections in both nodes, with the
+# launch_state: what is left of a launch, and its TCP connections in both nodes, with the
 # nodes' addresses (Open MPI's daemons call mpirun back over TCP, through urdma's TAPs).
-stuck_state() {
+launch_state() {
 	local ns
 	ps -eo pid,ppid,etimes,stat,wchan:24,args | grep -E '[m]pirun|[o]rted|[n]etns-rsh|/[m]pi '
 	for ns in urdmaA urdmaB; do
@@ -54,23 +54,18 @@ stuck_state() {
 }
 
 # mpi_run NAME DEVICES MPIRUN_ARGS...: mpirun in node A; checks the devices the ranks used.
-# A run still going 20 s before its bound (STEP_TIMEOUT) has where it stands recorded first
-# (stuck_state).
 mpi_run() {
-	local name=$1 devs=$2 rc d log=$OUT/mpi-$1.log watcher
+	local name=$1 devs=$2 rc d log=$OUT/mpi-$1.log
 	shift 2
 	start=$SECONDS
-	rm -f "$log.stuck"
-	(sleep $((STEP_TIMEOUT > 40 ? STEP_TIMEOUT - 20 : STEP_TIMEOUT / 2)) && stuck_state >"$log.stuck" 2>&1) &
-	watcher=$!
-	t ip netns exec urdmaA mpirun "${mpiargs[@]}" "$@" "$prog" -n "$ITERS" -m "$MAXSIZE" >"$log" 2>&1
+	t_or_dump mpirun ip netns exec urdmaA mpirun "${mpiargs[@]}" "$@" "$prog" -n "$ITERS" -m "$MAXSIZE" >"$log" 2>&1
 	rc=$?
-	pkill -P "$watcher" sleep 2>/dev/null
-	wait "$watcher" 2>/dev/null
 	if [ "$rc" = 124 ]; then
-		# Where it stood: the launch's own lines (plm), and what still ran before the bound.
+		# Where it stood: the launch's own lines (plm), what mpirun was doing at the bound
+		# (stuck.log), and what is left of the launch once mpirun is gone.
 		grep -m20 -E 'plm:|orted|daemon' "$log"
-		sed 's/^/mpi '"$name"' before the bound: /' "$log.stuck" 2>/dev/null
+		sed 's/^/    /' "$OUT/stuck.log"
+		launch_state | sed 's/^/mpi '"$name"' after: /'
 	fi
 	grep -E '^mpi:|mtl:ofi:provider|<warn>|PML|FAIL|error' "$log" | grep -v 'returned -61\|OFI_MRAIL'
 	echo "mpi $name: exit $rc in $((SECONDS - start)) s"
