@@ -15,6 +15,24 @@ use trp::setup::{ConnectOutcome, Connecting, Incoming};
 use trp::wire::crc;
 use trp::wire::trp as tw;
 
+/// Which way a connection's frames go after hand-over: a packet socket of the process's own
+/// (the direct path), or through urdmad's rings. Logged with the connection, as the two
+/// behave differently under load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Direct,
+    Forwarded,
+}
+
+impl Path {
+    fn as_str(self) -> &'static str {
+        match self {
+            Path::Direct => "direct",
+            Path::Forwarded => "forwarded",
+        }
+    }
+}
+
 /// Why a connected QP's flow was not handed to its process.
 #[derive(Debug, thiserror::Error)]
 enum HandOverError {
@@ -668,8 +686,8 @@ impl Daemon {
             }))
         };
         match self.hand_over(h.dev, h.qpn, &spec, ev) {
-            Ok((client, flow)) => {
-                tracing::info!(id, dev = h.dev, qpn = h.qpn, client, flow, remote = %h.remote, conn = format_args!("{:#x}", h.conn), peer_conn = format_args!("{peer_conn:#x}"), "connected (active)");
+            Ok((client, flow, path)) => {
+                tracing::info!(id, dev = h.dev, qpn = h.qpn, client, flow, remote = %h.remote, conn = format_args!("{:#x}", h.conn), peer_conn = format_args!("{peer_conn:#x}"), path = path.as_str(), "connected (active)");
                 self.cm.conns.insert(
                     (h.dev, h.qpn),
                     QpConn {
@@ -716,14 +734,14 @@ impl Daemon {
     }
 
     /// Opens the flow for the process owning QP (dev, qpn) and writes it the event made by
-    /// `ev`. The owning client's id and the flow, or why not.
+    /// `ev`. The owning client's id, the flow and the path its frames take, or why not.
     fn hand_over(
         &mut self,
         dev: u32,
         qpn: u32,
         spec: &FlowSpec,
         ev: impl FnOnce(&FlowSpecOpened) -> Event,
-    ) -> Result<(u32, u32), HandOverError> {
+    ) -> Result<(u32, u32, Path), HandOverError> {
         let Some(&client) = self.cm.qps.get(&(dev, qpn)) else {
             return Err(HandOverError::NoOwner);
         };
@@ -759,14 +777,19 @@ impl Daemon {
             self.clients[i].flows.retain(|&f| f != opened.flow);
             return Err(HandOverError::NotReading(e));
         }
+        let path = if direct.is_some() {
+            Path::Direct
+        } else {
+            Path::Forwarded
+        };
         if let (Event::Connected(_), Some(p)) = (&event, self.ports.get_mut(usize::from(spec.port)))
         {
-            match direct {
-                Some(_) => p.conns_direct += 1,
-                None => p.conns_forwarded += 1,
+            match path {
+                Path::Direct => p.conns_direct += 1,
+                Path::Forwarded => p.conns_forwarded += 1,
             }
         }
-        Ok((client, opened.flow))
+        Ok((client, opened.flow, path))
     }
 
     fn cm_request(
@@ -925,8 +948,8 @@ impl Daemon {
             }))
         };
         match self.hand_over(m.dev, m.qpn, &spec, ev) {
-            Ok((client, flow)) => {
-                tracing::info!(req = m.req, dev = m.dev, qpn = m.qpn, client, flow, %remote, conn = format_args!("{conn:#x}"), peer_conn = format_args!("{peer_conn:#x}"), "connected (passive)");
+            Ok((client, flow, path)) => {
+                tracing::info!(req = m.req, dev = m.dev, qpn = m.qpn, client, flow, %remote, conn = format_args!("{conn:#x}"), peer_conn = format_args!("{peer_conn:#x}"), path = path.as_str(), "connected (passive)");
                 if let Some(r) = self.cm.requests.get_mut(&m.req) {
                     r.state = ReqState::Accepted;
                 }
