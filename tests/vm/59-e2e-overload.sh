@@ -21,7 +21,7 @@
 # many). The full case, as large as the test VM's two emulated vCPUs carry (the guest sees
 # only the environment the command gives it; docs/reliability.md, "The full case", has what
 # 8 x 32 and polling do there):
-#   scripts/vm --timeout 1500 -- env OVERLOAD_PROCS=8 OVERLOAD_CONNS=16 OVERLOAD_OPS=100 \
+#   scripts/vm --timeout 1500 -- env OVERLOAD_PROCS=8 OVERLOAD_CONNS=12 OVERLOAD_OPS=100 \
 #     OVERLOAD_EVENTS=1 OVERLOAD_MAXSIZE=4096 OVERLOAD_LIMIT=600 URDMA_VM_TEST_TIMEOUT=1350 \
 #     tests/vm/run-all 59-e2e-overload
 # OVERLOAD_EVENTS is verify.c's -e, both sides: threads per connection that wait for its
