@@ -157,7 +157,8 @@ struct urdma_qp {
 	/* iw_cm takes references while it looks at the QP. */
 	struct kref ref;
 	struct completion released;
-	bool cm_found;			/* iw_get_qp returned it; under qp_xa's lock */
+	/* iw_get_qp's references that iw_add_ref has not claimed yet */
+	atomic_t cm_lookups;
 
 	struct mutex lock;		/* serializes modify and query */
 	enum ib_qp_state state;

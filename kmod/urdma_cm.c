@@ -129,9 +129,16 @@ static void urdma_qp_release(struct kref *ref)
 	complete(&container_of(ref, struct urdma_qp, ref)->released);
 }
 
+/*
+ * iw_add_ref.  iw_cm calls it right after iw_get_qp, under the same
+ * spinlock, and only then: it claims the reference the lookup took.
+ */
 void urdma_qp_get(struct ib_qp *ibqp)
 {
-	kref_get(&to_uqp(ibqp)->ref);
+	struct urdma_qp *qp = to_uqp(ibqp);
+
+	if (!atomic_add_unless(&qp->cm_lookups, -1, 0))
+		kref_get(&qp->ref);
 }
 
 void urdma_qp_put(struct ib_qp *ibqp)
@@ -140,9 +147,10 @@ void urdma_qp_put(struct ib_qp *ibqp)
 }
 
 /*
- * iw_cm calls this and then iw_add_ref under one spinlock, so the QP found
- * here holds no reference yet.  Marking it tells urdma_qp_unpublish() to
- * wait out such a section before dropping its own reference.
+ * iw_get_qp.  The reference is taken here, under the xarray's lock, which
+ * urdma_qp_unpublish() takes to remove the QP before it drops the creation
+ * reference: a QP found here cannot be freed before iw_add_ref keeps it,
+ * and destroy_qp waits for no grace period.
  */
 struct ib_qp *urdma_get_qp(struct ib_device *ibdev, int qpn)
 {
@@ -151,8 +159,10 @@ struct ib_qp *urdma_get_qp(struct ib_device *ibdev, int qpn)
 
 	xa_lock(xa);
 	qp = xa_load(xa, qpn);
-	if (qp)
-		qp->cm_found = true;
+	if (qp) {
+		kref_get(&qp->ref);
+		atomic_inc(&qp->cm_lookups);
+	}
 	xa_unlock(xa);
 	return qp ? &qp->ibqp : NULL;
 }
@@ -163,20 +173,7 @@ struct ib_qp *urdma_get_qp(struct ib_device *ibdev, int qpn)
  */
 void urdma_qp_unpublish(struct urdma_dev *udev, struct urdma_qp *qp)
 {
-	struct xarray *xa = &udev->qp_xa;
-	bool found;
-
-	xa_lock(xa);
-	__xa_erase(xa, qp->ibqp.qp_num);
-	found = qp->cm_found;
-	xa_unlock(xa);
-	/*
-	 * A lookup that found the QP before the erase may not have taken its
-	 * reference yet; it does so with interrupts off, which a grace period
-	 * waits for.  Only QPs given to iw_cm pay for that.
-	 */
-	if (found)
-		synchronize_rcu();
+	xa_erase(&udev->qp_xa, qp->ibqp.qp_num);
 	urdma_qp_put(&qp->ibqp);
 	wait_for_completion(&qp->released);
 }
