@@ -5,7 +5,9 @@
 //! The flow's ring from urdmad is read as well: frames that urdmad received before it
 //! stopped taking the connection's frames land there, and the socket takes every later one.
 
+use std::mem::ManuallyDrop;
 use std::os::fd::{OwnedFd, RawFd};
+use std::sync::Mutex;
 
 use urdma_shared::direct::{Geometry, Rings};
 use urdma_shared::frame::{self, Endpoints, HEADERS};
@@ -16,10 +18,22 @@ use crate::log;
 
 const BURST: u32 = 32;
 
+/// The sockets of flows dropped, for the next holder of the provider's lock to give back to
+/// urdmad (`GIVEBACK`, in `runtime::control`): the last close of a socket with rings waits
+/// for three RCU grace periods, and urdmad makes it its own. Only touched under the
+/// provider's lock, so never held across a fork.
+static RETURNED: Mutex<Vec<OwnedFd>> = Mutex::new(Vec::new());
+
+/// The sockets to give back, taken.
+pub fn take_returned() -> Vec<OwnedFd> {
+    std::mem::take(&mut *RETURNED.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 pub struct SocketFlow {
     /// The flow's ring from urdmad (what came before the hand-over).
     ring: DpdkFlow,
-    rings: Rings,
+    /// Taken out only when the flow is dropped.
+    rings: ManuallyDrop<Rings>,
     ep: Endpoints,
     /// The helper's epoll set, which holds the socket while the flow lives.
     epoll: RawFd,
@@ -29,6 +43,8 @@ pub struct SocketFlow {
     unsent: bool,
     /// Sends that left frames behind so far (the first few are logged).
     send_failures: u64,
+    /// The child's copy after a fork: its socket is not given back.
+    forked: bool,
 }
 
 impl SocketFlow {
@@ -54,12 +70,13 @@ impl SocketFlow {
         }
         Ok(SocketFlow {
             ring,
-            rings,
+            rings: ManuallyDrop::new(rings),
             ep,
             epoll,
             backlogged: false,
             unsent: false,
             send_failures: 0,
+            forked: false,
         })
     }
 }
@@ -77,6 +94,15 @@ impl Drop for SocketFlow {
                 std::ptr::null_mut(),
             )
         };
+        // SAFETY: taken once, here, and not used after.
+        let rings = unsafe { ManuallyDrop::take(&mut self.rings) };
+        let sock = rings.into_socket();
+        if !self.forked {
+            RETURNED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(sock);
+        }
     }
 }
 
@@ -163,10 +189,11 @@ impl Flow for SocketFlow {
     }
 
     /// The child's copies of the socket and its mapped rings are its own to close and
-    /// unmap; the epoll set was renewed (`runtime`), so taking the socket out of it leaves
+    /// unmap (the parent's copy stays open, so the close does not wait); the epoll set was renewed (`runtime`), so taking the socket out of it leaves
     /// the parent's set alone.
     fn forked(&mut self) {
         self.ring.forked();
+        self.forked = true;
     }
 
     fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {

@@ -234,10 +234,23 @@ impl Connection {
     /// Sends one request whose reply is not waited for; it is dropped when it comes, a
     /// refusal kept for [`Connection::take_refusals`]. Only for requests the daemon answers
     /// with one line (`OK` or an error) and whose outcome the caller need not wait for:
-    /// `ARM`, `PEERCLOSED`, `QPCLOSED`.
+    /// `ARM`, `PEERCLOSED`, `QPCLOSED` (`GIVEBACK`: [`Connection::give_back`]).
     pub fn post(&mut self, req: &Request) -> Result<(), Error> {
         let mut line = req.encode();
         self.write(&line)?;
+        line.truncate(line.trim_end().len());
+        self.pending.push_back(Awaiting::Posted(line));
+        Ok(())
+    }
+
+    /// Gives a direct connection's socket back (`GIVEBACK`, posted), then closes this
+    /// process's copy: urdmad holds it until after that, so this close does not wait for the
+    /// kernel's grace periods ([`crate::direct`]).
+    pub fn give_back(&mut self, sock: OwnedFd) -> Result<(), Error> {
+        let mut line = Request::GiveBack.encode();
+        direct::send_with_fd(&self.stream, line.as_bytes(), sock.as_raw_fd())
+            .map_err(|e| format!("writing to urdmad: {e}"))?;
+        drop(sock);
         line.truncate(line.trim_end().len());
         self.pending.push_back(Awaiting::Posted(line));
         Ok(())
@@ -432,6 +445,25 @@ mod tests {
             path: PathBuf::new(),
         };
         (c, b)
+    }
+
+    #[test]
+    fn a_socket_given_back_travels_with_its_line_and_outlives_the_senders_copy() {
+        let (mut c, d) = pair();
+        let (mine, peer) = UnixStream::pair().unwrap();
+        c.give_back(OwnedFd::from(mine)).unwrap();
+        let mut buf = [0u8; 64];
+        let mut fds = VecDeque::new();
+        let n = direct::recv_with_fds(&d, &mut buf, &mut fds).unwrap();
+        assert_eq!(&buf[..n], b"GIVEBACK\n");
+        assert_eq!(fds.len(), 1);
+        // Still open through the copy that came over: the peer sees no end of file.
+        (&peer).write_all(b"x").unwrap();
+        peer.set_nonblocking(true).unwrap();
+        let mut one = [0u8; 1];
+        let got = UnixStream::from(fds.pop_front().unwrap()).read(&mut one);
+        assert_eq!(got.unwrap(), 1);
+        assert!(matches!(c.pending.front(), Some(Awaiting::Posted(l)) if l == "GIVEBACK"));
     }
 
     #[test]

@@ -6,16 +6,18 @@
 //! frame's way: urdmad, woken to forward it, and then the process's helper, woken for the
 //! flow ring. On a host whose cores are shared those wake-ups are the latency.
 //!
-//! So for each connection it hands over, urdmad opens an AF_PACKET socket on the port's
-//! interface ([`open_socket`]) whose classic BPF filter admits only that connection's
-//! frames ([`flow_filter`]), locks the filter, gives the socket a receive and a transmit
-//! ring (TPACKET_V2, [`Geometry`]) and passes it to the process with the connection's
-//! `EVENT CONNECTED` ([`send_with_fd`]). The process maps the rings ([`Rings`]) and moves
-//! the connection's frames itself: a frame sent by the peer lands in the process's receive
-//! ring in the softirq of its arrival, where a thread polling the CQ finds it without any
-//! other thread running, and a frame the process sends leaves in its own system call. urdmad's
-//! own sockets get a filter that leaves those connections' frames out ([`port_filter`]), so
-//! it is not woken for them.
+//! So for each connection it hands over, urdmad gives an AF_PACKET socket a receive and a
+//! transmit ring (TPACKET_V2, [`Geometry`]; [`prepare_socket`], ahead of need), then a
+//! classic BPF filter that admits only that connection's frames ([`flow_filter`]), locks the
+//! filter and binds the socket to the port's interface ([`hand_over`]), and passes it to the
+//! process with the connection's `EVENT CONNECTED` ([`send_with_fd`]). The process maps the
+//! rings ([`Rings`]) and moves the connection's frames itself: a frame sent by the peer lands
+//! in the process's receive ring in the softirq of its arrival, where a thread polling the CQ
+//! finds it without any other thread running, and a frame the process sends leaves in its
+//! own system call. urdmad's own sockets get a filter that leaves those connections' frames
+//! out ([`port_filter`]), so it is not woken for them. When the process no longer uses the
+//! socket it gives it back (`GIVEBACK`, [`crate::proto`]) before closing its copy, so that
+//! the last close, which waits for grace periods, is urdmad's.
 //!
 //! What the process can do with the socket: receive nothing but its connection's frames (the
 //! filter is locked: `SO_LOCK_FILTER`), and send any frame on the interface, which it can
@@ -153,7 +155,7 @@ fn ip_word(a: &SocketAddrV4) -> u32 {
 /// Every frame on the interface runs the filter of every connection's socket, and on most of
 /// them only the ports differ: those are compared first. Past the part of a frame the kernel
 /// holds in one piece each load costs a copy (a frame sent from a packet socket's ring without
-/// a virtio header has only its Ethernet header there: see [`open_socket`]), so a frame of
+/// a virtio header has only its Ethernet header there: see [`prepare_socket`]), so a frame of
 /// another connection costs two loads here rather than six.
 pub fn flow_filter(local: &SocketAddrV4, remote: &SocketAddrV4) -> Vec<libc::sock_filter> {
     vec![
@@ -218,6 +220,23 @@ pub fn bound_ifindex(fd: RawFd) -> i32 {
     }
 }
 
+/// The address family of the socket `fd` (`SO_DOMAIN`); None for what is not a socket.
+pub fn socket_domain(fd: RawFd) -> Option<i32> {
+    let mut v: i32 = 0;
+    let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+    // SAFETY: valid out-pointers of the given size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_DOMAIN,
+            (&mut v as *mut i32).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(v)
+}
+
 /// The index of the interface `name` in the calling thread's network namespace.
 pub fn ifindex(name: &str) -> io::Result<i32> {
     let c = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
@@ -228,15 +247,10 @@ pub fn ifindex(name: &str) -> io::Result<i32> {
     }
 }
 
-/// urdmad's side: the socket of the connection from `local` to `remote` on interface
-/// `ifindex`, filter locked and rings set up, bound last so that nothing unfiltered ever
-/// reaches it. Needs `CAP_NET_RAW`.
-pub fn open_socket(
-    ifindex: i32,
-    local: &SocketAddrV4,
-    remote: &SocketAddrV4,
-    geo: Geometry,
-) -> io::Result<OwnedFd> {
+/// A packet socket with rings of `geo` that receives nothing yet (protocol 0, unbound): the
+/// part of opening a connection's socket that waits, twice, for an RCU grace period
+/// (`packet_set_ring`), so urdmad does it ahead of need. Needs `CAP_NET_RAW`.
+pub fn prepare_socket(geo: Geometry) -> io::Result<OwnedFd> {
     // SAFETY: plain socket creation; protocol 0 receives nothing until bound.
     let fd = unsafe {
         libc::socket(
@@ -250,8 +264,6 @@ pub fn open_socket(
     }
     // SAFETY: a fresh descriptor we own.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    attach_filter(fd, &flow_filter(local, remote))?;
-    setsockopt(fd, libc::SOL_SOCKET, libc::SO_LOCK_FILTER, &1i32)?;
     // A frame sent from the transmit ring keeps only what its virtio header's `hdr_len` says
     // in the buffer the kernel allocates, and the rest where it lies, in the ring's pages;
     // without the header that is the Ethernet header alone. Every socket filter on the
@@ -274,6 +286,22 @@ pub fn open_socket(
     if setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &budget).is_err() {
         let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &budget);
     }
+    Ok(sock)
+}
+
+/// urdmad's side: makes a [`prepare_socket`] socket the connection's from `local` to
+/// `remote` on interface `ifindex`: its filter attached and locked, then bound, so that
+/// nothing unfiltered ever reaches it. Nothing here waits for a grace period: the socket was
+/// not bound before. Needs `CAP_NET_RAW`.
+pub fn hand_over(
+    sock: &OwnedFd,
+    ifindex: i32,
+    local: &SocketAddrV4,
+    remote: &SocketAddrV4,
+) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    attach_filter(fd, &flow_filter(local, remote))?;
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_LOCK_FILTER, &1i32)?;
     // SAFETY: all-zero is a valid sockaddr_ll.
     let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sa.sll_family = libc::AF_PACKET as u16;
@@ -290,7 +318,7 @@ pub fn open_socket(
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(sock)
+    Ok(())
 }
 
 /// Frames the socket received and frames it dropped for want of ring room since the last
@@ -446,6 +474,17 @@ impl Rings {
             rx_next: 0,
             tx_next: 0,
         })
+    }
+
+    /// Unmaps the rings and hands the socket over (to give it back to urdmad).
+    pub fn into_socket(self) -> OwnedFd {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: our mapping of this length; `me` is not used again but for its socket,
+        // which is moved out once and never dropped in place (ManuallyDrop).
+        unsafe {
+            libc::munmap(me.map.cast(), me.geo.map_len());
+            std::ptr::read(&me.sock)
+        }
     }
 
     /// The socket, to wait on for `POLLIN`.

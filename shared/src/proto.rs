@@ -27,6 +27,7 @@
 //! PEERCLOSED dev=0 qpn=17                  -> OK
 //! ARM                                      -> OK
 //! SYNC                                     -> OK
+//! GIVEBACK (a packet socket attached)      -> OK
 //! any error                                -> ERROR code=EACCES message=text_with_underscores_for_spaces
 //! ```
 //!
@@ -75,8 +76,9 @@ use std::str::FromStr;
 /// back (`ATTACHED ... alloc= free=`, `crate::lending`) in place of the pool, which a
 /// process no longer touches and whose marks it no longer sets or clears; version 7 the
 /// status report's lines as JSON records (urdmad's `status` module) in place of `key=value`
-/// text.
-pub const VERSION: u32 = 7;
+/// text; version 8 `GIVEBACK`, with which a process hands a direct connection's socket back
+/// before closing its copy.
+pub const VERSION: u32 = 8;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -307,6 +309,10 @@ pub enum Request {
     Arm,
     /// Answered with `OK` once every event pushed before has been written.
     Sync,
+    /// Comes with the packet socket of a direct connection the process no longer uses
+    /// (`SCM_RIGHTS` on its first byte): the process closes its copy next, and urdmad closes
+    /// its own afterwards, so that the close that waits is urdmad's (`direct`).
+    GiveBack,
 }
 
 /// A reply from the daemon.
@@ -696,6 +702,7 @@ impl Request {
             Request::PeerClosed { dev, qpn } => format!("PEERCLOSED dev={dev} qpn={qpn}\n"),
             Request::Arm => "ARM\n".into(),
             Request::Sync => "SYNC\n".into(),
+            Request::GiveBack => "GIVEBACK\n".into(),
         }
     }
 
@@ -741,6 +748,7 @@ impl Request {
             },
             "ARM" => Request::Arm,
             "SYNC" => Request::Sync,
+            "GIVEBACK" => Request::GiveBack,
             v => return Err(ProtoError::UnknownVerb(v.chars().take(32).collect())),
         })
     }
@@ -1091,6 +1099,7 @@ mod v2_tests {
             Request::PeerClosed { dev: 2, qpn: 5 },
             Request::Arm,
             Request::Sync,
+            Request::GiveBack,
         ] {
             assert_eq!(Request::decode(&r.encode()).unwrap(), r);
         }

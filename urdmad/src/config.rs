@@ -40,6 +40,10 @@ pub struct Daemon {
     /// Frames in each direction of a direct connection's socket rings (af_packet ports
     /// with `direct`; `direct::Geometry`).
     pub direct_frames: u32,
+    /// Sockets with rings of that size kept ready for connections to come, so that a
+    /// connection does not wait for its rings to be set up (`socket_keeper`); 0: each is
+    /// made when needed.
+    pub direct_ready: u32,
     pub log_level: String,
     /// Sleep between polls once nothing has arrived for a while, microseconds; 0 polls
     /// without pause (a dedicated core).
@@ -71,6 +75,7 @@ impl Default for Daemon {
             mbufs: 8191,
             ring_size: 1024,
             direct_frames: 256,
+            direct_ready: 4,
             log_level: "info".into(),
             idle_sleep_us: 100,
             idle_sleep_max_us: 4000,
@@ -217,6 +222,8 @@ pub enum ValidationError {
     RingSize { ring_size: u32 },
     #[error("direct_frames {direct_frames} is not between 16 and 65536")]
     DirectFrames { direct_frames: u32 },
+    #[error("direct_ready {direct_ready} is above 64")]
+    DirectReady { direct_ready: u32 },
     #[error("mbufs {mbufs} is below 1024")]
     Mbufs { mbufs: u32 },
     #[error("nice {nice} is not between -20 and 19")]
@@ -299,6 +306,11 @@ impl Config {
         if !(16..=65536).contains(&d.direct_frames) {
             return Err(ValidationError::DirectFrames {
                 direct_frames: d.direct_frames,
+            });
+        }
+        if d.direct_ready > 64 {
+            return Err(ValidationError::DirectReady {
+                direct_ready: d.direct_ready,
             });
         }
         if d.mbufs < 1024 {
@@ -437,6 +449,10 @@ mod tests {
                 "u.toml: ring_size 8 is not a power of two >= 16",
             ),
             (with("mbufs = 1000", ""), "u.toml: mbufs 1000 is below 1024"),
+            (
+                with("direct_ready = 65", ""),
+                "u.toml: direct_ready 65 is above 64",
+            ),
             (
                 with("nice = -21", ""),
                 "u.toml: nice -21 is not between -20 and 19",

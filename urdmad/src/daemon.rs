@@ -10,14 +10,17 @@ use crate::lending::Lender;
 use crate::port::{self, Port, SteeringError};
 use crate::proto::{self, Attachment, ErrorCode, FlowSpec, PortInfo, Request, Response, Steering};
 use crate::service::{ServiceError, StartupError};
+use crate::socket_keeper::SocketKeeper;
 use crate::status::{self, Record};
 use dpdk_sys as sys;
 use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::ffi::CString;
-use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod cm;
@@ -42,6 +45,9 @@ const MAX_CONNECTIONS: usize = 1024;
 /// A refused peer gets this long to send its first request, which is answered with the
 /// refusal, before it is disconnected regardless.
 const REFUSAL_GRACE: Duration = Duration::from_secs(1);
+/// Descriptors a client sent with requests other than `GIVEBACK` that are kept (the oldest
+/// beyond go): a process sends one per `GIVEBACK`, on the same line.
+const MAX_HELD_FDS: usize = 8;
 const POOL_CACHE: u32 = 256;
 /// The pool's mempool operations: the default ones. Only urdmad uses them (processes
 /// borrow mbufs through rings of their own, lending.rs), so they need no agreement with
@@ -131,6 +137,8 @@ struct Client {
     refused: Option<(String, Instant)>,
     attached: Option<Attached>,
     flows: Vec<u32>,
+    /// Descriptors that came with its requests, for the `GIVEBACK`s among them.
+    fds: VecDeque<OwnedFd>,
 }
 
 pub struct Daemon {
@@ -157,6 +165,8 @@ pub struct Daemon {
     swept_at: Instant,
     /// Where processes keep their connected QPs' figures.
     qp_table: counters::QpTable,
+    /// Makes the direct path's sockets ready and closes them (`socket_keeper`); why not.
+    keeper: Result<Arc<SocketKeeper>, String>,
     /// When the ports' counters may next go to the kernel.
     next_push: Instant,
 }
@@ -347,6 +357,13 @@ impl Daemon {
                 return Err(e.into());
             }
         }
+        // The direct path's sockets are made ready and closed on a thread of their own.
+        let keeper = SocketKeeper::new(
+            cfg.daemon.direct_ready as usize,
+            Box::new(crate::direct::prepare_socket),
+        )
+        .map(Arc::new)
+        .map_err(|e| format!("cannot start the thread that keeps its sockets: {e}"));
         // Once the ports' sockets exist.
         for (p, pc) in ports.iter_mut().zip(&cfg.ports) {
             // Found once: the direct path filters them, the status reads their drops.
@@ -354,7 +371,7 @@ impl Daemon {
             if let Ok((_, fds)) = &sockets {
                 p.sockets = fds.clone();
             }
-            match direct::DirectPort::new(&sockets, pc.direct, pc.direct_max) {
+            match direct::DirectPort::new(&sockets, pc.direct, pc.direct_max, &keeper) {
                 Ok(d) => {
                     tracing::info!(port = %pc.name, "connections take the direct path");
                     p.direct = Some(d);
@@ -427,6 +444,7 @@ impl Daemon {
             departed: Vec::new(),
             swept_at: Instant::now(),
             qp_table,
+            keeper,
             next_push: Instant::now(),
         };
         d.cm_open();
@@ -879,6 +897,7 @@ impl Daemon {
                 refused,
                 attached: None,
                 flows: Vec::new(),
+                fds: VecDeque::new(),
             });
         }
     }
@@ -887,7 +906,8 @@ impl Daemon {
     fn read_client(&mut self, i: usize) -> bool {
         let mut chunk = [0u8; 1024];
         loop {
-            match self.clients[i].stream.read(&mut chunk) {
+            let c = &mut self.clients[i];
+            match crate::direct::recv_with_fds(&c.stream, &mut chunk, &mut c.fds) {
                 Ok(0) => return false,
                 Ok(n) => self.clients[i].buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -912,7 +932,39 @@ impl Daemon {
             let _ = self.send(i, &error(ErrorCode::Invalid, "line too long").encode());
             return false;
         }
+        // Descriptors that came with no GIVEBACK are not kept beyond a few.
+        while self.clients[i].fds.len() > MAX_HELD_FDS {
+            let fd = self.clients[i].fds.pop_front().expect("not empty");
+            self.close_off_path(fd);
+        }
         true
+    }
+
+    /// `GIVEBACK`: the socket of a direct connection that the process no longer uses, to
+    /// be closed after its own copy ([`SocketKeeper::close`]).
+    fn give_back(&mut self, i: usize) -> Response {
+        let Some(fd) = self.clients[i].fds.pop_front() else {
+            return error(ErrorCode::Invalid, "GIVEBACK came without a socket");
+        };
+        let packet = crate::direct::socket_domain(fd.as_raw_fd()) == Some(libc::AF_PACKET);
+        self.close_off_path(fd);
+        if packet {
+            Response::Ok
+        } else {
+            error(
+                ErrorCode::Invalid,
+                "what came with GIVEBACK is not a packet socket",
+            )
+        }
+    }
+
+    /// Closes `fd` on the keeper's thread: the last close of a packet socket with rings
+    /// waits for grace periods.
+    fn close_off_path(&self, fd: OwnedFd) {
+        match &self.keeper {
+            Ok(k) => k.close(fd),
+            Err(_) => drop(fd),
+        }
     }
 
     fn send(&mut self, i: usize, text: &str) -> bool {
@@ -1012,6 +1064,7 @@ impl Daemon {
                 self.release_parts(id, pid, flows, attached, "detached");
                 (Response::Detached.encode(), true)
             }
+            Request::GiveBack => (self.give_back(i).encode(), true),
             Request::Qp { .. }
             | Request::Unqp { .. }
             | Request::QpClosed { .. }
@@ -1188,7 +1241,7 @@ impl Daemon {
     }
 
     fn close_flow(&mut self, flow: u32) {
-        let Some(rec) = self.flows.remove(&flow) else {
+        let Some(mut rec) = self.flows.remove(&flow) else {
             return;
         };
         let p = &mut self.ports[usize::from(rec.port)];
@@ -1196,7 +1249,9 @@ impl Daemon {
             + rec.direct.as_ref().map_or(0, |d| d.counters().1);
         let qp = rec.stats.map(|s| self.qp_table.give_back(s));
         p.departed.add(qp, drops);
-        self.direct_close(flow, &rec);
+        if let Some(sock) = rec.direct.take() {
+            self.direct_close(flow, rec.port, sock);
+        }
         let p = &mut self.ports[usize::from(rec.port)];
         if let Some(q) = rec.queue {
             unsteer_queue(p, q, flow);
@@ -1211,6 +1266,9 @@ impl Daemon {
     }
 
     fn release(&mut self, mut c: Client, why: &str) {
+        for fd in std::mem::take(&mut c.fds) {
+            self.close_off_path(fd);
+        }
         let flows = std::mem::take(&mut c.flows);
         self.release_parts(c.id, c.peer.pid, flows, c.attached.take(), why);
     }
@@ -1298,6 +1356,8 @@ impl Daemon {
             flow_rules,
             frames_wake: !self.idle.port_fds().is_empty(),
             spurious_wakes: self.idle.spurious_wakes,
+            sockets_ready: self.keeper.as_ref().ok().map(|k| k.figures().ready),
+            sockets_closing: self.keeper.as_ref().ok().map(|k| k.figures().closing),
         }));
         // SAFETY: the pool lives as long as the daemon.
         let (available, size) =

@@ -22,4 +22,5 @@ pub mod netlink;
 pub mod port;
 pub mod portfilter;
 pub mod service;
+pub mod socket_keeper;
 pub mod status;

@@ -42,6 +42,10 @@ pub struct Daemon {
     /// Whether a frame on a port wakes urdmad from its sleep.
     pub frames_wake: bool,
     pub spurious_wakes: u64,
+    /// Direct-path sockets with their rings set, ready for connections to come, and
+    /// sockets waiting to be closed (`socket_keeper`); `None` without the keeper.
+    pub sockets_ready: Option<usize>,
+    pub sockets_closing: Option<usize>,
 }
 
 #[derive(Serialize, Debug, Clone, PartialEq)]

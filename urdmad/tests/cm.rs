@@ -869,6 +869,19 @@ fn a_connect_goes_out_on_the_port_holding_its_local_address() {
 }
 
 /// A connection's socket on the direct path, driven as the provider drives it.
+/// Waits until the `daemon` status line of `s` says `key=value`.
+fn status_reaches(s: &Side, key: &str, value: &str) {
+    let end = Instant::now() + WAIT;
+    loop {
+        let st = s.status();
+        if field(&st, "daemon", "", key).as_deref() == Some(value) {
+            return;
+        }
+        assert!(Instant::now() < end, "{key} is not {value}: {st:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 struct DirectEnd {
     rings: urdmad::direct::Rings,
     ep: urdmad::frame::Endpoints,
@@ -974,6 +987,10 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
         "{st:?}"
     );
     assert_eq!(field(&st, "port", "", "direct_flows").as_deref(), Some("1"));
+    // From the first connection on, B's urdmad keeps sockets like its one ready (the
+    // configuration's default `direct_ready`), rings set, so that the next connection
+    // need not wait for the kernel to set them up.
+    status_reaches(&b, "sockets_ready", "4");
 
     // The process cannot widen what its socket receives.
     let zero: libc::c_int = 0;
@@ -1086,8 +1103,28 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     let st = b.status();
     assert_eq!(count(&st, "flow"), 0);
     assert_eq!(field(&st, "port", "", "direct_flows").as_deref(), Some("0"));
-    // (The process closes its copy when its connection ends.)
-    drop(db);
+    // The process gives its socket back and closes its copy; urdmad closes its own copies
+    // on its keeper's thread a while later.
+    pb.give_back(db.rings.into_socket()).unwrap();
+    pb.sync().unwrap();
+    assert!(pb.take_refusals().is_empty());
+    status_reaches(&b, "sockets_closing", "0");
+    // What comes without a socket, or with something else, is refused.
+    assert!(matches!(
+        pb.request(&Request::GiveBack).unwrap(),
+        Response::Error {
+            code: urdmad::proto::ErrorCode::Invalid,
+            ..
+        }
+    ));
+    let (other, _keep) = std::os::unix::net::UnixStream::pair().unwrap();
+    pb.give_back(other.into()).unwrap();
+    pb.sync().unwrap();
+    let refused = pb.take_refusals();
+    assert!(
+        matches!(&refused[..], [r] if r.contains("not a packet socket")),
+        "{refused:?}"
+    );
     let before = port_rx(&b);
     da.send(b"late");
     port_rx_grows(&b, before, "the closed connection's frame");

@@ -268,6 +268,14 @@ impl Shared {
     /// process (`UNQP`) finds them done.
     pub fn deliver_notices(&mut self) {
         crate::srq::report_limits(self.engine.take_srq_limits());
+        for sock in crate::direct::take_returned() {
+            // Without urdmad the socket is closed here: its copy is gone too.
+            if let Some(ctl) = self.control() {
+                if let Err(e) = ctl.give_back(sock) {
+                    log::error(format_args!("GIVEBACK: {e}"));
+                }
+            }
+        }
         for n in self.engine.take_notices() {
             self.post(&match n {
                 Notice::PeerClosed((dev, qpn)) => Request::PeerClosed { dev, qpn },

@@ -2,14 +2,16 @@
 //! of the connections on it, and the filter that keeps their frames off urdmad's own
 //! sockets.
 
-use super::{Daemon, FlowRec};
+use super::Daemon;
 use crate::direct::{self, Geometry};
 use crate::portfilter::{PortFilter, MAX_DIRECT};
 use crate::proto::FlowSpec;
+use crate::socket_keeper::SocketKeeper;
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::net::SocketAddrV4;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 /// A port on which connections may take the direct path.
 pub(super) struct DirectPort {
@@ -20,6 +22,8 @@ pub(super) struct DirectPort {
     flows: BTreeMap<u32, (SocketAddrV4, SocketAddrV4)>,
     /// Most connections on the direct path at once (the port's `direct_max`).
     max: usize,
+    /// Makes the sockets ready and closes them (urdmad's one keeper, shared by its ports).
+    keeper: Arc<SocketKeeper>,
 }
 
 /// Why a connection does not take the direct path.
@@ -81,10 +85,12 @@ impl DirectPort {
         sockets: &Result<(i32, Vec<RawFd>), String>,
         enabled: bool,
         max: u32,
+        keeper: &Result<Arc<SocketKeeper>, String>,
     ) -> Result<DirectPort, String> {
         if !enabled {
             return Err("direct = false".into());
         }
+        let keeper = keeper.as_ref().map_err(Clone::clone)?;
         let (ifindex, own) = sockets.as_ref().map_err(Clone::clone)?;
         let ifindex = *ifindex;
         let filter = PortFilter::new().map_err(|e| e.to_string())?;
@@ -98,6 +104,7 @@ impl DirectPort {
             filter,
             flows: BTreeMap::new(),
             max: max.min(MAX_DIRECT) as usize,
+            keeper: Arc::clone(keeper),
         })
     }
 
@@ -114,8 +121,15 @@ impl DirectPort {
         if self.flows.len() >= self.max {
             return Err(NotDirect::Full(self.max));
         }
-        let fd = direct::open_socket(self.ifindex, &local, &remote, geo)
-            .map_err(|e| NotDirect::Failed(format!("cannot open its socket: {e}")))?;
+        let fd = match self.keeper.take(geo) {
+            Some(fd) => fd,
+            // None ready (the first connection, or more at once than the keeper holds):
+            // made here, waiting for the grace periods.
+            None => direct::prepare_socket(geo)
+                .map_err(|e| NotDirect::Failed(format!("cannot open its socket: {e}")))?,
+        };
+        direct::hand_over(&fd, self.ifindex, &local, &remote)
+            .map_err(|e| NotDirect::Failed(format!("cannot bind its socket: {e}")))?;
         self.filter
             .insert(&local, &remote)
             .map_err(|e| NotDirect::Failed(format!("cannot filter the port's sockets: {e}")))?;
@@ -123,12 +137,13 @@ impl DirectPort {
         Ok(fd)
     }
 
-    fn close(&mut self, flow: u32) {
+    fn close(&mut self, flow: u32, sock: DirectSock) {
         if let Some((local, remote)) = self.flows.remove(&flow) {
             if let Err(e) = self.filter.remove(&local, &remote) {
                 tracing::warn!(flow, "cannot filter the port's sockets: {e}");
             }
         }
+        self.keeper.close(sock.fd);
     }
 
     pub(super) fn len(&self) -> usize {
@@ -180,16 +195,16 @@ impl Daemon {
         }
     }
 
-    /// Takes a closing flow off the direct path.
-    pub(super) fn direct_close(&mut self, flow: u32, rec: &FlowRec) {
-        if rec.direct.is_some() {
-            if let Some(dp) = self
-                .ports
-                .get_mut(usize::from(rec.port))
-                .and_then(|p| p.direct.as_mut())
-            {
-                dp.close(flow);
-            }
+    /// Takes a closing flow off the direct path; its socket is closed off urdmad's path
+    /// ([`SocketKeeper::close`]).
+    pub(super) fn direct_close(&mut self, flow: u32, port: u16, sock: DirectSock) {
+        match self
+            .ports
+            .get_mut(usize::from(port))
+            .and_then(|p| p.direct.as_mut())
+        {
+            Some(dp) => dp.close(flow, sock),
+            None => drop(sock),
         }
     }
 }
@@ -207,6 +222,8 @@ mod tests {
         assert_eq!(af_packet_iface("net_af_packet1,qdisc_bypass=0"), None);
         assert_eq!(af_packet_iface("net_tap0,iface=dtap0"), None);
         assert_eq!(af_packet_iface("0000:03:00.0"), None);
-        assert!(DirectPort::new(&Ok((1, vec![3])), false, 16).is_err());
+        let keeper = SocketKeeper::new(0, Box::new(direct::prepare_socket)).map(Arc::new);
+        let keeper = keeper.map_err(|e| e.to_string());
+        assert!(DirectPort::new(&Ok((1, vec![3])), false, 16, &keeper).is_err());
     }
 }

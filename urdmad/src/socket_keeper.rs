@@ -1,0 +1,362 @@
+//! The direct path's packet sockets, made ready before a connection needs one and closed after
+//! nobody uses them, on a thread of urdmad's own.
+//!
+//! Giving a packet socket its rings (`PACKET_RX_RING`, `PACKET_TX_RING`) makes the kernel wait
+//! for an RCU grace period per ring, and the last close of a socket with rings waits for
+//! three (one per ring, one in `packet_release`). Under emulation a grace period is tens of
+//! milliseconds, and on the connection's path those waits were most of a connect–disconnect
+//! cycle. Here they are paid ahead of need and after use:
+//!
+//! - [`SocketKeeper::take`] hands out a socket whose rings are set and which is neither
+//!   filtered nor bound: it receives nothing until the hand-over (`direct::hand_over`) locks
+//!   its filter and binds it, which waits for nothing. A socket is handed out once; none
+//!   that a process ever held comes back into the pool.
+//! - [`SocketKeeper::close`] takes a socket urdmad no longer uses, urdmad's own copy or the
+//!   one a process gave back (`GIVEBACK`), and closes it [`LINGER`] later. A process closes
+//!   its copy right after giving it back; the delay lets that close come first, so that the
+//!   last one, which waits, is the keeper's.
+//!
+//! The thread makes sockets through the function it is given, so the policy is tested here
+//! with descriptors of any kind.
+
+use crate::direct::Geometry;
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a socket to close is kept (see the module's comment). Its rings stay allocated
+/// meanwhile; the connection's path never waits for it.
+pub const LINGER: Duration = Duration::from_millis(200);
+/// After a socket could not be made, how long before the next try.
+const RETRY: Duration = Duration::from_secs(1);
+/// Geometries kept ready at once: a port's connections all have the same one, so this is
+/// one per port with a direct path, with room to spare.
+const KINDS: usize = 4;
+
+/// How a ready socket is made (`direct::prepare_socket` outside tests).
+pub type Make = dyn Fn(Geometry) -> io::Result<OwnedFd> + Send + Sync;
+
+pub struct SocketKeeper {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// Ready sockets, each with the geometry of its rings.
+    ready: Vec<(Geometry, OwnedFd)>,
+    /// The geometries asked for, most recent first, at most [`KINDS`].
+    wanted: VecDeque<Geometry>,
+    /// Sockets to keep ready of each wanted geometry.
+    target: usize,
+    /// Sockets to close, with when they came.
+    closing: VecDeque<(Instant, OwnedFd)>,
+    /// No socket is made before this (a failure was seen).
+    pause_until: Option<Instant>,
+    /// Failures to make a socket so far.
+    failures: u64,
+    stop: bool,
+}
+
+/// What the keeper's figures say, for `urdmad status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Figures {
+    pub ready: usize,
+    pub closing: usize,
+    pub failures: u64,
+}
+
+/// The thread's next step, decided under the lock.
+enum Step {
+    Close(Vec<OwnedFd>),
+    Make(Geometry),
+    Wait(Option<Duration>),
+    Stop,
+}
+
+impl State {
+    fn count(&self, geo: Geometry) -> usize {
+        self.ready.iter().filter(|(g, _)| *g == geo).count()
+    }
+
+    fn next(&mut self, now: Instant) -> Step {
+        if self.stop {
+            return Step::Stop;
+        }
+        let mut due = Vec::new();
+        while self
+            .closing
+            .front()
+            .is_some_and(|(t, _)| now >= *t + LINGER)
+        {
+            due.push(self.closing.pop_front().expect("front").1);
+        }
+        if !due.is_empty() {
+            return Step::Close(due);
+        }
+        let close_in = self.closing.front().map(|(t, _)| *t + LINGER - now);
+        let paused = self.pause_until.filter(|&t| t > now);
+        if paused.is_none() {
+            if let Some(&geo) = self.wanted.iter().find(|&&g| self.count(g) < self.target) {
+                return Step::Make(geo);
+            }
+        }
+        let resume_in = paused
+            .filter(|_| self.wanted.iter().any(|&g| self.count(g) < self.target))
+            .map(|t| t - now);
+        Step::Wait(match (close_in, resume_in) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
+}
+
+impl SocketKeeper {
+    /// A keeper holding `target` ready sockets of each geometry asked for, made by `make`.
+    pub fn new(target: usize, make: Box<Make>) -> io::Result<SocketKeeper> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                target,
+                ..State::default()
+            }),
+            changed: Condvar::new(),
+        });
+        let s = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("urdmad-sockets".into())
+            .spawn(move || run(&s, &*make))?;
+        Ok(SocketKeeper {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A ready socket with rings of `geo`, if one is; either way the keeper keeps some of
+    /// that geometry ready from now on.
+    pub fn take(&self, geo: Geometry) -> Option<OwnedFd> {
+        let mut s = self.lock();
+        if let Some(i) = s.wanted.iter().position(|&g| g == geo) {
+            s.wanted.remove(i);
+        }
+        s.wanted.push_front(geo);
+        while s.wanted.len() > KINDS {
+            let old = s.wanted.pop_back().expect("not empty");
+            s.ready.retain(|(g, _)| *g != old);
+        }
+        let got = s
+            .ready
+            .iter()
+            .position(|(g, _)| *g == geo)
+            .map(|i| s.ready.swap_remove(i).1);
+        drop(s);
+        self.shared.changed.notify_one();
+        got
+    }
+
+    /// Closes `fd` [`LINGER`] from now, on the keeper's thread.
+    pub fn close(&self, fd: OwnedFd) {
+        self.lock().closing.push_back((Instant::now(), fd));
+        self.shared.changed.notify_one();
+    }
+
+    pub fn figures(&self) -> Figures {
+        let s = self.lock();
+        Figures {
+            ready: s.ready.len(),
+            closing: s.closing.len(),
+            failures: s.failures,
+        }
+    }
+}
+
+impl Drop for SocketKeeper {
+    /// Closes what the keeper holds and ends its thread (urdmad is stopping: the waits no
+    /// longer hold anyone up).
+    fn drop(&mut self) {
+        self.lock().stop = true;
+        self.shared.changed.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(shared: &Shared, make: &Make) {
+    let mut s = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        match s.next(Instant::now()) {
+            Step::Stop => return,
+            Step::Close(fds) => {
+                drop(s);
+                drop(fds);
+            }
+            Step::Make(geo) => {
+                drop(s);
+                let made = make(geo);
+                let mut g = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                match made {
+                    // Kept only while still wanted.
+                    Ok(fd) if g.wanted.contains(&geo) => g.ready.push((geo, fd)),
+                    Ok(_) => {}
+                    Err(e) => {
+                        g.failures += 1;
+                        g.pause_until = Some(Instant::now() + RETRY);
+                        if g.failures.is_power_of_two() {
+                            tracing::warn!("cannot make a socket ready for the direct path: {e} ({} times so far)", g.failures);
+                        }
+                    }
+                }
+                s = g;
+                continue;
+            }
+            Step::Wait(None) => {
+                s = shared.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            Step::Wait(Some(d)) => {
+                s = shared
+                    .changed
+                    .wait_timeout(s, d)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                continue;
+            }
+        }
+        s = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut p = [0; 2];
+        // SAFETY: a valid array of two descriptors.
+        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh descriptors we own.
+        unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
+    }
+
+    fn pipe_end() -> io::Result<OwnedFd> {
+        Ok(pipe().0)
+    }
+
+    /// Whether the read end of the pipe whose write end is `w` was closed everywhere.
+    fn reader_gone(w: &OwnedFd) -> bool {
+        let mut p = libc::pollfd {
+            fd: w.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) };
+        p.revents & libc::POLLERR != 0
+    }
+
+    fn wait_for(what: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !what() {
+            assert!(Instant::now() < until, "not within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_geometry_asked_for_is_kept_ready_and_each_socket_handed_out_once() {
+        let made = Arc::new(AtomicUsize::new(0));
+        let m = Arc::clone(&made);
+        let k = SocketKeeper::new(
+            2,
+            Box::new(move |_| {
+                m.fetch_add(1, Ordering::SeqCst);
+                pipe_end()
+            }),
+        )
+        .unwrap();
+        let geo = Geometry::new(1472, 64);
+        // Nothing is made before a geometry is asked for.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(made.load(Ordering::SeqCst), 0);
+        assert!(k.take(geo).is_none());
+        wait_for(|| k.figures().ready == 2);
+        let a = k.take(geo).unwrap();
+        let b = k.take(geo).unwrap();
+        assert_ne!(a.as_raw_fd(), b.as_raw_fd());
+        wait_for(|| k.figures().ready == 2);
+        assert_eq!(made.load(Ordering::SeqCst), 4);
+        // Another geometry gets its own.
+        let other = Geometry::new(8972, 64);
+        assert!(k.take(other).is_none());
+        wait_for(|| k.figures().ready == 4);
+    }
+
+    #[test]
+    fn a_socket_to_close_is_closed_after_the_linger_and_not_before() {
+        let k = SocketKeeper::new(0, Box::new(|_| pipe_end())).unwrap();
+        let (r, w) = pipe();
+        let t = Instant::now();
+        k.close(r);
+        assert_eq!(k.figures().closing, 1);
+        wait_for(|| reader_gone(&w));
+        assert!(t.elapsed() >= LINGER, "closed after {:?}", t.elapsed());
+        assert_eq!(k.figures().closing, 0);
+    }
+
+    #[test]
+    fn a_failure_to_make_one_pauses_the_keeper_rather_than_spinning() {
+        let tries = Arc::new(AtomicUsize::new(0));
+        let t = Arc::clone(&tries);
+        let k = SocketKeeper::new(
+            3,
+            Box::new(move |_| {
+                t.fetch_add(1, Ordering::SeqCst);
+                Err(io::Error::from_raw_os_error(libc::EPERM))
+            }),
+        )
+        .unwrap();
+        assert!(k.take(Geometry::new(1472, 64)).is_none());
+        wait_for(|| k.figures().failures == 1);
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(tries.load(Ordering::SeqCst), 1, "retried within {RETRY:?}");
+        assert_eq!(k.figures().ready, 0);
+    }
+
+    #[test]
+    fn the_policy_closes_what_is_due_first_and_waits_for_the_next() {
+        let now = Instant::now();
+        let geo = Geometry::new(1472, 64);
+        let mut s = State {
+            target: 1,
+            ..State::default()
+        };
+        assert!(matches!(s.next(now), Step::Wait(None)));
+        s.wanted.push_front(geo);
+        assert!(matches!(s.next(now), Step::Make(g) if g == geo));
+        s.ready.push((geo, pipe_end().unwrap()));
+        assert!(matches!(s.next(now), Step::Wait(None)));
+        s.closing.push_back((now, pipe_end().unwrap()));
+        assert!(matches!(s.next(now), Step::Wait(Some(d)) if d == LINGER));
+        assert!(matches!(s.next(now + LINGER), Step::Close(v) if v.len() == 1));
+        s.ready.clear();
+        s.pause_until = Some(now + RETRY);
+        assert!(matches!(s.next(now), Step::Wait(Some(d)) if d == RETRY));
+        assert!(matches!(s.next(now + RETRY), Step::Make(_)));
+        s.stop = true;
+        assert!(matches!(s.next(now), Step::Stop));
+    }
+}
