@@ -398,6 +398,29 @@ fn bad_starts_exit_non_zero_with_one_line_and_leave_nothing() {
 }
 
 #[test]
+fn a_process_of_another_protocol_version_gets_one_line_and_the_end_not_a_hang() {
+    use std::io::{Read, Write};
+    let bed = Bed::new("pv");
+    let mut d = bed.start();
+    let old = urdmad::proto::VERSION - 1;
+    let mut s = std::os::unix::net::UnixStream::connect(bed.socket()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("HELLO version={old} pid=1\n").as_bytes())
+        .unwrap();
+    let mut got = String::new();
+    s.read_to_string(&mut got)
+        .expect("urdmad answers and closes the connection");
+    assert_eq!(got.lines().count(), 1, "{got:?}");
+    assert!(
+        got.starts_with("ERROR code=EVERSION ")
+            && got.contains(&format!("version_{old}"))
+            && got.contains(&format!("speaks_{}", urdmad::proto::VERSION)),
+        "{got:?}"
+    );
+    stop_cleanly(&bed, &mut d);
+}
+
+#[test]
 fn second_urdmad_on_the_same_prefix_is_refused_and_the_first_keeps_serving() {
     let bed = Bed::new("sp");
     let mut first = bed.start();
