@@ -30,4 +30,20 @@ for v in crc direct; do
 	check "--$v: one line, exit 2, for a run without its stack" \
 		sh -c "scripts/bench-report --$v docs/benchmarks 2>'$out/$v.err'; [ \$? = 2 ] && [ \$(wc -l <'$out/$v.err') = 1 ]"
 done
+# The connection-rate table, from the committed run with connrate rows added: a ratio to
+# the better (higher) kernel stack, and --check missing a stack's figure.
+cp -r docs/benchmarks "$out/cr"
+printf "connrate=1 16\nconnrate_cycles=3\n" >>"$out/cr/guest.txt"
+for r in "urdma,1,connrate,1,0,conn_rate,20,conns/s,x" "urdma,1,connrate,16,0,conn_rate,40,conns/s,x" \
+	"rxe,1,connrate,1,0,conn_rate,50,conns/s,x" "rxe,1,connrate,16,0,conn_rate,80,conns/s,x" \
+	"siw,1,connrate,1,0,conn_rate,100,conns/s,x"; do
+	echo "$r" >>"$out/cr/bench.csv"
+done
+check "--no-plots with connection rates" scripts/bench-report --no-plots "$out/cr" "$out/cr-report"
+check "their table: urdma over the better kernel stack" \
+	sh -c "grep -q '^## Connection rate' '$out/cr-report/benchmarks.md' &&
+		grep -qF '| 1 | 20.0 | 50.0 | 100 | 0.2 |' '$out/cr-report/benchmarks.md' &&
+		grep -qF '| 16 | 40.0 | 80.0 | failed | 0.5 |' '$out/cr-report/benchmarks.md'"
+check "--check: siw lacks the rate of 16 clients" \
+	sh -c "scripts/bench-report --check '$out/cr' siw | grep '^missing: siw: connrate 16 B' >/dev/null"
 summary
