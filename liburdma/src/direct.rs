@@ -7,6 +7,7 @@
 
 use std::mem::ManuallyDrop;
 use std::os::fd::{OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use urdma_shared::direct::{Geometry, Rings};
@@ -23,9 +24,15 @@ const BURST: u32 = 32;
 /// for three RCU grace periods, and urdmad makes it its own. Only touched under the
 /// provider's lock, so never held across a fork.
 static RETURNED: Mutex<Vec<OwnedFd>> = Mutex::new(Vec::new());
+/// Whether [`RETURNED`] holds any: it is looked at after every application call, and is
+/// almost always empty. Set and cleared under the provider's lock, like [`RETURNED`].
+static ANY_RETURNED: AtomicBool = AtomicBool::new(false);
 
 /// The sockets to give back, taken.
 pub fn take_returned() -> Vec<OwnedFd> {
+    if !ANY_RETURNED.swap(false, Ordering::Relaxed) {
+        return Vec::new();
+    }
     std::mem::take(&mut *RETURNED.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
@@ -102,6 +109,7 @@ impl Drop for SocketFlow {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(sock);
+            ANY_RETURNED.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -189,7 +197,8 @@ impl Flow for SocketFlow {
     }
 
     /// The child's copies of the socket and its mapped rings are its own to close and
-    /// unmap (the parent's copy stays open, so the close does not wait); the epoll set was renewed (`runtime`), so taking the socket out of it leaves
+    /// unmap (the parent's copy stays open, so the close does not wait); the epoll set was
+    /// renewed (`runtime`), so taking the socket out of it leaves
     /// the parent's set alone.
     fn forked(&mut self) {
         self.ring.forked();

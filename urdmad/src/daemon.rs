@@ -1345,6 +1345,7 @@ impl Daemon {
             .flat_map(|p| &p.queues)
             .filter(|q| q.rule.is_some())
             .count();
+        let keeper = self.keeper.as_ref().ok().map(|k| k.figures());
         out.push(Record::Daemon(status::Daemon {
             version: env!("CARGO_PKG_VERSION").into(),
             pid: std::process::id(),
@@ -1356,8 +1357,8 @@ impl Daemon {
             flow_rules,
             frames_wake: !self.idle.port_fds().is_empty(),
             spurious_wakes: self.idle.spurious_wakes,
-            sockets_ready: self.keeper.as_ref().ok().map(|k| k.figures().ready),
-            sockets_closing: self.keeper.as_ref().ok().map(|k| k.figures().closing),
+            sockets_ready: keeper.map(|k| k.ready),
+            sockets_closing: keeper.map(|k| k.closing),
         }));
         // SAFETY: the pool lives as long as the daemon.
         let (available, size) =
