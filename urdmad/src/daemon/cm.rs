@@ -200,8 +200,6 @@ pub(super) struct Cm {
     /// Learned from `LISTEN`: which port a device is on.
     pub dev_port: BTreeMap<u32, usize>,
     pub tap: Tap,
-    /// Clients that asked for one `EVENT WAKE`, with their flows' received-frame count then.
-    pub armed: BTreeMap<u32, u64>,
     pub rejects_sent: u64,
     pub aborts_sent: u64,
     pub strays: u64,
@@ -1134,14 +1132,6 @@ impl Daemon {
                     }
                 }
             }
-            R::Arm => {
-                if self.client_rings_nonempty(i) {
-                    self.send(i, &Event::Wake.encode());
-                } else {
-                    let seen = self.client_rx_packets(id);
-                    self.cm.armed.insert(id, seen);
-                }
-            }
             R::Sync => {}
             _ => {}
         }
@@ -1150,7 +1140,6 @@ impl Daemon {
 
     /// After a process's connection closed or it detached: its connections end.
     pub(super) fn cm_release(&mut self, id: u32) {
-        self.cm.armed.remove(&id);
         self.cm.qps.retain(|_, c| *c != id);
         let mine: Vec<(u32, u32)> = self
             .cm

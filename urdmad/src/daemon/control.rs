@@ -1,0 +1,461 @@
+//! The control server: processes connect, attach, open flows and give sockets back here;
+//! a process that goes away is released and, once it no longer runs, swept.
+
+use super::{error, ring_create, ring_drain_free, Attached, Client, Daemon, TxRing};
+use crate::access;
+use crate::holder;
+use crate::lending::Lender;
+use crate::proto::{self, Attachment, ErrorCode, PortInfo, Request, Response};
+use crate::status;
+use dpdk_sys as sys;
+use std::collections::VecDeque;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// Connections beyond this are closed at once.
+const MAX_CONNECTIONS: usize = 1024;
+/// A refused peer gets this long to send its first request, which is answered with the
+/// refusal, before it is disconnected regardless.
+const REFUSAL_GRACE: Duration = Duration::from_secs(1);
+/// Descriptors a client sent with requests other than `GIVEBACK` that are kept (the oldest
+/// beyond go): a process sends one per `GIVEBACK`, on the same line.
+const MAX_HELD_FDS: usize = 8;
+
+/// Whether process `pid` still runs: it exists and is not a zombie (which holds no memory
+/// and no locks any more).
+pub(super) fn runs(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which ends with the last ')'.
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].trim_start().chars().next());
+    !matches!(state, Some('Z') | Some('X') | None)
+}
+
+/// Frees the TX rings of an `ATTACH` that failed half-way.
+pub(super) fn free_new_rings(tx: Vec<TxRing>) {
+    for t in tx {
+        // SAFETY: just created, never handed out.
+        unsafe { sys::rte_ring_free(t.ring) };
+    }
+}
+
+impl Daemon {
+    pub(super) fn serve_control(&mut self) {
+        if self.cm.chan.is_some() {
+            self.cm_read_kernel();
+            self.cm_tick();
+        } else {
+            self.cm_retry();
+        }
+        self.devices_create();
+        self.counters_push();
+        if !self.departed.is_empty() && self.swept_at.elapsed() >= Duration::from_millis(500) {
+            self.sweep();
+        }
+        let mut fds = Vec::with_capacity(self.clients.len() + 1);
+        fds.push(libc::pollfd {
+            fd: self.listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        for c in &self.clients {
+            fds.push(libc::pollfd {
+                fd: c.stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        // SAFETY: fds is a valid array of pollfd.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        let refusals_pending = self.clients.iter().any(|c| c.refused.is_some());
+        if n <= 0 && !refusals_pending {
+            return;
+        }
+        let now = Instant::now();
+        let mut gone = Vec::new();
+        for (i, f) in fds.iter().enumerate().skip(1) {
+            let expired = self.clients[i - 1]
+                .refused
+                .as_ref()
+                .is_some_and(|(_, until)| now > *until);
+            if expired || (f.revents != 0 && !self.read_client(i - 1)) {
+                gone.push(i - 1);
+            }
+        }
+        for i in gone.into_iter().rev() {
+            let c = self.clients.remove(i);
+            self.release(c, "connection closed");
+        }
+        if fds[0].revents != 0 {
+            self.accept();
+        }
+    }
+
+    pub(super) fn accept(&mut self) {
+        while let Ok((stream, _)) = self.listener.accept() {
+            if self.clients.len() >= MAX_CONNECTIONS {
+                tracing::warn!("{MAX_CONNECTIONS} connections open; closing a new one");
+                continue;
+            }
+            let peer = match access::peer_of(&stream) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("control connection without credentials: {e}");
+                    continue;
+                }
+            };
+            tracing::debug!(pid = peer.pid, uid = peer.uid, "control connection");
+            let refused = access::check(
+                peer,
+                &access::supplementary_groups(peer.pid),
+                self.allowed_gid,
+                &self.cfg.daemon.group,
+            )
+            .err()
+            .map(|why| (why.to_string(), Instant::now() + REFUSAL_GRACE));
+            if let Some((why, _)) = &refused {
+                tracing::warn!(pid = peer.pid, uid = peer.uid, "refused: {why}");
+            }
+            let _ = stream.set_nonblocking(true);
+            let id = self.next_client;
+            self.next_client += 1;
+            self.clients.push(Client {
+                id,
+                peer,
+                stream,
+                buf: Vec::new(),
+                greeted: false,
+                refused,
+                attached: None,
+                flows: Vec::new(),
+                fds: VecDeque::new(),
+            });
+        }
+    }
+
+    /// Reads and answers what a client sent; false when the connection is to be dropped.
+    pub(super) fn read_client(&mut self, i: usize) -> bool {
+        let mut chunk = [0u8; 1024];
+        loop {
+            let c = &mut self.clients[i];
+            match crate::direct::recv_with_fds(&c.stream, &mut chunk, &mut c.fds) {
+                Ok(0) => return false,
+                Ok(n) => self.clients[i].buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            }
+        }
+        while let Some(pos) = self.clients[i].buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.clients[i].buf.drain(..=pos).collect();
+            let (reply, keep) = match std::str::from_utf8(&line) {
+                Ok(text) => self.handle(i, text),
+                Err(_) => (
+                    error(ErrorCode::Invalid, "message is not UTF-8").encode(),
+                    false,
+                ),
+            };
+            if !self.send(i, &reply) || !keep {
+                return false;
+            }
+        }
+        if self.clients[i].buf.len() > proto::MAX_LINE {
+            let _ = self.send(i, &error(ErrorCode::Invalid, "line too long").encode());
+            return false;
+        }
+        // Descriptors that came with no GIVEBACK are not kept beyond a few.
+        while self.clients[i].fds.len() > MAX_HELD_FDS {
+            let fd = self.clients[i].fds.pop_front().expect("not empty");
+            self.close_off_path(fd);
+        }
+        true
+    }
+
+    /// `GIVEBACK`: the socket of a direct connection that the process no longer uses, to
+    /// be closed after its own copy ([`SocketKeeper::close`]).
+    pub(super) fn give_back(&mut self, i: usize) -> Response {
+        let Some(fd) = self.clients[i].fds.pop_front() else {
+            return error(ErrorCode::Invalid, "GIVEBACK came without a socket");
+        };
+        let packet = crate::direct::socket_domain(fd.as_raw_fd()) == Some(libc::AF_PACKET);
+        self.close_off_path(fd);
+        if packet {
+            Response::Ok
+        } else {
+            error(
+                ErrorCode::Invalid,
+                "what came with GIVEBACK is not a packet socket",
+            )
+        }
+    }
+
+    /// Closes `fd` on the keeper's thread: the last close of a packet socket with rings
+    /// waits for grace periods.
+    pub(super) fn close_off_path(&self, fd: OwnedFd) {
+        match &self.keeper {
+            Ok(k) => k.close(fd),
+            Err(_) => drop(fd),
+        }
+    }
+
+    pub(super) fn send(&mut self, i: usize, text: &str) -> bool {
+        self.send_with(i, text, None).is_ok()
+    }
+
+    /// [`Daemon::send`], with `fd` passed along with the text's first byte.
+    pub(super) fn send_with(
+        &mut self,
+        i: usize,
+        text: &str,
+        fd: Option<std::os::fd::RawFd>,
+    ) -> std::io::Result<()> {
+        let s = &mut self.clients[i].stream;
+        // A reply is small except a status report; a client that does not read it within
+        // the timeout is dropped rather than stalling the data path longer.
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+        let r = match fd {
+            Some(fd) => crate::direct::send_with_fd(s, text.as_bytes(), fd),
+            None => s.write_all(text.as_bytes()),
+        };
+        let _ = s.set_nonblocking(true);
+        r
+    }
+
+    /// The reply to one request, and whether the connection stays open.
+    pub(super) fn handle(&mut self, i: usize, line: &str) -> (String, bool) {
+        if let Some((why, _)) = self.clients[i].refused.clone() {
+            return (error(ErrorCode::Access, &why).encode(), false);
+        }
+        let req = match Request::decode(line) {
+            Ok(r) => r,
+            Err(e) => return (error(ErrorCode::Invalid, &e.to_string()).encode(), true),
+        };
+        let c = &self.clients[i];
+        match req {
+            Request::Hello { version, .. } => {
+                if version != proto::VERSION {
+                    return (
+                        error(
+                            ErrorCode::Version,
+                            &format!(
+                                "protocol version {version} is not supported, urdmad speaks {}",
+                                proto::VERSION
+                            ),
+                        )
+                        .encode(),
+                        false,
+                    );
+                }
+                self.clients[i].greeted = true;
+                let r = Response::Hello {
+                    version: proto::VERSION,
+                    daemon: format!("urdmad {}", env!("CARGO_PKG_VERSION")),
+                };
+                (r.encode(), true)
+            }
+            _ if !c.greeted => (
+                error(ErrorCode::Invalid, "HELLO must come first").encode(),
+                false,
+            ),
+            Request::Attach => (self.attach(i), true),
+            Request::Open(spec) => (self.open(i, &spec), true),
+            Request::Close { flow } => {
+                let mine = self
+                    .flows
+                    .get(&flow)
+                    .is_some_and(|f| f.client == self.clients[i].id);
+                if !mine {
+                    return (
+                        error(ErrorCode::NotFound, &format!("no flow {flow} of yours")).encode(),
+                        true,
+                    );
+                }
+                self.close_flow(flow);
+                self.clients[i].flows.retain(|&f| f != flow);
+                (Response::Closed { flow }.encode(), true)
+            }
+            Request::Status => {
+                let report = status::encode(&self.status());
+                let mut text = Response::Status {
+                    lines: report.len(),
+                }
+                .encode();
+                for l in report {
+                    text.push_str(&l);
+                    text.push('\n');
+                }
+                (text, true)
+            }
+            Request::Detach => {
+                let c = &mut self.clients[i];
+                let flows = std::mem::take(&mut c.flows);
+                let attached = c.attached.take();
+                let (id, pid) = (c.id, c.peer.pid);
+                self.release_parts(id, pid, flows, attached, "detached");
+                (Response::Detached.encode(), true)
+            }
+            Request::GiveBack => (self.give_back(i).encode(), true),
+            Request::Qp { .. }
+            | Request::Unqp { .. }
+            | Request::QpClosed { .. }
+            | Request::PeerClosed { .. }
+            | Request::Sync => (self.cm_client_request(i, &req).encode(), true),
+            Request::Arm => (self.arm(i).encode(), true),
+        }
+    }
+
+    pub(super) fn attach(&mut self, i: usize) -> String {
+        if self.clients[i].attached.is_some() {
+            return error(ErrorCode::Invalid, "already attached").encode();
+        }
+        let Some(lcore) = (1..self.lcores_used.len()).find(|&l| !self.lcores_used[l]) else {
+            return error(
+                ErrorCode::NoResources,
+                "no free lcore id for another process",
+            )
+            .encode();
+        };
+        let id = self.clients[i].id;
+        let mut tx = Vec::new();
+        for p in &self.ports {
+            let name = format!("urd_tx_{id}_{}", p.port.index);
+            match ring_create(&name, self.cfg.daemon.ring_size, false) {
+                Ok(ring) => tx.push(TxRing {
+                    name,
+                    ring,
+                    packets: 0,
+                    drops: 0,
+                }),
+                Err(e) => {
+                    free_new_rings(tx);
+                    return error(ErrorCode::NoResources, &e.to_string()).encode();
+                }
+            }
+        }
+        // SAFETY: the pool lives as long as the daemon.
+        let pool_size = unsafe { (*self.pool).size };
+        let mut lender = match Lender::new(id, pool_size) {
+            Ok(l) => l,
+            Err(e) => {
+                free_new_rings(tx);
+                return error(ErrorCode::NoResources, &e.to_string()).encode();
+            }
+        };
+        // Filled now: an idle urdmad may sleep before its loop comes to the process.
+        // SAFETY: urdmad's thread and pool; the rings are new.
+        unsafe { lender.serve(self.pool) };
+        self.rings += tx.len() + 2;
+        self.lcores_used[lcore] = true;
+        let ports = self
+            .ports
+            .iter()
+            .zip(&tx)
+            .map(|(p, t)| PortInfo {
+                index: p.port.index,
+                name: p.port.name.clone(),
+                mac: p.port.mac,
+                tx_ring: t.name.clone(),
+                steering: p.port.steering,
+            })
+            .collect();
+        let (alloc_ring, free_ring) = (lender.alloc_name.clone(), lender.free_name.clone());
+        let c = &mut self.clients[i];
+        c.attached = Some(Attached {
+            lcore: lcore as u32,
+            tx,
+            lender,
+        });
+        tracing::info!(
+            client = id,
+            pid = c.peer.pid,
+            uid = c.peer.uid,
+            lcore,
+            "process attached"
+        );
+        Response::Attached(Attachment {
+            client: id,
+            file_prefix: self.cfg.daemon.file_prefix.clone(),
+            lcore: lcore as u32,
+            alloc_ring,
+            free_ring,
+            ports,
+        })
+        .encode()
+    }
+
+    pub(super) fn release(&mut self, mut c: Client, why: &str) {
+        for fd in std::mem::take(&mut c.fds) {
+            self.close_off_path(fd);
+        }
+        let flows = std::mem::take(&mut c.flows);
+        self.release_parts(c.id, c.peer.pid, flows, c.attached.take(), why);
+    }
+
+    /// Removes a process's flows and rings and frees the mbufs on them.
+    pub(super) fn release_parts(
+        &mut self,
+        id: u32,
+        pid: u32,
+        flows: Vec<u32>,
+        attached: Option<Attached>,
+        why: &str,
+    ) {
+        let nflows = flows.len();
+        // The process's connections end first (an Abort to each peer, CLOSED to the
+        // kernel); that closes their flows too.
+        self.armed.remove(&id);
+        self.cm_release(id);
+        for f in flows {
+            self.close_flow(f);
+        }
+        if let Some(a) = attached {
+            for t in &a.tx {
+                // SAFETY: the process detached or died; nothing enqueues any more.
+                unsafe { ring_drain_free(t.ring) };
+            }
+            // SAFETY: as for the TX rings.
+            unsafe { a.lender.release() };
+            self.rings -= a.tx.len() + 2;
+            self.lcores_used[a.lcore as usize] = false;
+            tracing::info!(client = id, pid, flows = nflows, "process released: {why}");
+            self.departed.push((pid, id));
+            self.sweep();
+        }
+    }
+
+    /// Removes the DPDK runtime files of released processes that no longer exist (a live
+    /// secondary still uses its multi-process socket). Cheap: a `stat` per departed process.
+    pub(super) fn sweep(&mut self) {
+        self.swept_at = Instant::now();
+        let dir = crate::eal::runtime_dir(&self.cfg.daemon.file_prefix);
+        let pool = self.pool;
+        self.departed.retain(|&(pid, client)| {
+            if runs(pid) {
+                return true;
+            }
+            // SAFETY: the process no longer runs and its rings are freed (it was
+            // released), so nothing else holds an mbuf marked with its id.
+            let n = unsafe { holder::reclaim(pool, client) };
+            if n > 0 {
+                tracing::info!(
+                    client,
+                    pid,
+                    mbufs = n,
+                    "mbufs a departed process held taken back"
+                );
+            }
+            let n = crate::eal::remove_secondary_files(&dir, pid);
+            tracing::debug!(
+                pid,
+                files = n,
+                "runtime files of a departed process removed"
+            );
+            false
+        });
+    }
+}
