@@ -21,7 +21,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-mod cm;
+mod connections;
 mod control;
 mod counters;
 mod device;
@@ -141,8 +141,12 @@ pub struct Daemon {
     lcores_used: Vec<bool>,
     rings: usize,
     started: Instant,
-    /// Connection management (docs/connection.md).
-    cm: cm::Cm,
+    /// Connection management (docs/connection.md): the core, urdma.ko's channel, what
+    /// the receive path takes for it, and when to look for the channel again.
+    cm: crate::cm::Cm,
+    chan: Option<crate::cm_channel::Channel>,
+    tap: connections::Tap,
+    next_open: Option<Instant>,
     /// Processes that asked for one `EVENT WAKE` (wakes.rs), by client id, with their flows'
     /// received-frame count then.
     armed: BTreeMap<u32, u64>,
@@ -379,7 +383,10 @@ impl Daemon {
             lcores_used: vec![false; sys::RTE_MAX_LCORE as usize],
             rings: 0,
             started: Instant::now(),
-            cm: cm::Cm::default(),
+            cm: connections::new_cm(Vec::new()),
+            chan: None,
+            tap: connections::Tap::default(),
+            next_open: None,
             armed: BTreeMap::new(),
             idle,
             departed: Vec::new(),
@@ -388,6 +395,7 @@ impl Daemon {
             keeper,
             next_push: Instant::now(),
         };
+        d.cm = connections::new_cm((0..d.ports.len()).map(|pi| d.port_view(pi)).collect());
         d.cm_open();
         d.devices_create();
         Ok(d)

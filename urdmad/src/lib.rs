@@ -9,6 +9,7 @@
 pub use urdma_shared::{client, direct, doorbell, frame, proto, qpstats, secondary};
 
 pub mod access;
+pub mod cm;
 pub mod cm_channel;
 pub mod config;
 pub mod daemon;

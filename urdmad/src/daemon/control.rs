@@ -45,7 +45,7 @@ pub(super) fn free_new_rings(tx: Vec<TxRing>) {
 
 impl Daemon {
     pub(super) fn serve_control(&mut self) {
-        if self.cm.chan.is_some() {
+        if self.chan.is_some() {
             self.cm_read_kernel();
             self.cm_tick();
         } else {

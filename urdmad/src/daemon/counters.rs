@@ -184,7 +184,7 @@ impl Daemon {
     /// were never sent on this channel), at most every [`PUSH_PERIOD`].
     pub(super) fn counters_push(&mut self) {
         let now = Instant::now();
-        if self.cm.chan.is_none() || now < self.next_push {
+        if self.chan.is_none() || now < self.next_push {
             return;
         }
         self.next_push = now + PUSH_PERIOD;

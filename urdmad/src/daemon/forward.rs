@@ -1,7 +1,8 @@
 //! Forwarding: the run loop that moves frames between the ports, their exception interfaces,
 //! the flows' rings and the processes' TX rings, and sleeps when there is nothing to move.
 
-use super::{cm, Daemon, PortState, BURST, STOP};
+use super::connections::Tap;
+use super::{Daemon, PortState, BURST, STOP};
 use crate::demux::FlowTable;
 use crate::holder;
 use crate::hwflow::{FlowQueue, QueueUse};
@@ -85,7 +86,7 @@ pub(super) unsafe fn poll_flow_queue(
     flows: &mut FlowTable,
     rx: &mut [*mut sys::rte_mbuf; BURST],
     kernel: &mut Vec<*mut sys::rte_mbuf>,
-    (tap, pi): (&mut cm::Tap, usize),
+    (tap, pi): (&mut Tap, usize),
 ) -> usize {
     let n = usize::from(sys::rte_eth_rx_burst(
         port,
@@ -141,7 +142,7 @@ pub(super) unsafe fn poll_flow_queue(
 /// # Safety
 /// Every pointer in `kernel` is a valid mbuf owned by the caller.
 pub(super) unsafe fn take_cm_frames(
-    tap: &mut cm::Tap,
+    tap: &mut Tap,
     pi: usize,
     kernel: &mut Vec<*mut sys::rte_mbuf>,
 ) {
@@ -196,7 +197,7 @@ pub(super) unsafe fn src_mac_is(m: *mut sys::rte_mbuf, mac: &[u8; 6]) -> bool {
 /// Every pointer in `mbufs` (at most [`BURST`]) is a valid mbuf owned by the caller.
 pub(super) unsafe fn ingest_local(
     p: &mut PortState,
-    tap: &mut cm::Tap,
+    tap: &mut Tap,
     pi: usize,
     mbufs: &[*mut sys::rte_mbuf],
     kernel: &mut Vec<*mut sys::rte_mbuf>,
@@ -231,7 +232,7 @@ impl Daemon {
         while !STOP.load(Ordering::Relaxed) {
             let mut work = 0usize;
             for (pi, p) in self.ports.iter_mut().enumerate() {
-                let tap = &mut self.cm.tap;
+                let tap = &mut self.tap;
                 // SAFETY: ports are started; every mbuf is passed on exactly once.
                 unsafe {
                     let port = p.port.id;
@@ -321,7 +322,7 @@ impl Daemon {
                                 }
                                 p.loopback += local.len() as u64;
                                 let nlocal = local.len() as u64;
-                                ingest_local(p, &mut self.cm.tap, pi, &local, &mut kernel);
+                                ingest_local(p, &mut self.tap, pi, &local, &mut kernel);
                                 let (s, d) = tx_all(p.port.id, &mut wire);
                                 (s + nlocal, d)
                             } else {
@@ -335,7 +336,7 @@ impl Daemon {
                     }
                 }
             }
-            if !self.cm.tap.frames.is_empty() {
+            if !self.tap.frames.is_empty() {
                 work += self.cm_frames();
             }
             if work > 0 && !self.armed.is_empty() {
@@ -358,7 +359,7 @@ impl Daemon {
                                     &mut p.flows,
                                     &mut rx,
                                     &mut kernel_q,
-                                    (&mut self.cm.tap, pi),
+                                    (&mut self.tap, pi),
                                 )
                             };
                         }
@@ -382,7 +383,7 @@ impl Daemon {
                     // once; otherwise sleep idle_sleep between looks, and after
                     // BACKOFF_AFTER double it up to idle_sleep_max.
                     let since = *idle_since.get_or_insert(now);
-                    let d = if self.idle.frames_wake() && self.cm.handshakes.is_empty() {
+                    let d = if self.idle.frames_wake() && !self.cm.handshaking() {
                         // Nothing but a frame, a request or a kick can give it work,
                         // and each of those ends the sleep.
                         QUIET_SLEEP.max(idle_sleep_max)
@@ -442,7 +443,7 @@ impl Daemon {
         };
         let control: Vec<std::os::fd::RawFd> = std::iter::once(self.listener.as_raw_fd())
             .chain(self.clients.iter().map(|c| c.stream.as_raw_fd()))
-            .chain(self.cm.chan.as_ref().map(|ch| ch.as_raw_fd()))
+            .chain(self.chan.as_ref().map(|ch| ch.as_raw_fd()))
             .collect();
         let mut fds: Vec<libc::pollfd> = control
             .iter()
@@ -526,7 +527,7 @@ impl Daemon {
             if dst_mac == p.port.mac {
                 p.loopback += 1;
                 let mut kernel = Vec::with_capacity(1);
-                ingest_local(p, &mut self.cm.tap, pi, &[m], &mut kernel);
+                ingest_local(p, &mut self.tap, pi, &[m], &mut kernel);
             } else {
                 tx_all(p.port.id, &mut [m]);
             }

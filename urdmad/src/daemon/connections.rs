@@ -1,0 +1,457 @@
+//! Connection management's I/O (docs/connection.md): the kernel channel, the frames the
+//! receive path takes for it ([`Tap`]), and carrying out what the core (`crate::cm`)
+//! decides: messages to urdma.ko, datagrams, hand-overs to processes.
+
+use super::Daemon;
+use crate::cm::{self, Action, HandOver, PortView};
+use crate::cm_channel::{Channel, Msg, Op};
+use crate::frame;
+use crate::proto::{self, Event, Request};
+use crate::status::Record;
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+use trp::setup::Incoming;
+use trp::wire::trp as tw;
+
+/// How often urdmad looks for the connection channel while it has none (urdma.ko not loaded
+/// yet when urdmad started): connection management starts within this of the module's load.
+pub(super) const CHANNEL_RETRY: Duration = Duration::from_secs(1);
+
+/// Which way a connection's frames go after hand-over: a packet socket of the process's own
+/// (the direct path), or through urdmad's rings. Logged with the connection, as the two
+/// behave differently under load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Direct,
+    Forwarded,
+}
+
+impl Path {
+    fn as_str(self) -> &'static str {
+        match self {
+            Path::Direct => "direct",
+            Path::Forwarded => "forwarded",
+        }
+    }
+}
+
+/// Why a connected QP's flow was not handed to its process.
+#[derive(Debug, thiserror::Error)]
+enum HandOverError {
+    #[error("the QP's process is gone")]
+    OwnerGone,
+    #[error("the QP's process is not attached")]
+    NotAttached,
+    /// The daemon's error reply to opening the flow.
+    #[error("flow not opened: {}", .reply.encode().trim_end())]
+    FlowNotOpened { reply: proto::Response },
+    #[error("the QP's process does not read its socket ({0})")]
+    NotReading(std::io::Error),
+}
+
+/// What the receive path needs to pick the connection-management frames out of what would
+/// go to the kernel.
+#[derive(Default)]
+pub(super) struct Tap {
+    pub enabled: bool,
+    /// Local UDP ports with a listener, a handshake or a connection: TRP frames to them
+    /// that belong to no flow are urdmad's (dropped unless they are handshake frames).
+    pub ports: BTreeSet<u16>,
+    /// Frames taken, by port index, to handle between bursts.
+    pub frames: Vec<(usize, Vec<u8>)>,
+    /// Each port's MAC: only frames to it are urdmad's (a promiscuous port sees others).
+    pub macs: Vec<[u8; 6]>,
+}
+
+impl Tap {
+    /// Whether a frame that belongs to no flow is urdmad's: a TRP ConnectRequest to any
+    /// port, or a TRP frame to a port urdmad uses for connections. Everything else goes to
+    /// the kernel as before.
+    pub fn wants(&self, port: usize, frame: &[u8]) -> bool {
+        if !self.enabled || frame.get(..6) != self.macs.get(port).map(|m| &m[..]) {
+            return false;
+        }
+        let Some(frame::Datagram { dst, payload, .. }) = frame::datagram(frame) else {
+            return false;
+        };
+        let pkt = tw::Packet::new_unchecked(payload);
+        let Ok(h) = tw::Repr::parse(&pkt) else {
+            return false;
+        };
+        if h.opcode == tw::Opcode::ConnectRequest {
+            return Incoming::parse(payload).is_ok();
+        }
+        self.ports.contains(&dst.port())
+    }
+}
+
+/// A random u32 from the kernel's generator: connection ids and initial sequence numbers
+/// that an off-path sender cannot guess.
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: writes at most 4 bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    if n == 4 {
+        u32::from_ne_bytes(b)
+    } else {
+        // Not expected on Linux >= 3.17; a time-based value still differs per call.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.subsec_nanos());
+        t ^ std::process::id().rotate_left(16)
+    }
+}
+
+/// The connection manager for `ports` (`datagram`: each one's largest UDP payload).
+pub(super) fn new_cm(ports: Vec<PortView>) -> cm::Cm {
+    cm::Cm::new(ports, Box::new(random_u32))
+}
+
+impl Daemon {
+    /// What the connection manager knows of port `pi`.
+    pub(super) fn port_view(&self, pi: usize) -> PortView {
+        let p = &self.ports[pi];
+        let mut mtu = 0u16;
+        // SAFETY: valid port and out-pointer.
+        let rc = unsafe { dpdk_sys::rte_eth_dev_get_mtu(p.port.id, &mut mtu) };
+        if rc != 0 || mtu < 576 {
+            mtu = 1500;
+        }
+        PortView {
+            name: p.port.name.clone(),
+            iface: p.port.exception_name.clone(),
+            datagram: mtu - 28,
+            crc: self.cfg.ports.get(pi).is_none_or(|c| c.crc),
+        }
+    }
+
+    /// Opens the kernel channel and registers every port's exception interface. Without it
+    /// (urdma.ko not loaded yet) urdmad serves what needs no connection management and tries
+    /// again every [`CHANNEL_RETRY`] (`cm_retry`), saying so once.
+    pub(super) fn cm_open(&mut self) {
+        let path = self.cfg.daemon.cm_device.clone();
+        let first = self.next_open.is_none();
+        let opened = if path.exists() {
+            Channel::open(&path).map_err(|e| format!("cannot open it: {e}"))
+        } else {
+            Err("no such device (is urdma.ko loaded?)".to_string())
+        };
+        let chan = match opened {
+            Ok(c) => c,
+            Err(why) => {
+                if first {
+                    tracing::warn!(device = %path.display(),
+                        "no connection channel: {why}; running without connection management until it opens (tried every {CHANNEL_RETRY:?})");
+                }
+                self.next_open = Some(Instant::now() + CHANNEL_RETRY);
+                return;
+            }
+        };
+        self.next_open = None;
+        let socket = std::path::absolute(&self.cfg.daemon.socket)
+            .unwrap_or_else(|_| self.cfg.daemon.socket.clone());
+        for p in &self.ports {
+            let mut m = Msg::new(Op::Register);
+            m.ifname = p.port.exception_name.clone();
+            m.socket_path = socket.to_string_lossy().into_owned();
+            if let Err(e) = chan.send(&m) {
+                tracing::error!(iface = %m.ifname, "REGISTER failed: {e}");
+            }
+        }
+        tracing::info!(device = %path.display(), ports = self.ports.len(), "connection channel open");
+        self.chan = Some(chan);
+        self.cm.set_channel(true);
+        // A new channel starts without counters: they go again at the next push.
+        for p in &mut self.ports {
+            p.pushed = None;
+        }
+        self.tap.macs = self.ports.iter().map(|p| p.port.mac.0).collect();
+        self.tap.enabled = true;
+    }
+
+    /// Tries the channel again when it is due ([`Daemon::cm_open`]).
+    pub(super) fn cm_retry(&mut self) {
+        if self.chan.is_none() && self.next_open.is_some_and(|t| Instant::now() >= t) {
+            self.cm_open();
+        }
+    }
+
+    pub(super) fn kernel_send(&mut self, m: Msg) {
+        if let Some(c) = &self.chan {
+            tracing::debug!(op = ?m.op, id = m.id, req = m.req, status = m.status, "to kernel");
+            if let Err(e) = c.send(&m) {
+                tracing::error!(op = ?m.op, "cannot write to the connection channel: {e}");
+            }
+        }
+    }
+
+    /// Reads what the kernel sent (bounded per call).
+    pub(super) fn cm_read_kernel(&mut self) -> usize {
+        let mut n = 0;
+        while n < 64 {
+            let Some(chan) = &self.chan else { break };
+            match chan.recv() {
+                Ok(Some(m)) => {
+                    n += 1;
+                    let addr_port = if m.op == Op::Connect && m.ifname.is_empty() {
+                        self.port_of_addr(*m.local.ip())
+                    } else {
+                        None
+                    };
+                    self.cm.kernel(Instant::now(), m, addr_port);
+                    self.cm_act();
+                }
+                Ok(None) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    tracing::warn!("connection channel: {e}");
+                }
+                Err(e) => {
+                    tracing::error!("connection channel lost: {e}; connection management stops");
+                    self.chan = None;
+                    self.cm.set_channel(false);
+                    self.tap.enabled = false;
+                    break;
+                }
+            }
+        }
+        n
+    }
+
+    /// The port whose exception interface has IPv4 address `ip` (in urdmad's namespace).
+    fn port_of_addr(&self, ip: Ipv4Addr) -> Option<usize> {
+        let mut ifs: *mut libc::ifaddrs = std::ptr::null_mut();
+        // SAFETY: getifaddrs fills a list we free below.
+        if unsafe { libc::getifaddrs(&mut ifs) } != 0 {
+            return None;
+        }
+        let mut found = None;
+        let mut cur = ifs;
+        // SAFETY: walking the list getifaddrs returned; sockaddr_in for AF_INET entries.
+        unsafe {
+            while !cur.is_null() {
+                let a = (*cur).ifa_addr;
+                if !a.is_null() && i32::from((*a).sa_family) == libc::AF_INET {
+                    let sin = &*(a as *const libc::sockaddr_in);
+                    if Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()) == ip {
+                        let name = std::ffi::CStr::from_ptr((*cur).ifa_name).to_string_lossy();
+                        found = self
+                            .ports
+                            .iter()
+                            .position(|p| p.port.exception_name == name);
+                        if found.is_some() {
+                            break;
+                        }
+                    }
+                }
+                cur = (*cur).ifa_next;
+            }
+            libc::freeifaddrs(ifs);
+        }
+        found
+    }
+
+    /// Handles the connection-management frames the receive path took.
+    pub(super) fn cm_frames(&mut self) -> usize {
+        let mut done = 0;
+        // Handling may send frames that loop back to this node; bounded rounds.
+        for _ in 0..8 {
+            let frames = std::mem::take(&mut self.tap.frames);
+            if frames.is_empty() {
+                break;
+            }
+            done += frames.len();
+            for (port, f) in frames {
+                self.cm.frame(Instant::now(), port, &f);
+                self.cm_act();
+            }
+        }
+        done
+    }
+
+    /// The connection manager's timers.
+    pub(super) fn cm_tick(&mut self) {
+        let now = Instant::now();
+        if self.cm.poll_timeout().is_some_and(|t| t <= now) {
+            self.cm.handle_timeout(now);
+            self.cm_act();
+        }
+    }
+
+    /// A connection line of the control protocol from client `i`; the reply.
+    pub(super) fn cm_client_request(&mut self, i: usize, req: &Request) -> proto::Response {
+        let r = self.cm.client_request(self.clients[i].id, req);
+        self.cm_act();
+        r
+    }
+
+    /// After a process detached or went away: its connections end.
+    pub(super) fn cm_release(&mut self, id: u32) {
+        self.cm.client_gone(id);
+        self.cm_act();
+    }
+
+    /// Carries out what the connection manager decided.
+    pub(super) fn cm_act(&mut self) {
+        while let Some(a) = self.cm.poll_action() {
+            match a {
+                Action::Kernel(m) => self.kernel_send(m),
+                Action::Datagram {
+                    port,
+                    mac,
+                    local,
+                    remote,
+                    payload,
+                } => self.send_datagram(port, mac, local, remote, &payload),
+                Action::HandOver(h) => {
+                    let token = h.token;
+                    let result = self.hand_over(h).map_err(|e| e.to_string());
+                    self.cm.handed_over(token, result);
+                }
+                Action::Disconnect {
+                    client,
+                    dev,
+                    qpn,
+                    status,
+                } => {
+                    let ev = Event::Disconnect { dev, qpn, status };
+                    let sent = match self.clients.iter().position(|c| c.id == client) {
+                        Some(i) => self.send(i, &ev.encode()),
+                        None => false,
+                    };
+                    if !sent {
+                        self.cm.disconnect_undelivered(dev, qpn);
+                    }
+                }
+                Action::CloseFlow { client, flow } => {
+                    self.close_flow(flow);
+                    if let Some(c) = self.clients.iter_mut().find(|c| c.id == client) {
+                        c.flows.retain(|&f| f != flow);
+                    }
+                }
+            }
+        }
+        if self.tap.ports != *self.cm.udp_ports() {
+            self.tap.ports.clone_from(self.cm.udp_ports());
+        }
+    }
+
+    /// Opens the connection's flow for its process and writes it `EVENT CONNECTED`; the flow.
+    fn hand_over(&mut self, h: HandOver) -> Result<u32, HandOverError> {
+        let HandOver {
+            client,
+            spec,
+            mut connected,
+            ..
+        } = h;
+        let Some(i) = self.clients.iter().position(|c| c.id == client) else {
+            return Err(HandOverError::OwnerGone);
+        };
+        if self.clients[i].attached.is_none() {
+            return Err(HandOverError::NotAttached);
+        }
+        let opened = self
+            .open_flow(i, &spec)
+            .map_err(|reply| HandOverError::FlowNotOpened { reply })?;
+        connected.flow = opened.flow;
+        connected.rx_ring = opened.rx_ring;
+        // The rings are sized for the datagram the event announces.
+        let direct = self.direct_open(opened.flow, &spec, connected.datagram);
+        connected.direct = direct.map_or(0, |(_, frames)| frames);
+        connected.stats = self.qp_table.take();
+        if let Some(rec) = self.flows.get_mut(&opened.flow) {
+            rec.stats = connected.stats;
+        }
+        if connected.stats.is_none() {
+            tracing::warn!(
+                flow = opened.flow,
+                "every slot of the QP figures is taken: this connection has none"
+            );
+        }
+        let (dev, qpn) = (connected.dev, connected.qpn);
+        let text = Event::Connected(Box::new(connected)).encode();
+        if let Err(e) = self.send_with(i, &text, direct.map(|(fd, _)| fd)) {
+            self.close_flow(opened.flow);
+            self.clients[i].flows.retain(|&f| f != opened.flow);
+            return Err(HandOverError::NotReading(e));
+        }
+        let path = if direct.is_some() {
+            Path::Direct
+        } else {
+            Path::Forwarded
+        };
+        if let Some(p) = self.ports.get_mut(usize::from(spec.port)) {
+            match path {
+                Path::Direct => p.conns_direct += 1,
+                Path::Forwarded => p.conns_forwarded += 1,
+            }
+        }
+        tracing::debug!(
+            dev,
+            qpn,
+            flow = opened.flow,
+            path = path.as_str(),
+            "handed over"
+        );
+        Ok(opened.flow)
+    }
+
+    /// Status records of connection management.
+    pub(super) fn cm_status(&self, out: &mut Vec<Record>) {
+        self.cm.status(Instant::now(), out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cm::abort_packet;
+    use std::net::SocketAddrV4;
+    use trp::setup::Connecting;
+
+    fn frame(dst_mac: [u8; 6], dst_port: u16, payload: &[u8]) -> Vec<u8> {
+        crate::frame::udp_frame(
+            dst_mac,
+            [2, 0, 0, 0, 0, 2],
+            "10.0.0.2:5000".parse().unwrap(),
+            SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), dst_port),
+            payload,
+        )
+    }
+
+    #[test]
+    fn the_tap_takes_connect_requests_and_frames_to_its_ports_only() {
+        let mac = [2, 0, 0, 0, 0, 1];
+        let mut tap = Tap {
+            enabled: true,
+            macs: vec![mac],
+            ..Tap::default()
+        };
+        let now = trp::Instant::from_nanos(1);
+        let mut c = Connecting::new(trp::Config::default(), 11, 100, b"x", now).unwrap();
+        let mut buf = vec![0u8; 2048];
+        let n = c.poll_transmit(now, &mut buf).unwrap();
+        let req = frame(mac, 7000, &buf[..n]);
+        assert_eq!(frame::datagram(&req).map(|d| d.payload), Some(&buf[..n]));
+        assert!(tap.wants(0, &req));
+        assert!(!tap.wants(0, &frame([2, 0, 0, 0, 0, 9], 7000, &buf[..n])));
+        assert!(!tap.wants(1, &req));
+        let abort = frame(mac, 7000, &abort_packet(5));
+        assert!(!tap.wants(0, &abort));
+        tap.ports.insert(7000);
+        assert!(tap.wants(0, &abort));
+        // Not TRP: the kernel's, even on a port urdmad uses.
+        assert!(!tap.wants(0, &frame(mac, 7000, b"hi")));
+        tap.enabled = false;
+        assert!(!tap.wants(0, &req));
+        for i in 0..req.len() {
+            let _ = frame::datagram(&req[..i]);
+            let _ = Tap {
+                enabled: true,
+                macs: vec![mac],
+                ..Tap::default()
+            }
+            .wants(0, &req[..i]);
+        }
+    }
+}
