@@ -2,6 +2,12 @@
 //! no kernel module. Node A (10.0.0.1) connects, node B (10.0.0.2) listens on port 7000.
 
 use super::*;
+use crate::frame;
+use crate::proto::{ErrorCode, Request, Response};
+use crate::status::{self, Record};
+use trp::setup::Incoming;
+
+mod close;
 
 const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
 const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
@@ -449,165 +455,6 @@ fn a_process_gone_mid_handshake_fails_both_ends_and_aborts_the_peer() {
 }
 
 #[test]
-fn a_process_gone_after_connecting_aborts_its_connections() {
-    let t = Instant::now();
-    let (mut a, _b) = connected(t);
-    a.client_gone(CLIENT_A);
-    let out = drain(&mut a);
-    assert_eq!(frames(&out, MAC_A).len(), 1, "an Abort to the peer");
-    assert!(out.iter().any(|x| matches!(
-        x,
-        Action::CloseFlow {
-            client: CLIENT_A,
-            flow: 21
-        }
-    )));
-    let m = only_kernel(&out);
-    assert_eq!((m.op, m.status, m.qpn), (Op::Closed, ECONNRESET, QPN_A));
-    assert!(conn_records(&a).is_empty());
-    assert!(a.udp_ports().is_empty());
-    // Its QP is forgotten: another process may take the number.
-    assert_eq!(
-        a.client_request(
-            9,
-            &Request::Qp {
-                dev: DEV,
-                qpn: QPN_A
-            }
-        ),
-        Response::Ok
-    );
-}
-
-#[test]
-fn a_close_reports_the_peers_close_once() {
-    let t = Instant::now();
-    let (mut a, mut b) = connected(t);
-    // Both applications disconnect at once: each kernel asks, each process is told.
-    for (cm, client, qpn) in [(&mut a, CLIENT_A, QPN_A), (&mut b, CLIENT_B, QPN_B)] {
-        let mut m = Msg::new(Op::Disconnect);
-        m.dev = DEV;
-        m.qpn = qpn;
-        cm.kernel(t, m, None);
-        let out = drain(cm);
-        assert!(
-            matches!(out[..], [Action::Disconnect { client: c, qpn: q, status: 0, .. }] if c == client && q == qpn),
-            "{out:?}"
-        );
-    }
-    // A's process saw the peer's Terminate before its own close completed.
-    a.client_request(
-        CLIENT_A,
-        &Request::PeerClosed {
-            dev: DEV,
-            qpn: QPN_A,
-        },
-    );
-    assert_eq!(only_kernel(&drain(&mut a)).op, Op::PeerClosed);
-    a.client_request(
-        CLIENT_A,
-        &Request::PeerClosed {
-            dev: DEV,
-            qpn: QPN_A,
-        },
-    );
-    assert!(drain(&mut a).is_empty(), "once");
-    a.client_request(
-        CLIENT_A,
-        &Request::QpClosed {
-            dev: DEV,
-            qpn: QPN_A,
-            status: 0,
-        },
-    );
-    let out = drain(&mut a);
-    let k = kernel_msgs(&out);
-    assert_eq!(k.len(), 1, "no second PEER_CLOSED");
-    assert_eq!((k[0].op, k[0].status), (Op::Closed, 0));
-    assert!(out
-        .iter()
-        .any(|x| matches!(x, Action::CloseFlow { flow: 21, .. })));
-    // B's process closed without seeing the peer's close: both messages, in order.
-    b.client_request(
-        CLIENT_B,
-        &Request::QpClosed {
-            dev: DEV,
-            qpn: QPN_B,
-            status: -104,
-        },
-    );
-    let out = drain(&mut b);
-    let k = kernel_msgs(&out);
-    assert_eq!(
-        k.iter().map(|m| m.op).collect::<Vec<_>>(),
-        [Op::PeerClosed, Op::Closed]
-    );
-    assert_eq!(k[1].status, -104);
-    // A close from a process that does not own the connection changes nothing.
-    let (mut a, _b) = connected(t);
-    a.client_request(
-        CLIENT_B,
-        &Request::QpClosed {
-            dev: DEV,
-            qpn: QPN_A,
-            status: 0,
-        },
-    );
-    a.client_request(
-        CLIENT_B,
-        &Request::Unqp {
-            dev: DEV,
-            qpn: QPN_A,
-        },
-    );
-    assert!(drain(&mut a).is_empty());
-    assert_eq!(conn_records(&a).len(), 1);
-}
-
-#[test]
-fn a_disconnect_no_process_reads_is_an_abort() {
-    let t = Instant::now();
-    let (mut a, _b) = connected(t);
-    let mut m = Msg::new(Op::Disconnect);
-    m.dev = DEV;
-    m.qpn = QPN_A;
-    a.kernel(t, m, None);
-    drain(&mut a);
-    a.disconnect_undelivered(DEV, QPN_A);
-    let out = drain(&mut a);
-    assert_eq!(only_kernel(&out).status, ECONNRESET);
-    assert_eq!(frames(&out, MAC_A).len(), 1);
-    // Unregistering the QP of a live connection aborts it too.
-    let (mut a, _b) = connected(t);
-    a.client_request(
-        CLIENT_A,
-        &Request::Unqp {
-            dev: DEV,
-            qpn: QPN_A,
-        },
-    );
-    assert_eq!(only_kernel(&drain(&mut a)).op, Op::Closed);
-}
-
-#[test]
-fn a_disconnect_during_the_handshake_fails_the_connect() {
-    let t = Instant::now();
-    let (mut a, _b, _f) = requested(t);
-    let mut m = Msg::new(Op::Disconnect);
-    m.dev = DEV;
-    m.qpn = QPN_A;
-    a.kernel(t, m, None);
-    let out = drain(&mut a);
-    let m = only_kernel(&out);
-    assert_eq!(
-        (m.op, m.status, m.id),
-        (Op::ConnectFailed, ECONNRESET, CONNECT_ID)
-    );
-    assert!(!a.handshaking());
-    assert!(a.udp_ports().is_empty());
-}
-
-#[test]
 fn forged_or_foreign_frames_change_no_state() {
     let t = Instant::now();
     let (mut a, mut b, f) = requested(t);
@@ -835,43 +682,4 @@ fn status_names_each_state() {
         Record::Connecting(c) => assert_eq!((c.sent, c.remote.as_str()), (1, "10.0.0.2:7000")),
         r => panic!("{r:?}"),
     }
-}
-
-#[test]
-fn our_abort_fails_the_peers_connection() {
-    let cfg = |crc| trp::Config {
-        crc,
-        ..trp::Config::default()
-    };
-    let pair = |crc: bool| {
-        let now = trp::Instant::from_nanos(1);
-        let mut c = Connecting::new(cfg(crc), 11, 100, b"", now).unwrap();
-        let mut buf = vec![0u8; 2048];
-        let n = c.poll_transmit(now, &mut buf).unwrap();
-        let mut b = Incoming::parse(&buf[..n])
-            .unwrap()
-            .accept(cfg(crc), 22, 200, b"")
-            .unwrap();
-        let mem = trp::VecMemory::new(16);
-        let n = b.poll_transmit(now, &mem, &mut buf).unwrap();
-        assert_eq!(accept_src_conn(&buf[..n]), Some(22));
-        match c.handle_datagram(now, &buf[..n]) {
-            ConnectOutcome::Established { conn, .. } => conn,
-            o => panic!("{o:?}"),
-        }
-    };
-    let mut mem = trp::VecMemory::new(16);
-    let now = trp::Instant::from_nanos(2);
-    let failed = Some(trp::Event::Failed(trp::FailReason::PeerAborted));
-    let mut a = pair(true);
-    a.handle_datagram(now, &mut mem, &abort_packet(11)).unwrap();
-    assert_eq!(a.poll_event(), failed);
-    // To another connection id it is foreign.
-    let mut a = pair(true);
-    let _ = a.handle_datagram(now, &mut mem, &abort_packet(12));
-    assert_eq!(a.state(), trp::QpState::Rts);
-    // Sealed, it is read by a connection without the trailer as well.
-    let mut a = pair(false);
-    a.handle_datagram(now, &mut mem, &abort_packet(11)).unwrap();
-    assert_eq!(a.poll_event(), failed);
 }

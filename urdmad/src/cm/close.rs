@@ -1,0 +1,156 @@
+//! Connected QPs and their owners: the control protocol's connection lines, disconnects,
+//! and the end of a connection urdmad has to end itself.
+
+use super::{abort_packet, kernel_msg, Action, Cm, ECONNRESET};
+use crate::cm_channel::{Msg, Op};
+use crate::proto::{ErrorCode, Request, Response};
+
+impl Cm {
+    pub(super) fn disconnect(&mut self, m: Msg) {
+        let key = (m.dev, m.qpn);
+        if let Some(hid) = self
+            .handshakes
+            .iter()
+            .find(|(_, h)| (h.dev, h.qpn) == key)
+            .map(|(&id, _)| id)
+        {
+            // Not connected yet: the handshake ends here.
+            let h = self.handshakes.remove(&hid).expect("present");
+            self.refresh_udp_ports();
+            self.actions.push_back(kernel_msg(Op::ConnectFailed, |r| {
+                r.id = hid;
+                r.status = ECONNRESET;
+                r.dev = h.dev;
+                r.qpn = h.qpn;
+            }));
+            return;
+        }
+        let owner = self
+            .conns
+            .get(&key)
+            .map(|c| c.client)
+            .or_else(|| self.qps.get(&key).copied());
+        match owner {
+            Some(client) => self.actions.push_back(Action::Disconnect {
+                client,
+                dev: m.dev,
+                qpn: m.qpn,
+                status: m.status,
+            }),
+            None => self.abort_conn(key, ECONNRESET),
+        }
+    }
+
+    /// The daemon could not write [`Action::Disconnect`] to its process: urdmad ends the
+    /// connection itself.
+    pub fn disconnect_undelivered(&mut self, dev: u32, qpn: u32) {
+        self.abort_conn((dev, qpn), ECONNRESET);
+    }
+
+    /// Ends a connection urdmad has to end itself: Abort to the peer, flow closed,
+    /// `CLOSED status` to the kernel.
+    pub(super) fn abort_conn(&mut self, key: (u32, u32), status: i32) {
+        let Some(c) = self.conns.remove(&key) else {
+            return;
+        };
+        self.refresh_udp_ports();
+        tracing::info!(dev = key.0, qpn = key.1, remote = %c.remote, "connection aborted");
+        self.send(c.port, c.mac, c.local, c.remote, abort_packet(c.peer_conn));
+        self.counters.aborts_sent += 1;
+        self.actions.push_back(Action::CloseFlow {
+            client: c.client,
+            flow: c.flow,
+        });
+        self.actions.push_back(kernel_msg(Op::Closed, |r| {
+            r.dev = key.0;
+            r.qpn = key.1;
+            r.status = status;
+            r.local = c.local;
+            r.remote = c.remote;
+        }));
+    }
+
+    /// A connection line of the control protocol (`QP`, `UNQP`, `QPCLOSED`, `PEERCLOSED`,
+    /// `SYNC`) from `client`; the reply.
+    pub fn client_request(&mut self, client: u32, req: &Request) -> Response {
+        match *req {
+            Request::Qp { dev, qpn } => {
+                // A client's QPs go when it does (`client_gone`): another owner is alive.
+                if let Some(&other) = self.qps.get(&(dev, qpn)) {
+                    if other != client {
+                        return Response::Error {
+                            code: ErrorCode::Exists,
+                            message: format!("QP {qpn} of device {dev} belongs to another process"),
+                        };
+                    }
+                }
+                self.qps.insert((dev, qpn), client);
+            }
+            Request::Unqp { dev, qpn } => {
+                if self.qps.get(&(dev, qpn)) == Some(&client) {
+                    self.qps.remove(&(dev, qpn));
+                }
+                if self
+                    .conns
+                    .get(&(dev, qpn))
+                    .is_some_and(|c| c.client == client)
+                {
+                    self.abort_conn((dev, qpn), ECONNRESET);
+                }
+            }
+            Request::QpClosed { dev, qpn, status }
+                if self
+                    .conns
+                    .get(&(dev, qpn))
+                    .is_some_and(|c| c.client == client) =>
+            {
+                let c = self.conns.remove(&(dev, qpn)).expect("present");
+                self.refresh_udp_ports();
+                self.actions.push_back(Action::CloseFlow {
+                    client,
+                    flow: c.flow,
+                });
+                if !c.peer_closed_sent {
+                    self.actions.push_back(kernel_msg(Op::PeerClosed, |r| {
+                        r.dev = dev;
+                        r.qpn = qpn;
+                    }));
+                }
+                self.actions.push_back(kernel_msg(Op::Closed, |r| {
+                    r.dev = dev;
+                    r.qpn = qpn;
+                    r.status = status.min(0);
+                    r.local = c.local;
+                    r.remote = c.remote;
+                }));
+            }
+            Request::PeerClosed { dev, qpn } => {
+                if let Some(c) = self.conns.get_mut(&(dev, qpn)) {
+                    if c.client == client && !c.peer_closed_sent {
+                        c.peer_closed_sent = true;
+                        self.actions.push_back(kernel_msg(Op::PeerClosed, |r| {
+                            r.dev = dev;
+                            r.qpn = qpn;
+                        }));
+                    }
+                }
+            }
+            _ => {}
+        }
+        Response::Ok
+    }
+
+    /// A process detached or went away: its QPs are forgotten and its connections end.
+    pub fn client_gone(&mut self, client: u32) {
+        self.qps.retain(|_, c| *c != client);
+        let mine: Vec<(u32, u32)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.client == client)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in mine {
+            self.abort_conn(k, ECONNRESET);
+        }
+    }
+}
