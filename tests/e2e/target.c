@@ -240,12 +240,16 @@ static void drain_cq(int server)
 }
 
 /* Handles what the CM reports about established connections. */
-static void drain_cm(struct rdma_event_channel *ch)
+static void drain_cm(struct rdma_event_channel *ch, int server)
 {
 	struct rdma_cm_event *ev;
 	unsigned i;
 
 	while (!rdma_get_cm_event(ch, &ev)) {
+		/* The completions that came before the event are taken first: the CQ and
+		 * the event channel are read in turn, and an error completion that was
+		 * already due must not lose to an event read a moment later. */
+		drain_cq(server);
 		for (i = 0; i < nconns; i++) {
 			if (conns[i].id != ev->id)
 				continue;
@@ -359,12 +363,12 @@ static void serve(const char *addr, const char *port, const char *info)
 	fclose(f);
 	while (!stop) {
 		drain_cq(1);
-		drain_cm(ch);
+		drain_cm(ch, 1);
 		check_time("(no SIGTERM)");
 		usleep(10000);
 	}
 	drain_cq(1);
-	drain_cm(ch);
+	drain_cm(ch, 1);
 	for (i = 0; i < nconns; i++)
 		printf("conn %u recvs=%" PRIu64 " state=%s\n", i, conns[i].count,
 		       state_name[conns[i].state]);
@@ -431,7 +435,7 @@ static void send_round(struct rdma_event_channel *ch)
 	}
 	for (;;) {
 		drain_cq(0);
-		drain_cm(ch);
+		drain_cm(ch, 0);
 		for (waiting = 0, i = 0; i < nconns; i++)
 			waiting += conns[i].state == ALIVE && conns[i].count == before[i];
 		if (!waiting || stop)
@@ -463,7 +467,7 @@ static void client(const char *addr, const char *port)
 				printf("target: quiet\n");
 		}
 		drain_cq(0);
-		drain_cm(ch);
+		drain_cm(ch, 0);
 		check_time("(no SIGTERM)");
 		usleep(10000);
 	}
