@@ -344,6 +344,17 @@ impl Cm {
         self.ports.iter().position(|p| p.iface == ifname)
     }
 
+    /// A new connection's id (never 0: no connection has it) and initial sequence number.
+    fn new_ids(&mut self) -> (u32, u32) {
+        let conn = loop {
+            let c = (self.random)();
+            if c != 0 {
+                break c;
+            }
+        };
+        (conn, (self.random)())
+    }
+
     fn trp_config(&self, port: usize, ird: u16, ord: u16) -> trp::Config {
         let p = &self.ports[port];
         proto::connection_config(ird, ord, p.datagram, p.crc)
@@ -453,12 +464,8 @@ impl Cm {
                     abort_packet(conn.peer_conn),
                 );
                 self.counters.aborts_sent += 1;
-                self.actions.push_back(kernel_msg(Op::ConnectFailed, |r| {
-                    r.id = id;
-                    r.status = ECONNRESET;
-                    r.dev = dev;
-                    r.qpn = qpn;
-                }));
+                self.actions
+                    .push_back(connect_failed(id, dev, qpn, ECONNRESET, Vec::new()));
             }
             (
                 Handing::Passive {
@@ -525,6 +532,17 @@ impl Cm {
             }));
         }
     }
+}
+
+/// `CONNECT_FAILED status` for the kernel's connect `id` of QP (dev, qpn).
+fn connect_failed(id: u64, dev: u32, qpn: u32, status: i32, pdata: Vec<u8>) -> Action {
+    kernel_msg(Op::ConnectFailed, |r| {
+        r.id = id;
+        r.status = status;
+        r.dev = dev;
+        r.qpn = qpn;
+        r.pdata = pdata;
+    })
 }
 
 fn accepted(req: u64, dev: u32, qpn: u32, status: i32) -> Action {

@@ -2,11 +2,11 @@
 //! repetitions, and the peer's Accept or Reject.
 
 use super::{
-    kernel_msg, Cm, Handing, Handshake, QpConn, EADDRINUSE, ECONNREFUSED, ECONNRESET, EINVAL,
+    connect_failed, Cm, Handing, Handshake, QpConn, EADDRINUSE, ECONNREFUSED, ECONNRESET, EINVAL,
     ETIMEDOUT,
 };
 use crate::cm::abort_packet;
-use crate::cm_channel::{Msg, Op};
+use crate::cm_channel::Msg;
 use crate::frame;
 use crate::proto::{Connected, Mac, Role};
 use std::time::{Duration, Instant};
@@ -50,14 +50,7 @@ impl Cm {
                 .or_else(|| self.dev_port.get(&m.dev).copied())
                 .or((self.ports.len() == 1).then_some(0))
         };
-        let fail = |status: i32| {
-            kernel_msg(Op::ConnectFailed, |r| {
-                r.id = m.id;
-                r.status = status;
-                r.dev = m.dev;
-                r.qpn = m.qpn;
-            })
-        };
+        let fail = |status: i32| connect_failed(m.id, m.dev, m.qpn, status, Vec::new());
         let Some(port) = port else {
             tracing::warn!(dev = m.dev, "CONNECT: no port for the device");
             self.actions.push_back(fail(ECONNRESET));
@@ -73,13 +66,7 @@ impl Cm {
             return;
         }
         let cfg = self.trp_config(port, m.ird, m.ord);
-        let conn = loop {
-            let c = (self.random)();
-            if c != 0 {
-                break c;
-            }
-        };
-        let isn = (self.random)();
+        let (conn, isn) = self.new_ids();
         let t = self.trp_now(now);
         let connecting = match Connecting::new(handshake_timing(cfg), conn, isn, &m.pdata, t) {
             Ok(c) => c,
@@ -139,12 +126,8 @@ impl Cm {
             ConnectOutcome::TimedOut => {
                 let h = self.handshakes.remove(&id).expect("present");
                 tracing::info!(id, remote = %h.remote, "connect timed out");
-                self.actions.push_back(kernel_msg(Op::ConnectFailed, |r| {
-                    r.id = id;
-                    r.status = ETIMEDOUT;
-                    r.dev = h.dev;
-                    r.qpn = h.qpn;
-                }));
+                self.actions
+                    .push_back(connect_failed(id, h.dev, h.qpn, ETIMEDOUT, Vec::new()));
                 self.refresh_udp_ports();
             }
             other => {
@@ -190,13 +173,13 @@ impl Cm {
                 ConnectOutcome::Rejected { private_data } => {
                     let h = self.handshakes.remove(&id).expect("present");
                     tracing::info!(id, remote = %h.remote, "connect rejected");
-                    self.actions.push_back(kernel_msg(Op::ConnectFailed, |r| {
-                        r.id = id;
-                        r.status = ECONNREFUSED;
-                        r.dev = h.dev;
-                        r.qpn = h.qpn;
-                        r.pdata = private_data;
-                    }));
+                    self.actions.push_back(connect_failed(
+                        id,
+                        h.dev,
+                        h.qpn,
+                        ECONNREFUSED,
+                        private_data,
+                    ));
                     self.refresh_udp_ports();
                 }
                 ConnectOutcome::TimedOut => {}
@@ -280,11 +263,7 @@ impl Cm {
         self.send(h.port, h.mac, h.local, h.remote, abort_packet(peer_conn));
         self.counters.aborts_sent += 1;
         let (dev, qpn) = (h.dev, h.qpn);
-        self.actions.push_back(kernel_msg(Op::ConnectFailed, |r| {
-            r.id = id;
-            r.status = ECONNRESET;
-            r.dev = dev;
-            r.qpn = qpn;
-        }));
+        self.actions
+            .push_back(connect_failed(id, dev, qpn, ECONNRESET, Vec::new()));
     }
 }

@@ -1,7 +1,7 @@
 //! Connected QPs and their owners: the control protocol's connection lines, disconnects,
 //! and the end of a connection urdmad has to end itself.
 
-use super::{abort_packet, kernel_msg, Action, Cm, ECONNRESET};
+use super::{abort_packet, connect_failed, kernel_msg, Action, Cm, ECONNRESET};
 use crate::cm_channel::{Msg, Op};
 use crate::proto::{ErrorCode, Request, Response};
 
@@ -17,12 +17,8 @@ impl Cm {
             // Not connected yet: the handshake ends here.
             let h = self.handshakes.remove(&hid).expect("present");
             self.refresh_udp_ports();
-            self.actions.push_back(kernel_msg(Op::ConnectFailed, |r| {
-                r.id = hid;
-                r.status = ECONNRESET;
-                r.dev = h.dev;
-                r.qpn = h.qpn;
-            }));
+            self.actions
+                .push_back(connect_failed(hid, h.dev, h.qpn, ECONNRESET, Vec::new()));
             return;
         }
         let owner = self

@@ -148,13 +148,7 @@ impl Cm {
         let (port, local, remote, mac, peer_conn) = (r.port, r.local, r.remote, r.mac, r.peer_conn);
         let pkt = r.pkt.clone();
         let cfg = self.trp_config(port, m.ird, m.ord);
-        let conn = loop {
-            let c = (self.random)();
-            if c != 0 {
-                break c;
-            }
-        };
-        let isn = (self.random)();
+        let (conn, isn) = self.new_ids();
         // The provider repeats this exactly: check that it will succeed.
         if let Err(e) =
             Incoming::parse(&pkt).and_then(|inc| inc.accept(cfg, conn, isn, &m.pdata).map(|_| ()))
