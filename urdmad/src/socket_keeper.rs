@@ -209,6 +209,17 @@ impl Drop for SocketKeeper {
 }
 
 fn run(shared: &Shared, make: &Make) {
+    // The keeper's work is waiting for grace periods. At the idle policy its wake-ups (a
+    // socket taken, one given back) never take the CPU from urdmad's forwarding thread,
+    // which is in the middle of a hand-over when it takes a socket.
+    let idle = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a valid sched_param; 0 is the calling thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) } != 0 {
+        tracing::debug!(
+            "socket keeper stays at the normal policy: {}",
+            io::Error::last_os_error()
+        );
+    }
     let mut s = shared.state.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         match s.next(Instant::now()) {
