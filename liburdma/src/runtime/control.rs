@@ -115,18 +115,19 @@ pub fn register_qp(key: QpKey) -> Result<(), String> {
     })
 }
 
-/// `UNQP dev= qpn=`, when urdmad is still there.
+/// `UNQP dev= qpn=`, when urdmad is still there. Posted: urdmad answers it `OK` whatever it
+/// finds, so `ibv_destroy_qp` need not wait a round trip for it (a refusal would still be
+/// logged, as every posted request's is).
 pub fn unregister_qp(key: QpKey) {
-    {
-        let mut g = lock();
-        if g.control().is_none() {
-            return;
-        }
-        // The QP's own QPCLOSED, if destroying it made one, goes first (urdmad takes
-        // requests in order).
-        g.deliver_notices();
+    let mut g = lock();
+    if g.control().is_none() {
+        return;
     }
-    if let Err(e) = ask(&Request::Unqp {
+    // The QP's own QPCLOSED, if destroying it made one, goes first (urdmad takes requests
+    // in order).
+    g.deliver_notices();
+    let Some(ctl) = g.control() else { return };
+    if let Err(e) = ctl.post(&Request::Unqp {
         dev: key.0,
         qpn: key.1,
     }) {
