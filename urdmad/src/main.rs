@@ -75,6 +75,7 @@ fn main() -> ExitCode {
         let path = socket.unwrap_or(cfg.daemon.socket);
         return match Connection::connect(&path, Duration::from_secs(5))
             .and_then(|mut c| c.status())
+            .map_err(|e| e.to_string())
             .and_then(|lines| show_status(&lines, json))
         {
             Ok(text) => {

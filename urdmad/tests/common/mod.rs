@@ -355,8 +355,9 @@ impl Drop for Urdmad {
 /// The status report of the urdmad at `socket` as `urdmad status` shows it, a text line
 /// per record.
 pub fn status_text(socket: &Path, timeout: Duration) -> Result<Vec<String>, String> {
-    urdmad::client::Connection::connect(socket, timeout)?
-        .status()?
+    urdmad::client::Connection::connect(socket, timeout)
+        .and_then(|mut c| c.status())
+        .map_err(|e| e.to_string())?
         .iter()
         .map(|l| urdmad::status::text_line(l))
         .collect()
