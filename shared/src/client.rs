@@ -1,6 +1,7 @@
 //! The client side of the control protocol: connect, greet, send requests, read replies and
 //! the daemon's unsolicited events. Needs only `std`, like [`crate::proto`], so the provider
-//! can use it as is.
+//! can use it as is (the status report's records, which need serde, only with the `status`
+//! feature).
 //!
 //! Events (`EVENT ...` lines, protocol version 2) may arrive between any two replies. A
 //! request reads lines until its reply and queues the events it meets; [`Connection::poll_events`]
@@ -92,8 +93,8 @@ pub enum Error {
     /// A well-formed reply, but not one that answers the request (its line).
     #[error("unexpected reply from urdmad: {0}")]
     Unexpected(String),
-    /// A line this client cannot read: not UTF-8, too long, or not a reply of this protocol
-    /// version.
+    /// A line this client cannot read: not UTF-8, too long, or not a reply (or a status
+    /// record) of this protocol version.
     #[error("{0}")]
     Malformed(String),
 }
@@ -443,16 +444,20 @@ impl Connection {
         }
     }
 
-    /// The status report, one entry per line.
-    pub fn status(&mut self) -> Result<Vec<String>, Error> {
+    /// The status report, its records in the order urdmad sent them.
+    #[cfg(feature = "status")]
+    pub fn status(&mut self) -> Result<Vec<crate::status::Record>, Error> {
         match self.request(&Request::Status)? {
             Response::Status { lines } => {
                 let deadline = Instant::now() + self.timeout;
-                (0..lines)
-                    .map(|_| {
-                        self.read_reply_line(deadline)
-                            .map(|l| l.trim_end().to_owned())
-                    })
+                // Every line is read before any is decoded: a bad one must not leave the
+                // rest to be taken for the replies of later requests.
+                let lines = (0..lines)
+                    .map(|_| self.read_reply_line(deadline))
+                    .collect::<Result<Vec<_>, _>>()?;
+                lines
+                    .iter()
+                    .map(|l| crate::status::decode(l).map_err(Error::Malformed))
                     .collect()
             }
             other => Err(refusal(other)),
