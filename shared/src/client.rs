@@ -1,6 +1,7 @@
 //! The client side of the control protocol: connect, greet, send requests, read replies and
 //! the daemon's unsolicited events. Needs only `std`, like [`crate::proto`], so the provider
-//! can use it as is.
+//! can use it as is (the status report's records, which need serde, only with the `status`
+//! feature).
 //!
 //! Events (`EVENT ...` lines, protocol version 2) may arrive between any two replies. A
 //! request reads lines until its reply and queues the events it meets; [`Connection::poll_events`]
@@ -23,9 +24,9 @@
 //! sends and waits.
 
 use crate::direct;
-use crate::proto::{self, Event, Request, Response, MAX_LINE};
+use crate::proto::{self, ErrorCode, Event, Request, Response, MAX_LINE};
 use std::collections::{HashMap, VecDeque};
-use std::io::Write;
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -59,8 +60,54 @@ pub struct Connection {
     path: PathBuf,
 }
 
-/// Why talking to urdmad failed, as one line for the user.
-pub type Error = String;
+/// Why talking to urdmad failed; shown, it is one line for the user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The control socket's permissions keep this process out.
+    #[error("permission denied connecting to urdmad at {} (only root and the configured group may use it)", path.display())]
+    PermissionDenied { path: PathBuf },
+    /// No urdmad at `path`, or it could not be reached.
+    #[error("cannot connect to urdmad at {}: {message}", path.display())]
+    Connect {
+        path: PathBuf,
+        kind: io::ErrorKind,
+        message: String,
+    },
+    /// Reading, writing or setting up the socket failed (`doing` says which).
+    #[error("{doing}: {message}")]
+    Io {
+        doing: &'static str,
+        kind: io::ErrorKind,
+        message: String,
+    },
+    #[error("urdmad closed the connection")]
+    Closed,
+    #[error("urdmad did not answer within {0:?} (is it still starting?)")]
+    Timeout(Duration),
+    /// urdmad greeted with another protocol version than this client's.
+    #[error("urdmad speaks protocol version {daemon}, this client {client}")]
+    Version { daemon: u32, client: u32 },
+    /// urdmad answered with `ERROR` (a refusal of the protocol version is `code` `EVERSION`).
+    #[error("urdmad refused ({}): {message}", code.as_str())]
+    Refused { code: ErrorCode, message: String },
+    /// A well-formed reply, but not one that answers the request (its line).
+    #[error("unexpected reply from urdmad: {0}")]
+    Unexpected(String),
+    /// A line this client cannot read: not UTF-8, too long, or not a reply (or a status
+    /// record) of this protocol version.
+    #[error("{0}")]
+    Malformed(String),
+}
+
+impl Error {
+    fn io(doing: &'static str, e: io::Error) -> Error {
+        Error::Io {
+            doing,
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
+}
 
 /// A request sent with [`Connection::send`], to collect its reply with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -88,15 +135,18 @@ impl Connection {
     /// Connects and exchanges `HELLO`. Replies are awaited for at most `timeout`.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Connection, Error> {
         let stream = UnixStream::connect(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::PermissionDenied => format!(
-                "permission denied connecting to urdmad at {} (only root and the configured group may use it)",
-                path.display()
-            ),
-            _ => format!("cannot connect to urdmad at {}: {e}", path.display()),
+            io::ErrorKind::PermissionDenied => Error::PermissionDenied {
+                path: path.to_owned(),
+            },
+            kind => Error::Connect {
+                path: path.to_owned(),
+                kind,
+                message: e.to_string(),
+            },
         })?;
         stream
             .set_write_timeout(Some(timeout))
-            .map_err(|e| format!("socket setup: {e}"))?;
+            .map_err(|e| Error::io("socket setup", e))?;
         let mut c = Connection {
             stream,
             buf: Vec::new(),
@@ -120,10 +170,10 @@ impl Connection {
                 c.daemon = daemon;
                 Ok(c)
             }
-            Response::Hello { version, .. } => Err(format!(
-                "urdmad speaks protocol version {version}, this client {}",
-                proto::VERSION
-            )),
+            Response::Hello { version, .. } => Err(Error::Version {
+                daemon: version,
+                client: proto::VERSION,
+            }),
             other => Err(refusal(other)),
         }
     }
@@ -135,9 +185,11 @@ impl Connection {
                 let line: Vec<u8> = self.buf.drain(..=pos).collect();
                 String::from_utf8(line)
                     .map(Some)
-                    .map_err(|_| "urdmad sent a line that is not UTF-8".into())
+                    .map_err(|_| Error::Malformed("urdmad sent a line that is not UTF-8".into()))
             }
-            None if self.buf.len() > MAX_LINE => Err("urdmad sent a line too long".into()),
+            None if self.buf.len() > MAX_LINE => {
+                Err(Error::Malformed("urdmad sent a line too long".into()))
+            }
             None => Ok(None),
         }
     }
@@ -149,11 +201,11 @@ impl Connection {
             None => {
                 self.stream
                     .set_nonblocking(true)
-                    .map_err(|e| format!("socket setup: {e}"))?;
+                    .map_err(|e| Error::io("socket setup", e))?;
                 let r = direct::recv_with_fds(&self.stream, &mut chunk, &mut self.fds);
                 self.stream
                     .set_nonblocking(false)
-                    .map_err(|e| format!("socket setup: {e}"))?;
+                    .map_err(|e| Error::io("socket setup", e))?;
                 r
             }
             Some(d) => {
@@ -163,7 +215,7 @@ impl Connection {
                 }
                 self.stream
                     .set_read_timeout(Some(left))
-                    .map_err(|e| format!("socket setup: {e}"))?;
+                    .map_err(|e| Error::io("socket setup", e))?;
                 direct::recv_with_fds(&self.stream, &mut chunk, &mut self.fds)
             }
         };
@@ -183,15 +235,12 @@ impl Connection {
                 Err(self.late())
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(usize::MAX),
-            Err(e) => Err(format!("reading from urdmad: {e}")),
+            Err(e) => Err(Error::io("reading from urdmad", e)),
         }
     }
 
     fn late(&self) -> Error {
-        format!(
-            "urdmad did not answer within {:?} (is it still starting?)",
-            self.timeout
-        )
+        Error::Timeout(self.timeout)
     }
 
     /// The next line that is not an event (events are queued), waiting until `deadline`.
@@ -206,7 +255,7 @@ impl Connection {
             }
             if self.closed || self.fill(Some(deadline))? == 0 {
                 self.closed = true;
-                return Err("urdmad closed the connection".into());
+                return Err(Error::Closed);
             }
         }
     }
@@ -249,7 +298,7 @@ impl Connection {
     pub fn give_back(&mut self, sock: OwnedFd) -> Result<(), Error> {
         let mut line = Request::GiveBack.encode();
         direct::send_with_fd(&self.stream, line.as_bytes(), sock.as_raw_fd())
-            .map_err(|e| format!("writing to urdmad: {e}"))?;
+            .map_err(|e| Error::io("writing to urdmad", e))?;
         drop(sock);
         line.truncate(line.trim_end().len());
         self.pending.push_back(Awaiting::Posted(line));
@@ -270,7 +319,10 @@ impl Connection {
     /// The reply to `ticket`'s request, once it has been read.
     pub fn answer(&mut self, ticket: Ticket) -> Option<Result<Response, Error>> {
         let line = self.answers.remove(&ticket.0)?;
-        Some(Response::decode(&line, || None).map_err(|e| format!("bad reply from urdmad: {e}")))
+        Some(
+            Response::decode(&line, || None)
+                .map_err(|e| Error::Malformed(format!("bad reply from urdmad: {e}"))),
+        )
     }
 
     /// Gives up waiting for `ticket`'s reply: it is dropped when it comes.
@@ -291,7 +343,7 @@ impl Connection {
     fn write(&mut self, line: &str) -> Result<(), Error> {
         self.stream
             .write_all(line.as_bytes())
-            .map_err(|e| format!("writing to urdmad: {e}"))
+            .map_err(|e| Error::io("writing to urdmad", e))
     }
 
     /// A reply line read: it answers the oldest request waiting for one. The line back when
@@ -342,7 +394,7 @@ impl Connection {
         if let Some(e) = extra_err {
             return Err(e);
         }
-        resp.map_err(|e| format!("bad reply from urdmad: {e}"))
+        resp.map_err(|e| Error::Malformed(format!("bad reply from urdmad: {e}")))
     }
 
     /// The queued events and every event that has arrived since, without blocking. An error
@@ -369,7 +421,7 @@ impl Connection {
             }
         }
         if self.closed && self.events.is_empty() {
-            return Err("urdmad closed the connection".into());
+            return Err(Error::Closed);
         }
         Ok(self.events.drain(..).collect())
     }
@@ -392,16 +444,20 @@ impl Connection {
         }
     }
 
-    /// The status report, one entry per line.
-    pub fn status(&mut self) -> Result<Vec<String>, Error> {
+    /// The status report, its records in the order urdmad sent them.
+    #[cfg(feature = "status")]
+    pub fn status(&mut self) -> Result<Vec<crate::status::Record>, Error> {
         match self.request(&Request::Status)? {
             Response::Status { lines } => {
                 let deadline = Instant::now() + self.timeout;
-                (0..lines)
-                    .map(|_| {
-                        self.read_reply_line(deadline)
-                            .map(|l| l.trim_end().to_owned())
-                    })
+                // Every line is read before any is decoded: a bad one must not leave the
+                // rest to be taken for the replies of later requests.
+                let lines = (0..lines)
+                    .map(|_| self.read_reply_line(deadline))
+                    .collect::<Result<Vec<_>, _>>()?;
+                lines
+                    .iter()
+                    .map(|l| crate::status::decode(l).map_err(Error::Malformed))
                     .collect()
             }
             other => Err(refusal(other)),
@@ -409,16 +465,12 @@ impl Connection {
     }
 }
 
-/// Text for a reply that was not the one expected.
+/// The error for a reply that was not the one expected: urdmad's refusal, or a reply to
+/// something else.
 pub fn refusal(resp: Response) -> Error {
     match resp {
-        Response::Error { code, message } => {
-            format!("urdmad refused ({}): {message}", code.as_str())
-        }
-        other => format!(
-            "unexpected reply from urdmad: {}",
-            other.encode().trim_end()
-        ),
+        Response::Error { code, message } => Error::Refused { code, message },
+        other => Error::Unexpected(other.encode().trim_end().to_owned()),
     }
 }
 
@@ -582,6 +634,7 @@ mod tests {
         let (mut c, _d) = pair();
         c.timeout = Duration::from_millis(50);
         let e = c.request(&Request::Sync).unwrap_err();
-        assert!(e.contains("did not answer"), "{e}");
+        assert_eq!(e, Error::Timeout(Duration::from_millis(50)));
+        assert!(e.to_string().contains("did not answer"), "{e}");
     }
 }

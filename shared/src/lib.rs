@@ -12,8 +12,10 @@
 //! | [`qpstats`] | each connected QP's transport figures, kept by its process for urdmad |
 //! | [`lending`] | the two rings through which a process borrows the mbufs it sends (`secondary`) |
 //! | [`secondary`] | attaching as a DPDK secondary process (`secondary`) |
+//! | [`status`] | urdmad's status report, typed (`status`) |
 //!
-//! Only the last two need DPDK, behind the `secondary` feature.
+//! `lending` and `secondary` need DPDK, behind the `secondary` feature; `status` needs serde,
+//! behind the `status` feature.
 
 pub mod client;
 pub mod direct;
@@ -26,3 +28,5 @@ pub mod qpstats;
 pub mod lending;
 #[cfg(feature = "secondary")]
 pub mod secondary;
+#[cfg(feature = "status")]
+pub mod status;

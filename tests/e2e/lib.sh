@@ -66,7 +66,8 @@ hw_above() {
 # listening NODE PORT: node NODE's urdmad holds a listener on PORT (the kernel hands it each
 # listen, in its own time).
 listening() {
-	"$BED" status "$1" 2>/dev/null | grep -qE "^listener .* local=[^ ]*:$2( |$)"
+	"$BED" status --json "$1" 2>/dev/null |
+		jq -e --arg port ":$2" 'any(.listener[]?; .local | endswith($port))' >/dev/null
 }
 # wait_listening NODE PORT: waits (bounded) until the server just started in NODE listens on
 # PORT.  rping and perftest say nothing when they listen: a client started after a guessed
@@ -201,7 +202,7 @@ wait_server() {
 wait_connected() {
 	local n=$1 want=$2 got
 	for _ in $(seq 600); do
-		got=$("$BED" status "$n" 2>/dev/null | awk '$1 == "cm" {for (i = 2; i <= NF; i++) if ($i ~ /^connected=/) print substr($i, 11)}')
+		got=$("$BED" status --json "$n" 2>/dev/null | jq -r '.cm[0].connected // empty')
 		[ "${got:-0}" -ge "$want" ] && { sleep 3; return 0; }
 		sleep 0.2
 	done

@@ -52,7 +52,7 @@ kill_app server
 wait_res urdmaA "$before_a" 30
 wait_res urdmaB "$before_b" 30
 # urdmad reclaims a dead process's flows once it sees the process's socket close, in its own time
-flows_of() { "$BED" status "$1" | awk '$1 == "daemon" {for (i = 2; i <= NF; i++) if ($i ~ /^flows=/) print substr($i, 7)}'; }
+flows_of() { "$BED" status --json "$1" | jq -r '.daemon[0].flows'; }
 no_flows() { [ "$(flows_of "$1")" = 0 ]; }
 for n in A B; do
 	wait_for 10 "node $n's urdmad to have no flows" no_flows "$n"

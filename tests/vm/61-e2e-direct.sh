@@ -56,7 +56,7 @@ run() {
 
 bed_up
 for n in A B; do
-	[ "$(counter "$n" port direct)" = true ] || fail "node $n's port offers no direct path: $(t "$BED" status "$n" | grep '^port')"
+	[ "$(counter "$n" port direct)" = true ] || fail "node $n's port offers no direct path: $(t "$BED" status --json "$n" | jq -c '.port[0]')"
 done
 run direct direct
 direct_rx=$PORT_RX

@@ -181,7 +181,7 @@ peak=0
 ip netns exec urdmaA timeout 300 "$hostile" urdma-vethA flood "$ADDR_A" "$mac_b" "$ADDR_B:7992" "$FLOOD" "$FLOOD_RATE" >"$OUT/flood.log" 2>&1 &
 fpid=$!
 while kill -0 "$fpid" 2>/dev/null; do
-	r=$("$BED" status B | awk '$1 == "cm" { for (i = 2; i <= NF; i++) if ($i ~ /^requests=/) print substr($i, 10) }')
+	r=$("$BED" status --json B | jq -r '.cm[0].requests // empty')
 	[ "${r:-0}" -gt "$peak" ] && peak=$r
 	sleep 1
 done
@@ -191,9 +191,9 @@ out=$(t ip netns exec urdmaA "$target" connect "$ADDR_B" 7992 -t 300 2>&1) ||
 	fail "a good connection after the flood: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
 wait_server listen 300
 rss1=$(rss)
-cm=$("$BED" status B | awk '$1 == "cm"')
+cm=$("$BED" status --json B | jq -c '.cm[0]')
 echo "flood: $(cat "$OUT/flood.log"); urdmad's request table at most $peak (now: $cm); its RSS ${rss0} -> ${rss1} kB; $(tail -n1 "$OUT/listen.log"); a good connection got through"
-max_req=$("$BED" status B | awk '$1 == "cm" { for (i = 2; i <= NF; i++) if ($i ~ /^max_requests=/) print substr($i, 14) }')
+max_req=$("$BED" status --json B | jq -r '.cm[0].max_requests // empty')
 [ -n "$max_req" ] && [ "$peak" -le "$max_req" ] || fail "urdmad's request table reached $peak (bound '${max_req}')"
 [ $((rss1 - rss0)) -lt 16384 ] || fail "urdmad's RSS grew by $((rss1 - rss0)) kB under the flood"
 

@@ -43,15 +43,14 @@ enum Command {
 }
 
 /// The report as `urdmad status` prints it.
-fn show_status(lines: &[String], json: bool) -> Result<String, String> {
+fn show_status(records: &[status::Record], json: bool) -> String {
     if json {
-        let doc = status::document(lines)?;
-        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-        return Ok(text + "\n");
+        let doc = status::document(records);
+        return serde_json::to_string_pretty(&doc).expect("a JSON value prints") + "\n";
     }
-    lines
+    records
         .iter()
-        .map(|l| status::text_line(l).map(|t| t + "\n"))
+        .map(|r| status::text_line(r) + "\n")
         .collect()
 }
 
@@ -75,7 +74,7 @@ fn main() -> ExitCode {
         let path = socket.unwrap_or(cfg.daemon.socket);
         return match Connection::connect(&path, Duration::from_secs(5))
             .and_then(|mut c| c.status())
-            .and_then(|lines| show_status(&lines, json))
+            .map(|records| show_status(&records, json))
         {
             Ok(text) => {
                 print!("{text}");

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use urdmad::client::Connection;
 use urdmad::cm_channel::{stat, Channel, FakeKernel, Msg, Op};
 use urdmad::proto::{Connected, Event, Mac, Request, Response, Role};
+use urdmad::status::{Cm, Connecting, Daemon, Flow, Listener, Port, Qp};
 
 /// Addresses the CM messages use; no kernel owns them, so only urdmad answers.
 const A_IP: Ipv4Addr = Ipv4Addr::new(10, 98, 0, 1);
@@ -106,8 +107,8 @@ impl Side {
         self.kernel.send(&m).unwrap();
     }
 
-    fn status(&self) -> Vec<String> {
-        status_text(&self.socket, WAIT).unwrap()
+    fn status(&self) -> Vec<Record> {
+        status_of(&self.socket, WAIT).unwrap()
     }
 }
 
@@ -175,10 +176,7 @@ fn start_side_kernel(
         Some(f) => f,
         None => {
             serving();
-            assert_eq!(
-                field(&daemon.status(), "cm", "", "channel").as_deref(),
-                Some("none")
-            );
+            assert_eq!(one::<Cm>(&daemon.status()).channel, "none");
             FakeKernel::bind(&cm).unwrap()
         }
     };
@@ -217,7 +215,7 @@ fn listen(side: &Side, id: u64, port: u16) {
     // urdmad reads the channel before it serves requests: once a status shows the
     // listener, ConnectRequests find it.
     let end = Instant::now() + WAIT;
-    while field(&side.status(), "listener", &format!("id={id} "), "local").is_none() {
+    while find::<Listener>(&side.status(), |l| l.id == id).is_none() {
         assert!(Instant::now() < end, "listener {id} not in status");
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -368,11 +366,8 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     assert_eq!((req.ird, req.ord), (4, 3));
     assert_eq!(req.remote_mac, a.mac);
     let st = b.status();
-    assert_eq!(
-        field(&st, "request", "", "state").as_deref(),
-        Some("pending")
-    );
-    assert_eq!(field(&st, "listener", "", "id").as_deref(), Some("1"));
+    assert_eq!(one::<status::Request>(&st).state, "pending", "{st:?}");
+    assert_eq!(one::<Listener>(&st).id, 1, "{st:?}");
     let mut acc = Msg::new(Op::Accept);
     acc.req = req.req;
     acc.qpn = 9;
@@ -489,10 +484,11 @@ fn connections_through_two_urdmads_with_fake_kernels() {
 
     let st = a.status();
     assert_eq!(
-        field(&st, "connection", "qpn=5", "role").as_deref(),
-        Some("active")
+        find::<status::Connection>(&st, |c| c.qpn == 5).map(|c| c.role.as_str()),
+        Some("active"),
+        "{st:?}"
     );
-    assert_eq!(count(&st, "connecting"), 0);
+    assert_eq!(count::<Connecting>(&st), 0, "{st:?}");
 
     // --- ARM: the next frame on A's flow wakes the process once.
     assert_eq!(pa.request(&Request::Arm).unwrap(), Response::Ok);
@@ -540,18 +536,18 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     );
     let closed = b.expect(Op::Closed);
     assert_eq!((closed.qpn, closed.status), (9, 0));
-    assert_eq!(count(&b.status(), "connection"), 0);
+    assert_eq!(count::<status::Connection>(&b.status()), 0);
 
     // --- Process death on A: Abort to the peer, CLOSED -ECONNRESET to the kernel.
-    let aborts = |s: &Side| field(&s.status(), "cm", "", "aborts_sent").unwrap();
-    assert_eq!(aborts(&a), "0");
+    let aborts = |s: &Side| one::<Cm>(&s.status()).aborts_sent;
+    assert_eq!(aborts(&a), 0);
     drop(pa);
     let closed = a.expect(Op::Closed);
     assert_eq!((closed.qpn, closed.status), (5, -104));
-    assert_eq!(aborts(&a), "1");
+    assert_eq!(aborts(&a), 1);
     let st = a.status();
-    assert_eq!(count(&st, "connection"), 0);
-    assert_eq!(count(&st, "flow"), 0);
+    assert_eq!(count::<status::Connection>(&st), 0, "{st:?}");
+    assert_eq!(count::<Flow>(&st), 0, "{st:?}");
 
     // --- UNQP of a connected QP (active side) and death of the passive side's process.
     let mut pa3 = a.process(7);
@@ -577,12 +573,12 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     );
     let closed = a.expect(Op::Closed);
     assert_eq!((closed.qpn, closed.status), (7, -104));
-    assert_eq!(aborts(&a), "2");
-    assert_eq!(count(&a.status(), "qp"), 0);
+    assert_eq!(aborts(&a), 2);
+    assert_eq!(count::<Qp>(&a.status()), 0);
     drop(pb);
     let closed = b.expect(Op::Closed);
     assert_eq!((closed.qpn, closed.status), (10, -104));
-    assert_eq!(aborts(&b), "1");
+    assert_eq!(aborts(&b), 1);
 
     // --- Reject with private data.
     let _pa2 = a.process(6);
@@ -604,8 +600,8 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     let f = a.expect(Op::ConnectFailed);
     assert_eq!((f.id, f.status, f.pdata.as_slice()), (12, -111, &b"no"[..]));
     assert_eq!(
-        field(&b.status(), "request", "listener=2", "state").as_deref(),
-        Some("rejected")
+        find::<status::Request>(&b.status(), |r| r.listener == 2).map(|r| r.state.clone()),
+        Some("rejected".to_owned())
     );
 
     // --- No listener: urdmad B rejects at once, without private data.
@@ -634,8 +630,8 @@ fn connections_through_two_urdmads_with_fake_kernels() {
         b"",
     ));
     assert_eq!(
-        field(&a.status(), "connecting", "id=14", "remote").as_deref(),
-        Some("10.98.0.77:7000")
+        find::<Connecting>(&a.status(), |c| c.id == 14).map(|c| c.remote.clone()),
+        Some("10.98.0.77:7000".to_owned())
     );
 
     // --- Connect to a QP nobody owns on the passive side: ACCEPTED -ENOTCONN; A's handshake
@@ -662,7 +658,7 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     a.send(rej);
     let f = a.expect(Op::ConnectFailed);
     assert_eq!((f.id, f.status), (16, -111));
-    assert!(field(&a.status(), "port", "", "loopback").unwrap() != "0");
+    assert!(one::<Port>(&a.status()).loopback != 0);
 
     // urdmad repeats a ConnectRequest for about a minute before it gives up: both fail with
     // -ETIMEDOUT.
@@ -695,17 +691,11 @@ fn connections_through_two_urdmads_with_fake_kernels() {
 
     // Each urdmad told its kernel its port's counters as they moved: B's port received the
     // frames A's port sent (ConnectRequests and data), and no frame was lost.
-    let port_frames = |p: &Side, name| {
-        field(&p.status(), "port", "", name)
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-    };
-    let b_rx = port_frames(&b, "rx_packets");
+    let b_rx = one::<Port>(&b.status()).rx_packets;
     let counted = counters_until(&b.kernel, &b.tap, |v| v[stat::RX_FRAMES] >= b_rx);
     assert_eq!(counted.len(), stat::COUNT);
     assert_eq!(counted[stat::RX_DROPS], 0, "{counted:?}");
-    let a_tx = port_frames(&a, "tx_packets");
+    let a_tx = one::<Port>(&a.status()).tx_packets;
     counters_until(&a.kernel, &a.tap, |v| {
         v[stat::TX_FRAMES] >= a_tx && a_tx > 0
     });
@@ -728,10 +718,7 @@ fn idle_urdmad_wakes_rarely_and_still_answers_at_once() {
     // No cm_device: urdmad warns and runs without connection management.
     let d = bed.start();
     assert!(d.log_text().contains("without connection management"));
-    assert_eq!(
-        field(&d.status(), "cm", "", "channel").as_deref(),
-        Some("none")
-    );
+    assert_eq!(one::<Cm>(&d.status()).channel, "none");
     // The kernels' IPv6 chatter (on the TAP, from the peer) is traffic, which ends
     // idleness for a while.
     for ns in [&bed.ns_a, &bed.ns_b] {
@@ -783,10 +770,7 @@ fn a_frame_to_the_ports_own_mac_is_received_not_sent() {
     let line = rx.wait_for("RX ", WAIT);
     assert!(line.contains("payload=over-the-loop"), "{line}");
     assert!(line.contains(&format!("src={LOCAL_IP}:6001")), "{line}");
-    assert_eq!(
-        field(&d.status(), "port", "", "loopback").as_deref(),
-        Some("1")
-    );
+    assert_eq!(one::<Port>(&d.status()).loopback, 1);
 }
 
 #[test]
@@ -853,8 +837,8 @@ fn a_connect_goes_out_on_the_port_holding_its_local_address() {
     let inc = trp::Incoming::parse(&req).unwrap();
     assert_eq!(inc.private_data(), b"port one?");
     assert_eq!(
-        field(&d.status(), "connecting", "id=21", "port").as_deref(),
-        Some("p1")
+        find::<Connecting>(&d.status(), |c| c.id == 21).map(|c| c.port.clone()),
+        Some("p1".to_owned())
     );
     let mut buf = vec![0u8; 512];
     let n = inc.reject(b"via p1", &mut buf).unwrap();
@@ -867,15 +851,15 @@ fn a_connect_goes_out_on_the_port_holding_its_local_address() {
 }
 
 /// A connection's socket on the direct path, driven as the provider drives it.
-/// Waits until the `daemon` status line of `s` says `key=value`.
-fn status_reaches(s: &Side, key: &str, value: &str) {
+/// Waits until the `daemon` status record of `s` is as `what` says (`ok`).
+fn status_reaches(s: &Side, what: &str, ok: impl Fn(&Daemon) -> bool) {
     let end = Instant::now() + WAIT;
     loop {
         let st = s.status();
-        if field(&st, "daemon", "", key).as_deref() == Some(value) {
+        if ok(one::<Daemon>(&st)) {
             return;
         }
-        assert!(Instant::now() < end, "{key} is not {value}: {st:?}");
+        assert!(Instant::now() < end, "not {what}: {st:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -946,10 +930,7 @@ impl DirectEnd {
 }
 
 fn port_rx(s: &Side) -> u64 {
-    field(&s.status(), "port", "", "rx_packets")
-        .unwrap()
-        .parse()
-        .unwrap()
+    one::<Port>(&s.status()).rx_packets
 }
 
 /// Waits until urdmad's port has received more than `before` frames (`what` came).
@@ -967,10 +948,7 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     let a = start_side(&bed, &bed.ns_a, &bed.veth_a, "a", true);
     let b = start_side(&bed, &bed.ns_b, &bed.veth_b, "b", true);
     let b_addr = SocketAddrV4::new(B_IP, 7000);
-    assert_eq!(
-        field(&b.status(), "port", "", "direct").as_deref(),
-        Some("1")
-    );
+    assert!(one::<Port>(&b.status()).direct);
 
     let mut pa = a.process(5);
     let mut pb = b.process(9);
@@ -979,16 +957,12 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     let ev_b = accept(&b, &mut pb, 9);
     let mut db = DirectEnd::of(&mut pb, &ev_b, b.mac);
     let st = b.status();
-    assert_eq!(
-        field(&st, "flow", "", "path").as_deref(),
-        Some("direct"),
-        "{st:?}"
-    );
-    assert_eq!(field(&st, "port", "", "direct_flows").as_deref(), Some("1"));
+    assert_eq!(one::<Flow>(&st).path, "direct", "{st:?}");
+    assert_eq!(one::<Port>(&st).direct_flows, Some(1), "{st:?}");
     // From the first connection on, B's urdmad keeps sockets like its one ready (the
     // configuration's default `direct_ready`), rings set, so that the next connection
     // need not wait for the kernel to set them up.
-    status_reaches(&b, "sockets_ready", "4");
+    status_reaches(&b, "sockets_ready=4", |d| d.sockets_ready == Some(4));
 
     // The process cannot widen what its socket receives.
     let zero: libc::c_int = 0;
@@ -1065,17 +1039,14 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     assert_eq!(done_a.unwrap().status, trp::WcStatus::Success);
     for (s, side) in [(&a, "A"), (&b, "B")] {
         let st = s.status();
-        let rx: u64 = field(&st, "flow", "path=direct", "rx_packets")
-            .unwrap()
-            .parse()
-            .unwrap();
+        let flow = find::<Flow>(&st, |f| f.path == "direct")
+            .unwrap_or_else(|| panic!("no direct flow on {side}: {st:?}"));
         assert!(
-            rx >= 1,
+            flow.rx_packets >= 1,
             "{side}'s flow counts what its socket received: {st:?}"
         );
         assert_eq!(
-            field(&st, "flow", "path=direct", "via_urdmad").as_deref(),
-            Some("0"),
+            flow.via_urdmad, 0,
             "urdmad {side} forwarded none of the connection's frames: {st:?}"
         );
     }
@@ -1099,14 +1070,14 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     assert_eq!(b.expect(Op::PeerClosed).qpn, 9);
     assert_eq!(b.expect(Op::Closed).status, 0);
     let st = b.status();
-    assert_eq!(count(&st, "flow"), 0);
-    assert_eq!(field(&st, "port", "", "direct_flows").as_deref(), Some("0"));
+    assert_eq!(count::<Flow>(&st), 0, "{st:?}");
+    assert_eq!(one::<Port>(&st).direct_flows, Some(0), "{st:?}");
     // The process gives its socket back and closes its copy; urdmad closes its own copies
     // on its keeper's thread a while later.
     pb.give_back(db.rings.into_socket()).unwrap();
     pb.sync().unwrap();
     assert!(pb.take_refusals().is_empty());
-    status_reaches(&b, "sockets_closing", "0");
+    status_reaches(&b, "sockets_closing=0", |d| d.sockets_closing == Some(0));
     // What comes without a socket, or with something else, is refused.
     assert!(matches!(
         pb.request(&Request::GiveBack).unwrap(),

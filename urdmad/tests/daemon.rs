@@ -9,6 +9,7 @@ use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use urdmad::status::{Daemon, Exception, Flow, Pool, Port, Process};
 
 fn addr(port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(LOCAL_IP, port)
@@ -43,15 +44,8 @@ fn ping_crosses_the_exception_path() {
     assert!(text.contains("3 received"), "{text}");
     assert!(!text.contains("DUP!"), "duplicate replies: {text}");
     let st = d.status();
-    let to_kernel: u64 = field(&st, "exception", "", "to_kernel")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let from_kernel: u64 = field(&st, "exception", "", "from_kernel")
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(to_kernel >= 4 && from_kernel >= 4, "{st:?}");
+    let e = one::<Exception>(&st);
+    assert!(e.to_kernel >= 4 && e.from_kernel >= 4, "{st:?}");
 }
 
 #[test]
@@ -144,14 +138,11 @@ fn flows_get_their_packets_the_kernel_the_rest_and_secondaries_transmit() {
     assert_eq!(got[0].1, std::net::SocketAddr::V4(addr(5001)));
 
     let st = d.status();
+    assert_eq!(one::<Process>(&st).tx_packets, 1, "{st:?}");
+    let f1: u32 = f1[5..].parse().unwrap();
     assert_eq!(
-        field(&st, "process", "", "tx_packets").as_deref(),
-        Some("1"),
-        "{st:?}"
-    );
-    assert_eq!(
-        field(&st, "flow", &format!("id={}", &f1[5..]), "rx_packets").as_deref(),
-        Some("2"),
+        find::<Flow>(&st, |f| f.id == f1).map(|f| f.rx_packets),
+        Some(2),
         "{st:?}"
     );
     assert!(c.wait(Duration::from_secs(15)).success());
@@ -186,19 +177,20 @@ fn stop_cleanly(bed: &Bed, d: &mut Urdmad) {
 
 /// The baseline after one datagram has warmed the exception path, so that ARP does not
 /// change the counts mid-test.
-fn warm_baseline(bed: &Bed, d: &Urdmad) -> (String, String, String, String) {
+fn warm_baseline(bed: &Bed, d: &Urdmad) -> (u32, usize, usize, usize) {
     send_from_peer(bed, vec![(7000, b"warm".to_vec())]);
     std::thread::sleep(Duration::from_millis(300));
     baseline(&d.status())
 }
 
 /// Status fields that must return to their starting values.
-fn baseline(st: &[String]) -> (String, String, String, String) {
+fn baseline(st: &[Record]) -> (u32, usize, usize, usize) {
+    let daemon = one::<Daemon>(st);
     (
-        field(st, "pool", "", "available").unwrap(),
-        field(st, "daemon", "", "rings").unwrap(),
-        field(st, "daemon", "", "flows").unwrap(),
-        field(st, "daemon", "", "processes").unwrap(),
+        one::<Pool>(st).available,
+        daemon.rings,
+        daemon.flows,
+        daemon.processes,
     )
 }
 
@@ -252,10 +244,7 @@ fn hundred_attach_open_detach_cycles_return_to_baseline() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("CYCLES 100"));
     std::thread::sleep(Duration::from_millis(300));
     let st = d.status();
-    let rx: u64 = field(&st, "port", "", "from_processes")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let rx = one::<Port>(&st).from_processes;
     assert_eq!(rx, 100, "every cycle's frame was transmitted: {st:?}");
     assert_eq!(baseline(&st), before, "status after 100 cycles: {st:?}");
 }
@@ -278,17 +267,17 @@ fn killed_secondary_is_reclaimed_within_a_second_while_another_keeps_receiving()
     send_from_peer(&bed, vec![(5002, b"x".to_vec()), (5002, b"y".to_vec())]);
     std::thread::sleep(Duration::from_millis(100));
     let st = d.status();
-    assert_eq!(count(&st, "process"), 2, "{st:?}");
+    assert_eq!(count::<Process>(&st), 2, "{st:?}");
 
     // SAFETY: killing the process this test started.
     unsafe { libc::kill(victim.pid(), libc::SIGKILL) };
     let killed = Instant::now();
     let reclaimed = loop {
         let st = d.status();
-        if count(&st, "process") == 1
-            && count(&st, "flow") == 1
+        if count::<Process>(&st) == 1
+            && count::<Flow>(&st) == 1
             // The survivor's TX ring, mbuf rings and flow ring.
-            && field(&st, "daemon", "", "rings").as_deref() == Some("4")
+            && one::<Daemon>(&st).rings == 4
         {
             break killed.elapsed();
         }
@@ -305,10 +294,7 @@ fn killed_secondary_is_reclaimed_within_a_second_while_another_keeps_receiving()
     let _ = victim.wait(Duration::from_secs(5));
 
     let st = d.status();
-    assert!(
-        field(&st, "flow", "", "local").unwrap().ends_with(":5001"),
-        "{st:?}"
-    );
+    assert!(one::<Flow>(&st).local.ends_with(":5001"), "{st:?}");
     send_from_peer(&bed, vec![(5001, b"still-here".to_vec())]);
     let l = keep.wait_for("RX ", Duration::from_secs(5));
     assert!(l.ends_with("payload=still-here"), "{l}");
@@ -522,6 +508,18 @@ fn users_outside_the_group_are_refused_members_are_served() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("daemon "));
+    // The JSON form the shell tests read: per kind, the list of its records, typed.
+    let out = run_bounded(
+        Command::new(URDMAD)
+            .args(["status", "--json", "--socket"])
+            .arg(bed.socket()),
+        Duration::from_secs(10),
+    );
+    assert!(out.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["daemon"][0]["pid"], _d.pid(), "{doc}");
+    assert!(doc["daemon"][0]["frames_wake"].is_boolean(), "{doc}");
+    assert!(doc["port"][0]["rx_packets"].is_u64(), "{doc}");
 }
 
 #[test]
@@ -633,7 +631,7 @@ fn urdmad_restarts_cleanly_after_being_killed() {
 fn kill_and_await_baseline(
     d: &Urdmad,
     mut c: TestClient,
-    before: &(String, String, String, String),
+    before: &(u32, usize, usize, usize),
     limit: Duration,
 ) {
     // SAFETY: killing the process this test started.
@@ -677,17 +675,12 @@ fn a_full_flow_ring_drops_and_counts_and_its_mbufs_come_back() {
     });
     std::thread::sleep(Duration::from_millis(300));
     let st = d.status();
-    let queued = field(&st, "flow", "", "queued").unwrap();
-    let drops: u64 = field(&st, "flow", "", "drops").unwrap().parse().unwrap();
-    let rx: u64 = field(&st, "flow", "", "rx_packets")
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert_eq!(queued, "255", "{st:?}");
-    assert_eq!(rx, 255, "{st:?}");
-    assert_eq!(drops, 300 - 255, "{st:?}");
-    let in_use: u64 = field(&st, "pool", "", "in_use").unwrap().parse().unwrap();
-    let in_use_before: u64 = 2047 - before.0.parse::<u64>().unwrap();
+    let flow = one::<Flow>(&st);
+    assert_eq!(flow.queued, 255, "{st:?}");
+    assert_eq!(flow.rx_packets, 255, "{st:?}");
+    assert_eq!(flow.drops, 300 - 255, "{st:?}");
+    let in_use = one::<Pool>(&st).in_use;
+    let in_use_before = 2047 - before.0;
     assert!(
         in_use >= in_use_before + 255,
         "ring holds pool mbufs: {st:?}"
@@ -725,8 +718,8 @@ fn mbufs_a_killed_process_held_come_back() {
     send_from_peer(&bed, datagrams);
     assert_eq!(c.wait_for("KEPT", Duration::from_secs(10)), "KEPT 10");
     let st = d.status();
-    let in_use: u64 = field(&st, "pool", "", "in_use").unwrap().parse().unwrap();
-    let in_use_before: u64 = 2047 - before.0.parse::<u64>().unwrap();
+    let in_use = one::<Pool>(&st).in_use;
+    let in_use_before = 2047 - before.0;
     assert!(in_use >= in_use_before + 17, "{st:?}");
 
     kill_and_await_baseline(&d, c, &before, Duration::from_secs(3));
@@ -788,11 +781,8 @@ fn built_in_default_configuration_serves_on_veth0_unedited() {
         String::from_utf8_lossy(&out.stdout)
     );
     let st = d.status();
-    assert_eq!(field(&st, "daemon", "", "prefix").as_deref(), Some("urdma"));
-    assert_eq!(
-        field(&st, "port", "", "device").as_deref(),
-        Some("net_af_packet0,iface=veth0")
-    );
+    assert_eq!(one::<Daemon>(&st).prefix, "urdma");
+    assert_eq!(one::<Port>(&st).device, "net_af_packet0,iface=veth0");
     let (status, log) = d.stop();
     assert!(status.success(), "{log}");
     assert!(!socket.exists());
@@ -834,8 +824,8 @@ fn two_ports_each_with_its_exception_path_flows_and_tx() {
         );
     }
     let st = d.status();
-    assert_eq!(count(&st, "port"), 2, "{st:?}");
-    assert_eq!(count(&st, "exception"), 2, "{st:?}");
+    assert_eq!(count::<Port>(&st), 2, "{st:?}");
+    assert_eq!(count::<Exception>(&st), 2, "{st:?}");
 
     // A flow on the second port, and a frame sent through it.
     let peer_mac = {
@@ -878,16 +868,10 @@ fn two_ports_each_with_its_exception_path_flows_and_tx() {
     assert_eq!(got.len(), 1, "{got:?} {:?} {:?}", d.status(), c.seen);
     assert_eq!(got[0].0, b"via-port-1");
     let st = d.status();
-    assert_eq!(
-        field(&st, "port", "name=p1", "from_processes").as_deref(),
-        Some("1"),
-        "{st:?}"
-    );
-    assert_eq!(
-        field(&st, "port", "name=p0", "from_processes").as_deref(),
-        Some("0"),
-        "{st:?}"
-    );
+    let from_processes =
+        |name: &str| find::<Port>(&st, |p| p.name == name).map(|p| p.from_processes);
+    assert_eq!(from_processes("p1"), Some(1), "{st:?}");
+    assert_eq!(from_processes("p0"), Some(0), "{st:?}");
     assert!(c.wait(Duration::from_secs(15)).success());
 }
 
@@ -912,11 +896,7 @@ fn an_idle_urdmad_wakes_for_a_frame_from_the_wire_and_for_a_process_doorbell() {
         }
     }
     let st = d.status();
-    assert_eq!(
-        field(&st, "daemon", "", "frames_wake").as_deref(),
-        Some("1"),
-        "{st:?}"
-    );
+    assert!(one::<Daemon>(&st).frames_wake, "{st:?}");
     let quick = Duration::from_millis(900);
     let asleep = Duration::from_millis(1500);
 
@@ -967,11 +947,7 @@ fn an_idle_urdmad_wakes_for_a_frame_from_the_wire_and_for_a_process_doorbell() {
     }
     assert!(tx.wait(Duration::from_secs(20)).success());
     let st = d.status();
-    assert_eq!(
-        field(&st, "daemon", "", "spurious_wakes").as_deref(),
-        Some("0"),
-        "{st:?}"
-    );
+    assert_eq!(one::<Daemon>(&st).spurious_wakes, 0, "{st:?}");
 }
 
 #[test]

@@ -20,6 +20,7 @@ use common::*;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use urdmad::status::{Daemon, Exception, Flow, Pool, Port, Queue};
 
 const FLOW_IP: Ipv4Addr = Ipv4Addr::new(10, 98, 0, 1);
 const SENDER_IP: Ipv4Addr = Ipv4Addr::new(10, 98, 0, 2);
@@ -50,7 +51,7 @@ impl TapBed {
         let text = bed.config("", Some(&device)) + port_extra + "\n";
         let cfg = bed.write_config("tap.toml", &text);
         let d = bed.start_with_env(&cfg, env);
-        let mac = field(&d.status(), "port", "", "mac").expect("port mac");
+        let mac = one::<Port>(&d.status()).mac.clone();
         for args in [
             vec!["link", "set", &dtap, "up"],
             vec!["addr", "add", "10.98.0.2/24", "dev", &dtap],
@@ -90,7 +91,7 @@ impl TapBed {
         }
     }
 
-    fn status(&self) -> Vec<String> {
+    fn status(&self) -> Vec<Record> {
         self.d.status()
     }
 
@@ -120,18 +121,11 @@ impl TapBed {
             .collect()
     }
 
-    fn num(&self, st: &[String], kind: &str, filter: &str, key: &str) -> u64 {
-        field(st, kind, filter, key)
-            .unwrap_or_else(|| panic!("no {key} on a {kind} line with {filter:?}: {st:?}"))
-            .parse()
-            .unwrap()
-    }
-
     fn assert_hardware(&self) {
         let st = self.status();
         assert_eq!(
-            field(&st, "port", "", "steering").as_deref(),
-            Some("hardware"),
+            one::<Port>(&st).steering,
+            "hardware",
             "the port must run with hardware steering (a kernel with sch_multiq, cls_flower and act_skbedit): {st:?}"
         );
     }
@@ -142,10 +136,9 @@ impl TapBed {
         let end = Instant::now() + limit;
         loop {
             let st = self.status();
-            let clean = self.num(&st, "daemon", "", "flow_rules") == 0
-                && self.num(&st, "port", "", "free_queues")
-                    == self.num(&st, "port", "", "flow_queues")
-                && self.num(&st, "daemon", "", "flows") == 0;
+            let (daemon, port) = (one::<Daemon>(&st), one::<Port>(&st));
+            let clean =
+                daemon.flow_rules == 0 && port.free_queues == port.flow_queues && daemon.flows == 0;
             let tc = self.tc_rules();
             if clean && tc == [0] {
                 return;
@@ -168,6 +161,12 @@ fn opened(line: &str) -> (String, String, String) {
             .to_owned()
     };
     (get("flow"), get("steering"), get("queue"))
+}
+
+/// The status record of flow `id` (as the client printed it).
+fn flow_record<'a>(st: &'a [Record], id: &str) -> &'a Flow {
+    let id: u32 = id.parse().unwrap();
+    find::<Flow>(st, |f| f.id == id).unwrap_or_else(|| panic!("no flow {id}: {st:?}"))
 }
 
 /// The payloads a client printed for flow `id`.
@@ -243,7 +242,7 @@ fn two_flows_exchange(t: &TapBed, expect: &str) -> Vec<String> {
     let mut c = client_with_flows(t, [5001, 5002], 6);
     let [(f1, s1, _), (f2, s2, _)] = two_opened(&mut c);
     assert_eq!((s1.as_str(), s2.as_str()), (expect, expect));
-    let before = t.num(&t.status(), "exception", "", "to_kernel");
+    let before = one::<Exception>(&t.status()).to_kernel;
     t.send(&[
         (5001, "one-a"),
         (5002, "two-a"),
@@ -257,7 +256,7 @@ fn two_flows_exchange(t: &TapBed, expect: &str) -> Vec<String> {
     assert_eq!(received(&lines, &f2), ["two-a", "two-b"], "{lines:?}");
     let st = t.status();
     assert!(
-        t.num(&st, "exception", "", "to_kernel") >= before + 2,
+        one::<Exception>(&st).to_kernel >= before + 2,
         "unknown ports must reach the kernel: {st:?}"
     );
     assert_eq!(c.wait(Duration::from_secs(20)).code(), Some(0));
@@ -269,24 +268,25 @@ fn tap_port_steering_follows_what_the_kernel_offers() {
     let t = TapBed::start("ta", "");
     let capable = kernel_has_tc_flower(&t.bed);
     let st = t.status();
-    let mode = field(&st, "port", "", "steering").unwrap();
-    let reason = field(&st, "port", "", "steering_reason").unwrap();
+    let port = one::<Port>(&st);
+    let mode = port.steering.clone();
     if capable {
         assert_eq!(mode, "hardware", "{st:?}");
         // The TAP PMD shares at most 8 queue descriptors with secondaries: 3 flow queues.
-        assert_eq!(t.num(&st, "port", "", "flow_queues"), 3, "{st:?}");
+        assert_eq!(port.flow_queues, 3, "{st:?}");
         assert_eq!(t.tc_rules(), [0], "only the catch-all rule at start");
     } else {
         assert_eq!(mode, "software", "{st:?}");
-        assert!(reason.contains("rule_not_created"), "{reason}");
-        assert_eq!(t.num(&st, "port", "", "flow_queues"), 0, "{st:?}");
+        let reason = port.steering_reason.as_deref().unwrap_or_default();
+        assert!(reason.contains("rule not created"), "{st:?}");
+        assert_eq!(port.flow_queues, 0, "{st:?}");
     }
     two_flows_exchange(&t, &mode);
     if capable {
         t.assert_no_rules_within(Duration::from_secs(2));
     } else {
         let end = Instant::now() + Duration::from_secs(2);
-        while t.num(&t.status(), "daemon", "", "flows") != 0 {
+        while one::<Daemon>(&t.status()).flows != 0 {
             assert!(Instant::now() < end, "flows not released");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -304,17 +304,7 @@ fn hardware_two_flows_on_their_own_queues_and_rules_removed_on_close_and_kill() 
 
     // Counted on the flow queues, not by software classification.
     let st = t.status();
-    let on_queues: u64 = st
-        .iter()
-        .filter(|l| l.starts_with("queue "))
-        .map(|l| {
-            l.split_whitespace()
-                .find_map(|kv| kv.strip_prefix("rx_packets="))
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-        })
-        .sum();
+    let on_queues: u64 = status::all::<Queue>(&st).map(|q| q.rx_packets).sum();
     assert!(
         on_queues >= 4,
         "datagrams did not arrive on flow queues: {st:?}"
@@ -324,7 +314,7 @@ fn hardware_two_flows_on_their_own_queues_and_rules_removed_on_close_and_kill() 
     let mut c = client_with_flows(&t, [5003, 5004], 30);
     c.wait_for("READY", Duration::from_secs(30));
     let st = t.status();
-    assert_eq!(t.num(&st, "daemon", "", "flow_rules"), 2, "{st:?}");
+    assert_eq!(one::<Daemon>(&st).flow_rules, 2, "{st:?}");
     let mut tc = t.tc_rules();
     tc.sort();
     assert_eq!(tc.len(), 3, "catch-all and two flow rules: {tc:?}");
@@ -339,7 +329,7 @@ fn hardware_two_flows_on_their_own_queues_and_rules_removed_on_close_and_kill() 
 fn hardware_fifty_cycles_leak_no_rule_and_no_queue() {
     let t = TapBed::start("cy", "");
     t.assert_hardware();
-    let baseline = t.num(&t.status(), "pool", "", "in_use");
+    let baseline = one::<Pool>(&t.status()).in_use;
     let out = wait_bounded(
         Command::new(TESTCLIENT)
             .arg("--socket")
@@ -365,9 +355,9 @@ fn hardware_fifty_cycles_leak_no_rule_and_no_queue() {
     );
     t.assert_no_rules_within(Duration::from_secs(2));
     let st = t.status();
-    assert_eq!(t.num(&st, "port", "", "quarantined_queues"), 0, "{st:?}");
-    assert_eq!(t.num(&st, "daemon", "", "rings"), 0, "{st:?}");
-    assert_eq!(t.num(&st, "pool", "", "in_use"), baseline, "{st:?}");
+    assert_eq!(one::<Port>(&st).quarantined_queues, 0, "{st:?}");
+    assert_eq!(one::<Daemon>(&st).rings, 0, "{st:?}");
+    assert_eq!(one::<Pool>(&st).in_use, baseline, "{st:?}");
     // The queues still work after the cycles.
     two_flows_exchange(&t, "hardware");
 }
@@ -382,12 +372,12 @@ fn hardware_pool_exhausted_flow_falls_back_to_software_and_works() {
     assert_eq!((s1.as_str(), q1.as_str()), ("hardware", "1"));
     assert_eq!((s2.as_str(), q2.as_str()), ("software", "none"));
     let st = t.status();
-    let fb = field(&st, "flow", &format!("id={f2} "), "fallback").expect("fallback reason");
-    assert!(fb.contains("in_use"), "{fb}");
-    assert_eq!(
-        field(&st, "flow", &format!("id={f1} "), "steering").as_deref(),
-        Some("hardware")
-    );
+    let fb = flow_record(&st, &f2)
+        .fallback
+        .clone()
+        .expect("fallback reason");
+    assert!(fb.contains("in use"), "{fb}");
+    assert_eq!(flow_record(&st, &f1).steering, "hardware", "{st:?}");
     t.send(&[(5001, "one"), (5002, "two"), (5002, "two-again")]);
     let lines = c.collect(Duration::from_secs(2)).to_vec();
     assert_eq!(received(&lines, &f1), ["one"], "{lines:?}");
@@ -406,8 +396,11 @@ fn hardware_rule_failures_fall_back_and_quarantine() {
     let [(f1, s1, q1), (f2, s2, _)] = two_opened(&mut c);
     assert_eq!((s1.as_str(), s2.as_str()), ("hardware", "software"));
     let st = t.status();
-    let fb = field(&st, "flow", &format!("id={f2} "), "fallback").expect("fallback reason");
-    assert!(fb.contains("rule_not_created"), "{fb}");
+    let fb = flow_record(&st, &f2)
+        .fallback
+        .clone()
+        .expect("fallback reason");
+    assert!(fb.contains("rule not created"), "{fb}");
     t.send(&[(5001, "one"), (5002, "two")]);
     let lines = c.collect(Duration::from_secs(2)).to_vec();
     assert_eq!(received(&lines, &f1), ["one"], "{lines:?}");
@@ -417,20 +410,22 @@ fn hardware_rule_failures_fall_back_and_quarantine() {
     // The first flow's rule could not be destroyed: its queue is quarantined, the rule is
     // still counted and still in the kernel, and the queue is never handed out again.
     let end = Instant::now() + Duration::from_secs(2);
-    while t.num(&t.status(), "daemon", "", "flows") != 0 {
+    while one::<Daemon>(&t.status()).flows != 0 {
         assert!(Instant::now() < end, "flows not released");
         std::thread::sleep(Duration::from_millis(50));
     }
     let st = t.status();
-    assert_eq!(t.num(&st, "port", "", "quarantined_queues"), 1, "{st:?}");
-    assert_eq!(t.num(&st, "daemon", "", "flow_rules"), 1, "{st:?}");
+    assert_eq!(one::<Port>(&st).quarantined_queues, 1, "{st:?}");
+    assert_eq!(one::<Daemon>(&st).flow_rules, 1, "{st:?}");
+    let q1: u16 = q1.parse().unwrap();
     assert_eq!(
-        field(&st, "queue", &format!("id={q1} "), "state").as_deref(),
-        Some("quarantined")
+        find::<Queue>(&st, |q| q.id == q1).map(|q| q.state.as_str()),
+        Some("quarantined"),
+        "{st:?}"
     );
     let mut tc = t.tc_rules();
     tc.sort();
-    assert_eq!(tc, [0, q1.parse::<u16>().unwrap()], "{tc:?}");
+    assert_eq!(tc, [0, q1], "{tc:?}");
     for round in 0..2 {
         let mut c = TestClient::spawn(
             &t.bed.socket(),
@@ -439,7 +434,11 @@ fn hardware_rule_failures_fall_back_and_quarantine() {
         let (f3, s3, q3) = opened(&c.wait_for("OPENED", Duration::from_secs(30)));
         c.wait_for("READY", Duration::from_secs(10));
         assert_eq!(s3, "hardware", "round {round}");
-        assert_ne!(q3, q1, "a quarantined queue was handed out again");
+        assert_ne!(
+            q3,
+            q1.to_string(),
+            "a quarantined queue was handed out again"
+        );
         t.send(&[(5003, "three")]);
         let lines = c.collect(Duration::from_secs(2)).to_vec();
         assert_eq!(received(&lines, &f3), ["three"], "{lines:?}");

@@ -46,7 +46,7 @@ fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
         let Some(ctl) = g.control() else {
             return Err("not attached to urdmad".into());
         };
-        (ctl.send(req)?, ctl.as_raw_fd())
+        (ctl.send(req).map_err(|e| e.to_string())?, ctl.as_raw_fd())
     };
     let deadline = asked + CONTROL_TIMEOUT;
     // Time spent waiting for this process's own lock, which a slow answer's log line tells
@@ -73,9 +73,9 @@ fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
                         lock_wait_ns / 1_000_000
                     ));
                 }
-                return match r? {
+                return match r.map_err(|e| e.to_string())? {
                     Response::Ok => Ok(()),
-                    other => Err(urdma_shared::client::refusal(other)),
+                    other => Err(urdma_shared::client::refusal(other).to_string()),
                 };
             }
             if now >= deadline {
@@ -149,7 +149,7 @@ impl Shared {
         };
         let r = ctl.request(req);
         self.pump(now);
-        r
+        r.map_err(|e| e.to_string())
     }
 
     /// Posts `req`, whose outcome nothing waits for (a refusal is logged when its reply is
@@ -176,7 +176,7 @@ impl Shared {
     fn expect_ok(&mut self, req: &Request, now: Instant) -> Result<(), String> {
         match self.request(req, now)? {
             Response::Ok => Ok(()),
-            other => Err(urdma_shared::client::refusal(other)),
+            other => Err(urdma_shared::client::refusal(other).to_string()),
         }
     }
 

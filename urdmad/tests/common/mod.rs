@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use urdmad::status::Kind;
+pub use urdmad::status::{self, Record};
 
 pub const URDMAD: &str = env!("CARGO_BIN_EXE_urdmad");
 pub const TESTCLIENT: &str = env!("CARGO_BIN_EXE_urdmad-testclient");
@@ -316,11 +318,11 @@ impl Urdmad {
         self.child.as_ref().expect("running").id() as i32
     }
 
-    pub fn try_status(&self) -> Result<Vec<String>, String> {
-        status_text(&self.socket, Duration::from_secs(5))
+    pub fn try_status(&self) -> Result<Vec<Record>, urdmad::client::Error> {
+        status_of(&self.socket, Duration::from_secs(5))
     }
 
-    pub fn status(&self) -> Vec<String> {
+    pub fn status(&self) -> Vec<Record> {
         self.try_status().expect("status")
     }
 
@@ -352,32 +354,30 @@ impl Drop for Urdmad {
     }
 }
 
-/// The status report of the urdmad at `socket` as `urdmad status` shows it, a text line
-/// per record.
-pub fn status_text(socket: &Path, timeout: Duration) -> Result<Vec<String>, String> {
-    urdmad::client::Connection::connect(socket, timeout)?
-        .status()?
-        .iter()
-        .map(|l| urdmad::status::text_line(l))
-        .collect()
+/// The status report of the urdmad at `socket`.
+pub fn status_of(socket: &Path, timeout: Duration) -> Result<Vec<Record>, urdmad::client::Error> {
+    urdmad::client::Connection::connect(socket, timeout)?.status()
 }
 
-/// `key=value` of the first status line starting with `kind` (and containing `filter`).
-pub fn field(status: &[String], kind: &str, filter: &str, key: &str) -> Option<String> {
-    status
-        .iter()
-        .filter(|l| l.starts_with(&format!("{kind} ")) && l.contains(filter))
-        .find_map(|l| {
-            l.split(' ')
-                .find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(str::to_owned))
-        })
+/// The report's first record of kind `T` (`daemon`, `pool`, `cm`: the only one; the
+/// first port's, ...); a test without it fails, showing the report.
+pub fn one<T: Kind>(st: &[Record]) -> &T {
+    status::first(st).unwrap_or_else(|| {
+        panic!(
+            "no {} record in the status report: {st:?}",
+            std::any::type_name::<T>()
+        )
+    })
 }
 
-pub fn count(status: &[String], kind: &str) -> usize {
-    status
-        .iter()
-        .filter(|l| l.starts_with(&format!("{kind} ")))
-        .count()
+/// The report's first record of kind `T` for which `pick` holds.
+pub fn find<T: Kind>(st: &[Record], pick: impl Fn(&T) -> bool) -> Option<&T> {
+    status::all(st).find(|r| pick(r))
+}
+
+/// How many records of kind `T` the report has.
+pub fn count<T: Kind>(st: &[Record]) -> usize {
+    status::all::<T>(st).count()
 }
 
 /// Runs `f` on a thread that has entered network namespace `ns`.
