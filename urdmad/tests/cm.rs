@@ -982,8 +982,9 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
         "the connection's filter is locked"
     );
 
-    // B's process sends its Accept itself; A's urdmad finishes the handshake and hands A's
-    // process its own socket too.
+    // urdmad B sent the connection's Accept at the hand-over; A's urdmad finishes the
+    // handshake and hands A's process its own socket too. B's process then sends its own
+    // copy of the Accept through its socket: a duplicate, which A's end acknowledges.
     let now = trp::Instant::from_nanos(1);
     let mut conn_b = trp::Incoming::parse(&ev_b.pkt)
         .unwrap()
@@ -991,11 +992,16 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
         .unwrap();
     let (mut mem_a, mut mem_b) = (memory(), memory());
     let mut buf = vec![0u8; 2048];
-    let n = conn_b.poll_transmit(now, &mem_b, &mut buf).unwrap();
-    db.send(&buf[..n]);
     let ev_a = connected(&mut pa);
     assert_eq!(a.expect(Op::Connected).id, 11);
     let mut da = DirectEnd::of(&mut pa, &ev_a, a.mac);
+    let n = conn_b.poll_transmit(now, &mem_b, &mut buf).unwrap();
+    assert_eq!(
+        buf[..n],
+        ev_a.pkt[..],
+        "urdmad B's Accept is the connection's own"
+    );
+    db.send(&buf[..n]);
     let mut conn_a =
         match trp::Connecting::new(cfg_of(&ev_a), ev_a.conn, ev_a.isn, &ev_a.pdata, now)
             .unwrap()
