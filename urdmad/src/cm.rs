@@ -184,8 +184,6 @@ enum Handing {
     },
     /// The kernel accepted request `req`.
     Passive {
-        /// The Accept the process's connection sends first ([`Cm::accept`]).
-        accept: Vec<u8>,
         req: u64,
         conn: QpConn,
         dev: u32,
@@ -390,7 +388,7 @@ impl Cm {
                 self.refresh_udp_ports();
             }
             Op::Connect => self.connect(now, m, addr_port),
-            Op::Accept => self.accept(now, m),
+            Op::Accept => self.accept(m),
             Op::Reject => self.reject(m),
             Op::Disconnect => self.disconnect(m),
             other => {
@@ -471,7 +469,6 @@ impl Cm {
             }
             (
                 Handing::Passive {
-                    accept,
                     req,
                     mut conn,
                     dev,
@@ -480,9 +477,6 @@ impl Cm {
                 Ok(flow),
             ) => {
                 conn.flow = flow;
-                if !accept.is_empty() {
-                    self.send(conn.port, conn.mac, conn.local, conn.remote, accept);
-                }
                 tracing::info!(req, dev, qpn, client = conn.client, flow, remote = %conn.remote, peer_conn = format_args!("{:#x}", conn.peer_conn), "connected (passive)");
                 if let Some(r) = self.requests.get_mut(&req) {
                     r.state = ReqState::Accepted;

@@ -134,7 +134,7 @@ impl Cm {
         );
     }
 
-    pub(super) fn accept(&mut self, now: Instant, m: Msg) {
+    pub(super) fn accept(&mut self, m: Msg) {
         let Some(r) = self
             .requests
             .get(&m.req)
@@ -149,25 +149,18 @@ impl Cm {
         let pkt = r.pkt.clone();
         let cfg = self.trp_config(port, m.ird, m.ord);
         let (conn, isn) = self.new_ids();
-        // The provider repeats this exactly, so its connection's first datagram is this
-        // Accept: urdmad sends it as soon as the process has the connection, and the
-        // requester need not wait for that process to wake up. The provider's own copy
-        // comes later and is a duplicate the requester acknowledges.
-        let accept =
-            match Incoming::parse(&pkt).and_then(|inc| inc.accept(cfg, conn, isn, &m.pdata)) {
-                Ok(mut c) => {
-                    let mut buf = vec![0u8; 2048];
-                    let n = c.poll_transmit(self.trp_now(now), &trp::VecMemory::new(0), &mut buf);
-                    buf.truncate(n.unwrap_or(0));
-                    buf
-                }
-                Err(e) => {
-                    tracing::warn!(req = m.req, "ACCEPT refused: {e}");
-                    self.actions
-                        .push_back(accepted(m.req, m.dev, m.qpn, EINVAL));
-                    return;
-                }
-            };
+        // The provider repeats this exactly: check that it will succeed. Its connection, not
+        // urdmad, sends the Accept: the Accept tells the requester that this process is
+        // ready, and the requester's data path gives up after trp's few retries (about a
+        // second) while a process's first QP may take seconds to attach (docs/connection.md).
+        if let Err(e) =
+            Incoming::parse(&pkt).and_then(|inc| inc.accept(cfg, conn, isn, &m.pdata).map(|_| ()))
+        {
+            tracing::warn!(req = m.req, "ACCEPT refused: {e}");
+            self.actions
+                .push_back(accepted(m.req, m.dev, m.qpn, EINVAL));
+            return;
+        }
         let Some(&client) = self.qps.get(&(m.dev, m.qpn)) else {
             tracing::warn!(
                 req = m.req,
@@ -212,7 +205,6 @@ impl Cm {
             peer_closed_sent: false,
         };
         let handing = Handing::Passive {
-            accept,
             req: m.req,
             conn: qp,
             dev: m.dev,
