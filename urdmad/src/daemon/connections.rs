@@ -103,7 +103,7 @@ fn random_u32() -> u32 {
     }
 }
 
-/// The connection manager for `ports` (`datagram`: each one's largest UDP payload).
+/// The connection manager for `ports`, with the kernel's random numbers.
 pub(super) fn new_cm(ports: Vec<PortView>) -> cm::Cm {
     cm::Cm::new(ports, Box::new(random_u32))
 }
