@@ -72,6 +72,8 @@ pub struct Activity {
     /// When one last made a data verb call; [`Instant::ZERO`] once it said it goes to
     /// sleep (`ibv_req_notify_cq`).
     pub last_call: Instant,
+    /// When one last armed a CQ ([`Instant::ZERO`]: never).
+    pub last_arm: Instant,
 }
 
 /// How the helper sleeps.
@@ -120,6 +122,13 @@ impl Tuning {
         a.in_calls > 0 || now < a.last_call + self.app_active
     }
 
+    /// Whether the application waits on completion events: it armed a CQ within
+    /// [`Tuning::app_quiet`]. Between its waits it polls (the usual
+    /// "arm, poll, sleep"), and it is the frames that come while it sleeps that matter.
+    pub fn waits_on_events(&self, a: Activity, now: Instant) -> bool {
+        a.last_arm != Instant::ZERO && now < a.last_arm + self.app_quiet
+    }
+
     /// Whether the application has been away long enough for the helper to spin.
     pub fn quiet(&self, a: Activity, now: Instant) -> bool {
         now >= a.last_call + self.app_quiet
@@ -135,22 +144,50 @@ impl Tuning {
     /// application polls (its calls receive and run the timers), not watching, until it
     /// may have stopped. `deadline` gives the earliest trp timer, a look at every
     /// connection: asked only when it is needed.
+    ///
+    /// `direct`: every connection is on the direct path, whose socket wakes a watching
+    /// helper by itself. The helper then watches also while an application that waits on
+    /// events polls: the frames it waits for come while it sleeps, and a helper that
+    /// stopped watching at every poll had to be kicked back at every arm, a wake-up per
+    /// message on top of the frame's.
     pub fn sleep(
         &self,
         a: Activity,
         now: Instant,
+        direct: bool,
         deadline: impl FnOnce() -> Option<Instant>,
     ) -> Sleep {
-        if self.polling(a, now) {
+        if self.polling(a, now) && !(direct && self.waits_on_events(a, now)) {
             Sleep {
                 until: Some(a.last_call + self.app_active),
                 watching: false,
             }
         } else {
             Sleep {
-                until: deadline(),
+                until: self.watching_until(a, now, deadline),
                 watching: true,
             }
+        }
+    }
+
+    /// The alarm of a helper that watches: the earliest trp timer; while the application
+    /// polls (between its waits on events, on the direct path), not before it may have stopped,
+    /// since its calls run the timers until then. The ACK a receive holds for the reply
+    /// then leaves with the reply, or at most [`Tuning::app_active`] after the
+    /// application's last call, and its timer wakes nobody: due 100 us after the receive,
+    /// it woke the helper for about every third message of a completion-channel ping-pong
+    /// in the emulated bed, whose applications take about that long to reply.
+    fn watching_until(
+        &self,
+        a: Activity,
+        now: Instant,
+        deadline: impl FnOnce() -> Option<Instant>,
+    ) -> Option<Instant> {
+        let d = deadline();
+        if self.polling(a, now) {
+            d.map(|d| d.max(a.last_call + self.app_active))
+        } else {
+            d
         }
     }
 
@@ -178,7 +215,7 @@ impl Tuning {
             let on_descriptors = !r.needs_arm;
             return (Step::Spin { on_descriptors }, idle);
         }
-        let sleep = self.sleep(a, now, deadline);
+        let sleep = self.sleep(a, now, !r.needs_arm, deadline);
         let arm = !r.armed && sleep.watching && r.needs_arm;
         (Step::Sleep { sleep, arm }, idle)
     }
@@ -200,14 +237,27 @@ impl Tuning {
     /// application polls, when it may have stopped. (Left at the trp timer for a helper
     /// that watches for frames, an application waiting on its channel's fd was slower in
     /// every round of one boot: lat.c fd-send one-way 2.1-2.6 ms against 1.3-1.7 ms.)
+    ///
+    /// `direct`: every connection's socket wakes a watching helper by itself. A helper
+    /// that watches then keeps watching through the calls, its alarm following the timers
+    /// later as well as earlier (`watching_until`): the look would wake it once per message
+    /// of an application that waits on its channel between calls, and so would a timer the
+    /// call ended (the ACK a receive held, which the reply took along). An application that
+    /// goes on polling takes it out of watching at the first frame that wakes it
+    /// ([`Tuning::after_round`]).
     pub fn alarm_after_call(
         &self,
         s: Sleep,
         a: Activity,
         now: Instant,
+        direct: bool,
         deadline: impl FnOnce() -> Option<Instant>,
     ) -> Option<Option<Instant>> {
-        let d = self.sleep(a, now, deadline).until;
+        if direct && s.watching {
+            let d = self.watching_until(a, now, deadline);
+            return (d != s.until).then_some(d);
+        }
+        let d = self.sleep(a, now, direct, deadline).until;
         let earlier = match (d, s.until) {
             (Some(d), Some(u)) => d < u,
             (Some(_), None) => true,
@@ -224,8 +274,16 @@ impl Tuning {
     /// tick. Left asleep, an application waiting on its completion channel was slower in
     /// every round (lat.c chan-send, one-way: 3.4, 5.0 and 6.0 ms against 1.6, 3.0 and
     /// 1.5 ms kicked, in one boot).
-    pub fn kick_on_sleep(&self, s: Option<Sleep>) -> bool {
-        s.is_some()
+    ///
+    /// `direct`: every connection's socket wakes a watching helper by itself. Only a
+    /// helper that does not watch is kicked then, so that it watches: one that does is
+    /// woken by the reply's frame, and a spin on a shared CPU takes the time of the
+    /// application it serves (and of the peer's, in the emulated bed).
+    pub fn kick_on_sleep(&self, s: Option<Sleep>, direct: bool) -> bool {
+        match s {
+            Some(s) => !direct || !s.watching,
+            None => false,
+        }
     }
 }
 
@@ -248,6 +306,7 @@ mod tests {
         Activity {
             in_calls,
             last_call: at(last_call_us),
+            last_arm: Instant::ZERO,
         }
     }
 
@@ -255,6 +314,7 @@ mod tests {
     const ASLEEP: Activity = Activity {
         in_calls: 0,
         last_call: Instant::ZERO,
+        last_arm: Instant::ZERO,
     };
 
     fn round(worked: bool, idle: u32) -> Round {
@@ -275,7 +335,7 @@ mod tests {
         // Within APP_ACTIVE of its last call.
         assert!(T.polling(app(0, 99_900), now));
         assert!(!T.polling(app(0, 99_800), now));
-        let s = T.sleep(app(0, 99_900), now, || Some(at(500_000)));
+        let s = T.sleep(app(0, 99_900), now, false, || Some(at(500_000)));
         assert_eq!(
             s,
             Sleep {
@@ -287,7 +347,7 @@ mod tests {
 
     #[test]
     fn an_application_asleep_has_the_helper_watch_until_the_next_timer() {
-        let s = T.sleep(ASLEEP, at(5_000), || Some(at(9_000)));
+        let s = T.sleep(ASLEEP, at(5_000), false, || Some(at(9_000)));
         assert_eq!(
             s,
             Sleep {
@@ -296,7 +356,7 @@ mod tests {
             }
         );
         assert_eq!(
-            T.sleep(ASLEEP, at(5_000), || None),
+            T.sleep(ASLEEP, at(5_000), false, || None),
             Sleep {
                 until: None,
                 watching: true
@@ -308,48 +368,143 @@ mod tests {
     /// helper is to look when it may have stopped; a trp timer due sooner comes first.
     #[test]
     fn an_application_call_moves_a_watching_helpers_alarm_to_its_next_look() {
-        let s = T.sleep(ASLEEP, at(1_000), || Some(at(50_000)));
+        let s = T.sleep(ASLEEP, at(1_000), false, || Some(at(50_000)));
         assert!(s.watching);
         assert_eq!(
-            T.alarm_after_call(s, app(0, 1_200), at(1_200), || Some(at(50_000))),
+            T.alarm_after_call(s, app(0, 1_200), at(1_200), false, || Some(at(50_000))),
             Some(Some(at(1_400)))
         );
         assert_eq!(
-            T.alarm_after_call(s, app(0, 1_200), at(1_200), || Some(at(1_300))),
+            T.alarm_after_call(s, app(0, 1_200), at(1_200), false, || Some(at(1_300))),
             Some(Some(at(1_400))),
             "while it polls, its calls run the timers"
         );
-        let quiet = T.sleep(ASLEEP, at(1_000), || Some(at(50_000)));
+        let quiet = T.sleep(ASLEEP, at(1_000), false, || Some(at(50_000)));
         assert_eq!(
-            T.alarm_after_call(quiet, ASLEEP, at(1_200), || Some(at(2_000))),
+            T.alarm_after_call(quiet, ASLEEP, at(1_200), false, || Some(at(2_000))),
             Some(Some(at(2_000)))
         );
-        assert_eq!(T.alarm_after_call(quiet, ASLEEP, at(1_200), || None), None);
+        assert_eq!(
+            T.alarm_after_call(quiet, ASLEEP, at(1_200), false, || None),
+            None
+        );
     }
 
     #[test]
     fn a_sleeping_helper_is_kicked_when_the_application_goes_to_sleep() {
-        let s = T.sleep(app(0, 1_000), at(1_000), || None);
+        let s = T.sleep(app(0, 1_000), at(1_000), false, || None);
         assert!(!s.watching);
-        assert!(T.kick_on_sleep(Some(s)));
+        assert!(T.kick_on_sleep(Some(s), false));
         // Watching already: kicked all the same, to spin for the reply (kick_on_sleep).
-        assert!(T.kick_on_sleep(Some(T.sleep(ASLEEP, at(1_000), || None))));
-        assert!(!T.kick_on_sleep(None), "an awake helper sees it by itself");
+        assert!(T.kick_on_sleep(Some(T.sleep(ASLEEP, at(1_000), false, || None)), false));
+        assert!(
+            !T.kick_on_sleep(None, false),
+            "an awake helper sees it by itself"
+        );
+    }
+
+    /// On the direct path, an application that arms its CQ between its polls keeps the
+    /// helper watching; one that polls and never arms does not.
+    #[test]
+    fn on_the_direct_path_the_helper_watches_through_the_polls_of_an_application_that_arms() {
+        let now = at(100_000);
+        let polled = |last_arm_us| Activity {
+            in_calls: 0,
+            last_call: at(99_950),
+            last_arm: if last_arm_us == 0 {
+                Instant::ZERO
+            } else {
+                at(last_arm_us)
+            },
+        };
+        assert!(T.sleep(polled(99_900), now, true, || None).watching);
+        assert!(
+            !T.sleep(polled(99_900), now, false, || None).watching,
+            "not direct"
+        );
+        assert!(
+            !T.sleep(polled(0), now, true, || None).watching,
+            "never armed"
+        );
+        let long_ago = 100_000 - 10_000;
+        assert!(
+            !T.sleep(polled(long_ago), now, true, || None).watching,
+            "armed long ago"
+        );
+    }
+
+    /// On the direct path, the helper is kicked only to start watching, and a watching
+    /// helper's alarm is left to the trp timers.
+    #[test]
+    fn on_the_direct_path_a_watching_helper_sleeps_through_the_application_s_calls() {
+        let watching = T.sleep(ASLEEP, at(1_000), false, || Some(at(50_000)));
+        assert!(!T.kick_on_sleep(Some(watching), true));
+        let not_watching = T.sleep(app(0, 1_000), at(1_000), false, || None);
+        assert!(T.kick_on_sleep(Some(not_watching), true));
+        assert!(!T.kick_on_sleep(None, true));
+        // An application that arms between its polls.
+        let armed = |last_call_us| Activity {
+            in_calls: 0,
+            last_call: at(last_call_us),
+            last_arm: at(1_000),
+        };
+        let moved =
+            |s, a, now_us, d: Option<u64>| T.alarm_after_call(s, a, at(now_us), true, || d.map(at));
+        assert_eq!(
+            moved(watching, armed(1_200), 1_200, Some(50_000)),
+            None,
+            "no look while it watches"
+        );
+        assert_eq!(
+            moved(watching, armed(1_200), 1_200, Some(1_300)),
+            Some(Some(at(1_400))),
+            "a timer the call made due sooner, left to the calls while they go on"
+        );
+        let held = Sleep {
+            until: Some(at(1_400)),
+            ..watching
+        };
+        assert_eq!(
+            moved(held, armed(1_250), 1_250, Some(40_000)),
+            Some(Some(at(40_000))),
+            "the reply took the held ACK along: its timer is gone"
+        );
+        assert_eq!(moved(held, armed(1_250), 1_250, None), Some(None));
+        // Gone to sleep (`ibv_req_notify_cq` cleared the stamp): the timer itself.
+        let asleep = Activity {
+            last_call: Instant::ZERO,
+            ..armed(0)
+        };
+        assert_eq!(
+            moved(held, asleep, 1_250, Some(1_300)),
+            Some(Some(at(1_300)))
+        );
+        // Polling without ever arming: the same (a frame then takes the helper out of
+        // watching).
+        assert_eq!(
+            moved(watching, app(0, 1_200), 1_200, Some(1_300)),
+            Some(Some(at(1_400)))
+        );
+        // Not watching: as off the direct path.
+        assert_eq!(
+            T.alarm_after_call(not_watching, app(0, 1_100), at(1_100), true, || None),
+            None
+        );
     }
 
     #[test]
     fn a_polling_application_moves_a_non_watching_helpers_alarm_only_earlier() {
-        let s = T.sleep(app(0, 1_000), at(1_000), || None);
+        let s = T.sleep(app(0, 1_000), at(1_000), false, || None);
         assert_eq!(s.until, Some(at(1_200)));
         // Later calls push the time the application may have stopped further out: the
         // alarm stays, and the helper looks again when it rings.
         assert_eq!(
-            T.alarm_after_call(s, app(0, 1_100), at(1_100), || None),
+            T.alarm_after_call(s, app(0, 1_100), at(1_100), false, || None),
             None
         );
         // A timer due before it moves it.
         assert_eq!(
-            T.alarm_after_call(s, app(0, 1_100), at(1_100), || Some(at(1_150))),
+            T.alarm_after_call(s, app(0, 1_100), at(1_100), false, || Some(at(1_150))),
             None,
             "the look comes first: the application's calls run the timers meanwhile"
         );
@@ -357,14 +512,14 @@ mod tests {
 
     #[test]
     fn woken_by_its_alarm_while_the_application_polls_the_helper_looks_again_later() {
-        let s = T.sleep(app(0, 1_000), at(1_000), || None);
+        let s = T.sleep(app(0, 1_000), at(1_000), false, || None);
         assert!(T.look_again(s, app(1, 1_000), at(1_200)));
         assert!(T.look_again(s, app(0, 1_150), at(1_200)));
         assert!(
             !T.look_again(s, app(0, 1_000), at(1_200)),
             "stopped: a round"
         );
-        let watching = T.sleep(ASLEEP, at(1_000), || None);
+        let watching = T.sleep(ASLEEP, at(1_000), false, || None);
         assert!(!T.look_again(watching, app(1, 1_000), at(1_200)));
         let mut d = T.app_active;
         let mut looks = vec![];

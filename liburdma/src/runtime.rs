@@ -76,6 +76,10 @@ const EVENT_LOOK: Duration = Duration::from_millis(1);
 /// `ibv_req_notify_cq`). Read by the helper without the lock.
 static APP_LAST: AtomicU64 = AtomicU64::new(0);
 
+/// When an application thread last armed a CQ (ns on [`now`]'s clock; 0: never). Read by
+/// the helper without the lock.
+static APP_ARM: AtomicU64 = AtomicU64::new(0);
+
 /// Application threads inside a verb call now (waiting for the lock or holding it).
 /// Read by the helper without the lock.
 static IN_CALLS: AtomicU32 = AtomicU32::new(0);
@@ -85,6 +89,7 @@ fn activity() -> Activity {
     Activity {
         in_calls: IN_CALLS.load(Ordering::Relaxed),
         last_call: Instant(APP_LAST.load(Ordering::Relaxed)),
+        last_arm: Instant(APP_ARM.load(Ordering::Relaxed)),
     }
 }
 
@@ -300,7 +305,10 @@ impl Shared {
     /// ([`Tuning::kick_on_sleep`]).
     pub fn app_going_to_sleep(&mut self) {
         APP_LAST.store(0, Ordering::Relaxed);
-        if tuning().kick_on_sleep(self.helper_sleep) {
+        APP_ARM.store(now().as_nanos(), Ordering::Relaxed);
+        // (A look at every QP: only where it decides.)
+        let direct = self.helper_sleep.is_some_and(|s| s.watching) && !self.engine.needs_arm();
+        if tuning().kick_on_sleep(self.helper_sleep, direct) {
             self.helper_sleep = None;
             kick_helper();
         }
@@ -313,7 +321,10 @@ impl Shared {
         self.deliver_notices();
         if let Some(sleep) = self.helper_sleep {
             let engine = &self.engine;
-            if let Some(d) = tuning().alarm_after_call(sleep, activity(), now, || engine.deadline())
+            // (A look at every QP: only where it decides.)
+            let direct = sleep.watching && !engine.needs_arm();
+            if let Some(d) =
+                tuning().alarm_after_call(sleep, activity(), now, direct, || engine.deadline())
             {
                 self.helper_sleep = Some(Sleep { until: d, ..sleep });
                 set_alarm(d);

@@ -140,6 +140,7 @@ pub(super) fn helper_loop() {
             }
         };
         busy = t.app_active;
+        g.helper_sleep = None;
         let Some(fd) = g
             .attached
             .as_ref()
@@ -204,7 +205,9 @@ pub(super) fn helper_loop() {
             }
             break;
         }
-        lock().helper_sleep = None;
+        // Awake, but not taking the lock to say so: an application in a call would make
+        // it wait for the call to end, and then wake it again (`helper_sleep` is cleared
+        // at its next round, and a kick or an alarm move meanwhile costs nothing).
         drain([kick, alarm]);
         // One round to see what woke it: anything to do starts the spin
         // again, nothing (ARM's reply, a timer with nothing due) sleeps.
