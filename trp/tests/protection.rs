@@ -106,12 +106,13 @@ proptest! {
         let rlen = rlen.min(SIZE - base);
         let (a, b) = setup(target, base, rlen, access);
         let need = if read { Access::REMOTE_READ } else { Access::REMOTE_WRITE };
-        // A write is checked segment by segment (1438 payload bytes each at
-        // the default datagram size): the first bad segment decides.
+        // A write is checked segment by segment (1434 payload bytes each at
+        // the default datagram size: headers and the CRC32C trailer off
+        // 1472): the first bad segment decides.
         let expect = if read {
             mr::check(&b, TARGET, PD, to, u64::from(len), need)
         } else {
-            let seg = 1472 - 20 - 14;
+            let seg = 1472 - 20 - 14 - trp::wire::crc::TRAILER_LEN as u32;
             let mut r = mr::check(&b, TARGET, PD, to, u64::from(len.min(seg)), need);
             let mut off = seg;
             while r.is_ok() && off < len {
