@@ -16,7 +16,7 @@ mod helper;
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -79,6 +79,10 @@ static APP_LAST: AtomicU64 = AtomicU64::new(0);
 /// When an application thread last armed a CQ (ns on [`now`]'s clock; 0: never). Read by
 /// the helper without the lock.
 static APP_ARM: AtomicU64 = AtomicU64::new(0);
+
+/// The helper has left its sleep and not yet taken the lock to clear `Shared::helper_sleep`
+/// ([`Shared::sleeping_helper`]). Set by the helper without the lock.
+static HELPER_WOKEN: AtomicBool = AtomicBool::new(false);
 
 /// Application threads inside a verb call now (waiting for the lock or holding it).
 /// Read by the helper without the lock.
@@ -306,12 +310,20 @@ impl Shared {
     pub fn app_going_to_sleep(&mut self) {
         APP_LAST.store(0, Ordering::Relaxed);
         APP_ARM.store(now().as_nanos(), Ordering::Relaxed);
+        let sleeping = self.sleeping_helper();
         // (A look at every QP: only where it decides.)
-        let direct = self.helper_sleep.is_some_and(|s| s.watching) && !self.engine.needs_arm();
-        if tuning().kick_on_sleep(self.helper_sleep, direct) {
+        let direct = sleeping.is_some_and(|s| s.watching) && !self.engine.needs_arm();
+        if tuning().kick_on_sleep(sleeping, direct) {
             self.helper_sleep = None;
             kick_helper();
         }
+    }
+
+    /// How the helper sleeps, if it still does: one that has woken is left alone (no kick,
+    /// no alarm to move, no look at every QP for it) before it has taken the lock to say so.
+    fn sleeping_helper(&self) -> Option<Sleep> {
+        self.helper_sleep
+            .filter(|_| !HELPER_WOKEN.load(Ordering::Relaxed))
     }
 
     /// Moves the helper's alarm forward where the call made that necessary
@@ -319,7 +331,7 @@ impl Shared {
     fn after_app_call(&mut self) {
         let now = now();
         self.deliver_notices();
-        if let Some(sleep) = self.helper_sleep {
+        if let Some(sleep) = self.sleeping_helper() {
             let engine = &self.engine;
             // (A look at every QP: only where it decides.)
             let direct = sleep.watching && !engine.needs_arm();

@@ -38,12 +38,13 @@
 //!
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::sync::TryLockError;
 use std::time::Duration;
 
 use trp::Instant;
 
-use super::{activity, lock, now, rt, tuning};
+use super::{activity, lock, now, rt, tuning, HELPER_WOKEN};
 use crate::progress::{Round, Step};
 
 /// A yield that returns within this found no other thread wanting the CPU. One that took
@@ -141,6 +142,7 @@ pub(super) fn helper_loop() {
         };
         busy = t.app_active;
         g.helper_sleep = None;
+        HELPER_WOKEN.store(false, Ordering::Relaxed);
         let Some(fd) = g
             .attached
             .as_ref()
@@ -206,8 +208,9 @@ pub(super) fn helper_loop() {
             break;
         }
         // Awake, but not taking the lock to say so: an application in a call would make
-        // it wait for the call to end, and then wake it again (`helper_sleep` is cleared
-        // at its next round, and a kick or an alarm move meanwhile costs nothing).
+        // it wait for the call to end, and then wake it again. The flag tells the
+        // application's calls until the next round clears `helper_sleep`.
+        HELPER_WOKEN.store(true, Ordering::Relaxed);
         drain([kick, alarm]);
         // One round to see what woke it: anything to do starts the spin
         // again, nothing (ARM's reply, a timer with nothing due) sleeps.
