@@ -179,7 +179,7 @@ fn hand_over_of(actions: Vec<Action>) -> HandOver {
 /// The Accept B's provider sends once it has the connection.
 fn provider_accept(h: &HandOver, t: trp::Instant) -> Vec<u8> {
     let c = &h.connected;
-    let cfg = proto::connection_config(c.ird, c.ord, c.datagram, c.crc);
+    let cfg = c.trp_config();
     let mut conn = Incoming::parse(&c.pkt)
         .unwrap()
         .accept(cfg, c.conn, c.isn, &c.pdata)
