@@ -183,7 +183,7 @@ impl End {
         // SAFETY: ibv_wc is plain C data.
         let mut wc: [rdma_core_sys::ibv_wc; 4] = unsafe { std::mem::zeroed() };
         self.e.progress(now);
-        self.e.poll_cq(CQ, &mut wc).expect("CQ")
+        self.e.poll_cq(CQ, &mut wc, now).expect("CQ")
     }
 }
 

@@ -104,7 +104,7 @@ unsafe fn take(cq: *mut ibv_cq_ex, progress: bool) -> c_int {
         if progress {
             sh.full_round(now);
         }
-        sh.engine.poll_cq(key, std::slice::from_mut(slot))
+        sh.engine.poll_cq(key, std::slice::from_mut(slot), now)
     });
     match n {
         Some(1) => {

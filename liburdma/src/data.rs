@@ -251,7 +251,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         let out = unsafe { std::slice::from_raw_parts_mut(wc, n) };
         runtime::with(|sh, now| {
             sh.full_round(now);
-            match sh.engine.poll_cq(key, out) {
+            match sh.engine.poll_cq(key, out, now) {
                 Some(k) => k as c_int,
                 None => -libc::EINVAL,
             }

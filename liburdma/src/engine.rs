@@ -524,8 +524,27 @@ impl Engine {
         }
     }
 
-    pub fn poll_cq(&mut self, key: CqKey, out: &mut [rdma_core_sys::ibv_wc]) -> Option<usize> {
-        Some(self.cqs.get_mut(&key)?.poll(out))
+    /// `ibv_poll_cq` at `now`: a receive completion taken starts the last stretch of its
+    /// connection's held ACK ([`trp::Connection::reader_saw`]).
+    pub fn poll_cq(
+        &mut self,
+        key: CqKey,
+        out: &mut [rdma_core_sys::ibv_wc],
+        now: Instant,
+    ) -> Option<usize> {
+        let n = self.cqs.get_mut(&key)?.poll(out);
+        for wc in &out[..n] {
+            if wc.opcode & rdma_core_sys::IBV_WC_RECV != 0 {
+                if let Some(conn) = self
+                    .qps
+                    .get_mut(&(key.0, wc.qp_num))
+                    .and_then(|q| q.conn.as_mut())
+                {
+                    conn.reader_saw(now);
+                }
+            }
+        }
+        Some(n)
     }
 
     pub fn arm_cq(&mut self, key: CqKey, solicited_only: bool) -> bool {

@@ -183,8 +183,14 @@ fn progress_qp(
         }
     }
     let start = qp.out.len();
+    let mut received = false;
     while let Some(c) = conn.poll_completion() {
+        received |= c.queue == Queue::Recv;
         qp.out.push_back(c);
+    }
+    if received && who == Attended::Yes {
+        // The reply, if one comes, follows the application's poll of this completion.
+        conn.hold_ack_for_reader(now);
     }
     sends_first(&mut qp.out, start);
     work

@@ -102,7 +102,7 @@ impl Bed {
     fn poll(&mut self, cq: CqKey) -> Vec<ibv_wc> {
         // SAFETY: ibv_wc is plain C data (integers and a union of them).
         let mut out: Vec<ibv_wc> = vec![unsafe { std::mem::zeroed() }; 64];
-        let n = self.e.poll_cq(cq, &mut out).unwrap();
+        let n = self.e.poll_cq(cq, &mut out, self.now).unwrap();
         out.truncate(n);
         out
     }
@@ -1224,7 +1224,7 @@ fn write_cost(pairs: u32, depth: u32, total: u32, every_qp_on_post: bool) -> std
         e.progress(now);
         e.full_round_ended(now);
         loop {
-            let n = e.poll_cq(ACQ, &mut wcs).unwrap();
+            let n = e.poll_cq(ACQ, &mut wcs, now).unwrap();
             for wc in &wcs[..n] {
                 assert_eq!(wc.status, IBV_WC_SUCCESS);
                 done += 1;
@@ -1299,6 +1299,9 @@ mod srq;
 
 #[path = "engine_mw_tests.rs"]
 mod mw;
+
+#[path = "engine_ack_tests.rs"]
+mod ack;
 
 #[test]
 fn a_forked_child_forgets_the_parents_qps_and_keeps_its_cqs_and_mrs() {

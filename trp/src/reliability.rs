@@ -785,6 +785,23 @@ impl Receiver {
         }
     }
 
+    /// A held ACK waits until `until` (later or earlier than the hold): for a reply whose
+    /// application has not seen yet what it answers. Nothing changes without a held ACK.
+    pub fn hold_until(&mut self, until: Instant) {
+        if self.held && !self.ack_now {
+            self.ack_deadline = Some(until);
+        }
+    }
+
+    /// The application has seen what a held ACK answers: its reply comes within the hold
+    /// from now, or the ACK goes alone.
+    pub fn hold_from(&mut self, now: Instant) {
+        if self.held && !self.ack_now {
+            let at = Instant(now.0.saturating_add(self.hold_ns));
+            self.ack_deadline = Some(self.ack_deadline.map_or(at, |d| d.min(at)));
+        }
+    }
+
     pub fn ack_deadline(&self) -> Option<Instant> {
         if self.ack_now {
             None
@@ -998,6 +1015,37 @@ mod tests {
 
     /// An ACK a segment asks for waits up to the hold for data of ours to carry it; every
     /// second segment, an out-of-order one, a release or the hold's end sends it.
+    #[test]
+    fn held_ack_waits_for_the_reader() {
+        let t0 = Instant::ZERO;
+        let us = |n: u64| Instant(n * 1_000);
+        let mut r = Receiver::new(
+            0,
+            64,
+            Duration::from_micros(200),
+            Duration::from_micros(100),
+        );
+        assert!(r.accept_next(t0, 0, true));
+        assert_eq!(r.ack_deadline(), Some(us(100)), "the hold from the arrival");
+        r.hold_until(us(1_000));
+        assert_eq!(r.ack_deadline(), Some(us(1_000)), "waits for the reader");
+        r.hold_from(us(300));
+        assert_eq!(r.ack_deadline(), Some(us(400)), "the hold from the reading");
+        r.hold_from(us(390));
+        assert_eq!(r.ack_deadline(), Some(us(400)), "never later once read");
+        r.on_timeout(us(400));
+        assert!(r.ack_due());
+        r.hold_until(us(2_000));
+        assert!(r.ack_due(), "an ACK due stays due");
+        r.ack_sent();
+        // Without a held ACK neither moves anything.
+        assert!(r.accept_next(us(500), 1, false));
+        let d = r.ack_deadline();
+        r.hold_until(us(5_000));
+        r.hold_from(us(501));
+        assert_eq!(r.ack_deadline(), d);
+    }
+
     #[test]
     fn an_asked_for_ack_is_held_for_a_reply() {
         let us = |n: u64| Instant(n * 1_000);

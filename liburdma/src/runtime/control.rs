@@ -411,13 +411,13 @@ mod tests {
         assert!(sh.attached.as_ref().unwrap().ctl.is_none());
         // SAFETY: all-zero is a valid ibv_wc.
         let mut wc = [unsafe { std::mem::zeroed::<rdma_core_sys::ibv_wc>() }; 4];
-        assert_eq!(sh.engine.poll_cq((1, 1), &mut wc), Some(1));
+        assert_eq!(sh.engine.poll_cq((1, 1), &mut wc, t), Some(1));
         assert_eq!(wc[0].wr_id, 42);
         assert_eq!(wc[0].status, rdma_core_sys::IBV_WC_WR_FLUSH_ERR);
         // Posts after the loss flush too; nothing asks urdmad anything.
         sh.engine.post_recv(key, 43, &[]).unwrap();
         sh.engine.progress(t);
-        assert_eq!(sh.engine.poll_cq((1, 1), &mut wc), Some(1));
+        assert_eq!(sh.engine.poll_cq((1, 1), &mut wc, t), Some(1));
         assert_eq!(wc[0].status, rdma_core_sys::IBV_WC_WR_FLUSH_ERR);
         assert_eq!(sh.ensure_attached(&path), Err(libc::ENOTCONN));
         assert!(sh.control().is_none());

@@ -270,6 +270,30 @@ impl Connection {
         self.rx.release_held();
     }
 
+    /// The retransmission timeout in force.
+    pub fn rto(&self) -> core::time::Duration {
+        self.tx.rto()
+    }
+
+    /// The ACK held for a reply (`Config::ack_hold`) waits for the application to see what
+    /// it answers, not only the hold from its arrival: for a caller that delivered a receive
+    /// completion the application has yet to poll. An application woken from a completion
+    /// channel under load often polls later than the hold, and the ACK that went alone woke
+    /// the peer, and preempted the reply. Bounded by a quarter of the RTO (at most 2 ms), so
+    /// that the peer's retransmission timer never runs out on it;
+    /// [`Connection::reader_saw`] ends the wait.
+    pub fn hold_ack_for_reader(&mut self, now: Instant) {
+        const MOST: core::time::Duration = core::time::Duration::from_millis(2);
+        let bound = (self.tx.rto() / 4).min(MOST);
+        self.rx.hold_until(now + bound);
+    }
+
+    /// The application polled a receive completion of this connection: a held ACK waits
+    /// `Config::ack_hold` from now at most.
+    pub fn reader_saw(&mut self, now: Instant) {
+        self.rx.hold_from(now);
+    }
+
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.cq.pop_front()
     }
