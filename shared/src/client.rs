@@ -198,16 +198,7 @@ impl Connection {
     fn fill(&mut self, deadline: Option<Instant>) -> Result<usize, Error> {
         let mut chunk = [0u8; 4096];
         let r = match deadline {
-            None => {
-                self.stream
-                    .set_nonblocking(true)
-                    .map_err(|e| Error::io("socket setup", e))?;
-                let r = direct::recv_with_fds(&self.stream, &mut chunk, &mut self.fds);
-                self.stream
-                    .set_nonblocking(false)
-                    .map_err(|e| Error::io("socket setup", e))?;
-                r
-            }
+            None => direct::try_recv_with_fds(&self.stream, &mut chunk, &mut self.fds),
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
                 if left.is_zero() {

@@ -389,6 +389,26 @@ pub fn recv_with_fds(
     buf: &mut [u8],
     fds: &mut VecDeque<OwnedFd>,
 ) -> io::Result<usize> {
+    recv_with_fds_flags(sock, buf, fds, 0)
+}
+
+/// [`recv_with_fds`] that does not wait, whatever the socket's mode: `WouldBlock` when
+/// nothing is there. One system call, where switching the socket's mode around a read took
+/// three.
+pub fn try_recv_with_fds(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut VecDeque<OwnedFd>,
+) -> io::Result<usize> {
+    recv_with_fds_flags(sock, buf, fds, libc::MSG_DONTWAIT)
+}
+
+fn recv_with_fds_flags(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut VecDeque<OwnedFd>,
+    flags: libc::c_int,
+) -> io::Result<usize> {
     const MAX_FDS: usize = 8;
     let mut space = [0u64; 8];
     let mut iov = libc::iovec {
@@ -403,7 +423,7 @@ pub fn recv_with_fds(
     // SAFETY: arithmetic; 64 bytes hold a header and eight descriptors.
     msg.msg_controllen = unsafe { libc::CMSG_SPACE((MAX_FDS * 4) as u32) } as usize;
     // SAFETY: a valid msghdr; descriptors received are close-on-exec.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }

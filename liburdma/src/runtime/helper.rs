@@ -111,21 +111,27 @@ pub(super) fn helper_loop() {
     let mut ctl = -1;
     // How long to stay away from a lock the application holds.
     let mut busy = t.app_active;
+    // What the last wait found readable (`Ready`), for the round that follows it: a
+    // second look at the same descriptors is a system call for nothing.
+    let mut woke: Option<Ready> = None;
     loop {
         if quiet {
-            let woken = readable_any([ctl, kick, alarm, sockets]);
-            if !woken && t.keep_spinning(idle, free, activity(), now()) {
+            let r = readable_any([ctl, kick, alarm, sockets]);
+            if r.none() && t.keep_spinning(idle, free, activity(), now()) {
                 idle += 1;
                 free = yield_cpu();
                 continue;
             }
             quiet = false;
-            drain([kick, alarm]);
+            drain(r, [kick, alarm]);
+            woke = Some(r);
         }
+        // Only for the round that follows the wait at once.
+        let first = woke.take();
         let mut g = match rt().state.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) if readable_any([ctl, kick, -1, -1]) => {
+            Err(TryLockError::WouldBlock) if readable_any([ctl, kick, -1, -1]).any() => {
                 // A kick (the application goes to sleep) or urdmad's word came during the
                 // call: the helper's round follows it.
                 lock()
@@ -154,7 +160,11 @@ pub(super) fn helper_loop() {
         };
         ctl = fd;
         let now = now();
-        let events = readable(fd) && g.pump(now);
+        let ctl_ready = match first {
+            Some(r) => r.has(0),
+            None => readable(fd),
+        };
+        let events = ctl_ready && g.pump(now);
         let p = g.helper_round(now);
         g.deliver_notices();
         let round = Round {
@@ -192,26 +202,27 @@ pub(super) fn helper_loop() {
         set_alarm(sleep.until);
         drop(g);
         let mut look = t.app_active;
-        loop {
-            sleep_on([fd, kick, alarm, if sleep.watching { sockets } else { -1 }]);
+        let r = loop {
+            let r = sleep_on([fd, kick, alarm, if sleep.watching { sockets } else { -1 }]);
             // Woken by its alarm while the application still calls: the calls make the
             // progress, and a round here would only take the lock from them (under
             // emulation, a quarter of a CPU per helper at 256 QPs). Look again when the
             // application may have stopped. urdmad's messages and kicks take their round.
             // The longer it has polled, the longer the helper stays away.
-            if !readable_any([fd, kick, -1, -1]) && t.look_again(sleep, activity(), self::now()) {
-                drain([-1, alarm]);
+            if !r.has(0) && !r.has(1) && t.look_again(sleep, activity(), self::now()) {
+                drain(r, [-1, alarm]);
                 look = t.next_look(look);
                 set_alarm(Some(self::now() + look));
                 continue;
             }
-            break;
-        }
+            break r;
+        };
         // Awake, but not taking the lock to say so: an application in a call would make
         // it wait for the call to end, and then wake it again. The flag tells the
         // application's calls until the next round clears `helper_sleep`.
         HELPER_WOKEN.store(true, Ordering::Relaxed);
-        drain([kick, alarm]);
+        drain(r, [kick, alarm]);
+        woke = Some(r);
         // One round to see what woke it: anything to do starts the spin
         // again, nothing (ARM's reply, a timer with nothing due) sleeps.
         idle = t.spin_rounds - 1;
@@ -219,23 +230,44 @@ pub(super) fn helper_loop() {
     }
 }
 
-/// Empties the helper's eventfd and timerfd.
-fn drain(fds: [i32; 2]) {
-    for f in fds {
+/// Which of the four descriptors of a wait were readable, by their place in it.
+#[derive(Clone, Copy)]
+struct Ready(u8);
+
+impl Ready {
+    fn has(self, i: usize) -> bool {
+        self.0 & (1 << i) != 0
+    }
+    fn any(self) -> bool {
+        self.0 != 0
+    }
+    fn none(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// Empties those of the helper's eventfd and timerfd (`fds`, at places 1 and 2 of the wait
+/// that found `r`) that were readable: a read of one that was not is a system call for
+/// nothing. One that became readable since wakes the next wait at once.
+fn drain(r: Ready, fds: [i32; 2]) {
+    for (i, f) in fds.into_iter().enumerate() {
+        if f < 0 || !r.has(i + 1) {
+            continue;
+        }
         let mut v = 0u64;
         // SAFETY: reading our non-blocking eventfd or timerfd into a local.
         unsafe { libc::read(f, (&mut v as *mut u64).cast(), 8) };
     }
 }
 
-/// Whether any of `fds` (-1: none) has something to read, without waiting.
-fn readable_any(fds: [i32; 4]) -> bool {
+/// Which of `fds` (-1: none) have something to read, without waiting.
+fn readable_any(fds: [i32; 4]) -> Ready {
     wait_readable(fds, Some(Duration::ZERO))
 }
 
 /// Whether `fd` has something to read (one poll() that does not wait).
 fn readable(fd: i32) -> bool {
-    readable_any([fd, -1, -1, -1])
+    readable_any([fd, -1, -1, -1]).any()
 }
 
 /// Sleeps until one of `fds` is readable or `d` has passed.
@@ -243,14 +275,14 @@ fn sleep_on_for(fds: [i32; 4], d: Duration) {
     wait_readable(fds, Some(d));
 }
 
-/// Sleeps until one of `fds` is readable.
-fn sleep_on(fds: [i32; 4]) {
-    wait_readable(fds, None);
+/// Sleeps until one of `fds` is readable; which are.
+fn sleep_on(fds: [i32; 4]) -> Ready {
+    wait_readable(fds, None)
 }
 
 /// Waits until one of `fds` (-1: none) is readable, for at most `timeout` (`None`: no
-/// bound); whether one is.
-fn wait_readable(fds: [i32; 4], timeout: Option<Duration>) -> bool {
+/// bound); which are.
+fn wait_readable(fds: [i32; 4], timeout: Option<Duration>) -> Ready {
     let mut p = fds.map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -264,12 +296,23 @@ fn wait_readable(fds: [i32; 4], timeout: Option<Duration>) -> bool {
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: a valid pollfd array and timespec (or none); no signal mask change.
-    unsafe {
+    let n = unsafe {
         libc::ppoll(
             p.as_mut_ptr(),
             p.len() as libc::nfds_t,
             tp,
             std::ptr::null(),
-        ) > 0
+        )
+    };
+    if n <= 0 {
+        return Ready(0);
     }
+    // Only POLLIN was asked for: any other event (an error, a hang-up) is also news for
+    // the round, as it was when a positive count alone woke it.
+    Ready(
+        p.iter()
+            .enumerate()
+            .filter(|(_, q)| q.fd >= 0 && q.revents != 0)
+            .fold(0, |m, (i, _)| m | 1 << i),
+    )
 }
