@@ -241,6 +241,9 @@ pub struct Progress {
     pub busy: bool,
     /// The earliest timer of any connection.
     pub deadline: Option<Instant>,
+    /// Some flow's way out was full: what is left to send needs a round, since no
+    /// descriptor says when the way is free again.
+    pub backlogged: bool,
 }
 
 #[derive(Default)]

@@ -32,6 +32,9 @@ pub(super) fn progress_one(
     if deliver(cqs, key, qp) {
         p.busy = true;
     }
+    if qp.flow.as_ref().is_some_and(|f| f.backlogged()) {
+        p.backlogged = true;
+    }
     if let Some(t) = qp.conn.as_ref().and_then(|c| c.poll_timeout()) {
         if qp.flow.is_some() {
             p.deadline = Some(p.deadline.map_or(t, |d| d.min(t)));

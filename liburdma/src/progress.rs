@@ -111,6 +111,8 @@ pub struct Round {
     pub needs_arm: bool,
     /// urdmad was asked already and has not woken the helper since.
     pub armed: bool,
+    /// Some flow's way out was full (more to send, and no descriptor says when).
+    pub backlogged: bool,
 }
 
 impl Tuning {
@@ -203,6 +205,16 @@ impl Tuning {
         let mut idle = r.idle;
         if r.worked {
             idle = 0;
+            if !polling && !r.needs_arm && !r.backlogged && !self.quiet(a, now) {
+                // Every connection's socket wakes a watching helper, and nothing is left
+                // to send: it sleeps at once. A round served a frame of an application
+                // that waits (on its channel, its memory) and is about to reply; another
+                // round after a yield finds nothing but takes the CPU the application
+                // was woken for, and costs system calls of its own. A frame that came
+                // meanwhile ends the sleep at once.
+                let sleep = self.sleep(a, now, true, deadline);
+                return (Step::Sleep { sleep, arm: false }, idle);
+            }
             if !polling {
                 return (Step::Again, idle);
             }
@@ -324,6 +336,7 @@ mod tests {
             cpu_free: true,
             needs_arm: false,
             armed: false,
+            backlogged: false,
         }
     }
 
@@ -610,5 +623,44 @@ mod tests {
             T.after_round(r, ASLEEP, now, || Some(at(1_000_000))).0,
             Step::Sleep { arm: false, .. }
         ));
+    }
+
+    /// On the direct path, a round that served a frame of an application that waits (its
+    /// last call 500 us ago: neither polling nor away) sleeps watching at once; traffic
+    /// left in a full way out, frames that come through urdmad, or an application away
+    /// for good keep the helper going.
+    #[test]
+    fn a_round_that_served_a_waiting_application_sleeps_at_once_on_the_direct_path() {
+        let now = at(50_000);
+        let waiting = app(0, 49_500);
+        let r = round(true, 3);
+        let (step, idle) = T.after_round(r, waiting, now, || Some(at(60_000)));
+        assert_eq!(
+            (step, idle),
+            (
+                Step::Sleep {
+                    sleep: Sleep {
+                        until: Some(at(60_000)),
+                        watching: true
+                    },
+                    arm: false
+                },
+                0
+            )
+        );
+        let mut full = r;
+        full.backlogged = true;
+        assert_eq!(T.after_round(full, waiting, now, || None).0, Step::Again);
+        let mut forwarded = r;
+        forwarded.needs_arm = true;
+        assert_eq!(
+            T.after_round(forwarded, waiting, now, || None).0,
+            Step::Again
+        );
+        assert_eq!(
+            T.after_round(r, ASLEEP, now, || None).0,
+            Step::Again,
+            "away for good: the helper is the only one making progress"
+        );
     }
 }

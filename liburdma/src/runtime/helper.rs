@@ -173,6 +173,7 @@ pub(super) fn helper_loop() {
             cpu_free: free,
             needs_arm: g.engine.needs_arm(),
             armed: g.armed,
+            backlogged: p.backlogged,
         };
         let (step, next_idle) = t.after_round(round, activity(), now, || g.engine.deadline());
         idle = next_idle;
