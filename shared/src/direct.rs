@@ -744,4 +744,19 @@ mod tests {
         let mut s = UnixStream::from(got);
         s.write_all(b"x").unwrap();
     }
+
+    #[test]
+    fn a_try_read_does_not_wait_and_leaves_the_socket_blocking() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut fds = VecDeque::new();
+        let mut buf = [0u8; 64];
+        let e = try_recv_with_fds(&b, &mut buf, &mut fds).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        send_with_fd(&a, b"EVENT ONE\n", a.as_raw_fd()).unwrap();
+        let n = try_recv_with_fds(&b, &mut buf, &mut fds).unwrap();
+        assert_eq!((&buf[..n], fds.len()), (&b"EVENT ONE\n"[..], 1));
+        // SAFETY: F_GETFL on our own descriptor.
+        let flags = unsafe { libc::fcntl(b.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(flags & libc::O_NONBLOCK, 0, "the mode is untouched");
+    }
 }
