@@ -265,8 +265,8 @@ pub fn prepare_socket(geo: Geometry) -> io::Result<OwnedFd> {
     // SAFETY: a fresh descriptor we own.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     // A frame sent from the transmit ring keeps only what its virtio header's `hdr_len` says
-    // in the buffer the kernel allocates, and the rest where it lies, in the ring's pages;
-    // without the header that is the Ethernet header alone. Every socket filter on the
+    // in the buffer the kernel allocates, and the rest where it lies, in the ring's pages
+    // (see [`Rings::tx_commit`]); without the header that is the Ethernet header alone. Every socket filter on the
     // receiving node then loads the IP and UDP fields by copying them out (see
     // [`flow_filter`]), and a node with hundreds of connections runs hundreds of filters on
     // every frame.
@@ -576,8 +576,12 @@ impl Rings {
     pub fn tx_commit(&mut self, len: usize) {
         let s = self.slot(1, self.tx_next);
         // The frame's virtio header (host byte order, as for a legacy device): no offload,
-        // and its Ethernet, IP and UDP headers in the buffer the kernel allocates.
-        let hdr_len = len.min(frame::HEADERS) as u16;
+        // and the whole frame in the buffer the kernel allocates. A part left in the ring's
+        // pages makes the frame zero-copy, and the port's own sockets (urdmad's, which take
+        // every protocol) are handed a clone of every frame sent on the interface: cloning
+        // a zero-copy frame copies those pages into new ones, a page allocated and cleared
+        // per frame, where copying the frame's bytes here costs a few hundred at most.
+        let hdr_len = u16::try_from(len).unwrap_or(u16::MAX);
         let mut vnet = [0u8; VNET_HDR];
         vnet[2..4].copy_from_slice(&hdr_len.to_ne_bytes());
         // SAFETY: the slot is ours; a tpacket2_hdr, then the virtio header at TX_DATA.
