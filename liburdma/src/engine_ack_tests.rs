@@ -6,26 +6,26 @@ use std::time::Duration;
 
 const US: Duration = Duration::from_micros(1);
 
+/// `buf` registered on device `dev` (its PD too) as STag `stag`: the first `len` bytes.
+fn region(t: &mut Bed, dev: u32, stag: u32, buf: &mut [u8], len: u32) -> [Sge; 1] {
+    let addr = t.reg(dev, stag, dev, buf, Access::LOCAL_WRITE);
+    [Sge {
+        addr,
+        len,
+        lkey: stag,
+    }]
+}
+
 /// A's Send of 8 bytes received by B's attended round at `t.now`: its completion waits in
 /// B's CQ, its ACK is held. Returns the two registered buffers, which must outlive the
 /// connection's use of them.
 fn a_send_received(t: &mut Bed) -> (Vec<u8>, Vec<u8>) {
     let mut rbuf = vec![0u8; 64];
-    let raddr = t.reg(2, 0x200, 2, &mut rbuf, Access::LOCAL_WRITE);
     let mut sbuf = vec![7u8; 64];
-    let saddr = t.reg(1, 0x100, 1, &mut sbuf, Access::LOCAL_WRITE);
-    let rsge = [Sge {
-        addr: raddr,
-        len: 64,
-        lkey: 0x200,
-    }];
-    t.e.post_recv(B, 5, &rsge).unwrap();
+    let r = region(t, 2, 0x200, &mut rbuf, 64);
+    t.e.post_recv(B, 5, &r).unwrap();
     t.connect();
-    let s = [Sge {
-        addr: saddr,
-        len: 8,
-        lkey: 0x100,
-    }];
+    let s = region(t, 1, 0x100, &mut sbuf, 8);
     t.e.post_send(A, &send(1, &s)).unwrap();
     // One round sends, the next receives.
     t.e.progress(t.now);
@@ -66,12 +66,7 @@ fn a_held_ack_waits_for_the_application_to_poll_what_it_answers() {
         assert_eq!(acks(&t), 0, "within the hold from the poll");
         if reply {
             let mut b = vec![3u8; 8];
-            let baddr = t.reg(2, 0x300, 2, &mut b, Access::LOCAL_WRITE);
-            let s = [Sge {
-                addr: baddr,
-                len: 8,
-                lkey: 0x300,
-            }];
+            let s = region(&mut t, 2, 0x300, &mut b, 8);
             t.e.post_send(B, &send(2, &s)).unwrap();
             t.e.progress(t.now);
             rounds_until(&mut t, polled + 300 * US);
