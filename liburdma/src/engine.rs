@@ -766,12 +766,10 @@ impl Engine {
     }
 }
 
-#[path = "engine_round.rs"]
 mod round;
 #[cfg(test)]
 use round::sends_first;
 use round::{progress_one, Attended};
 
 #[cfg(test)]
-#[path = "engine_tests.rs"]
 mod tests;
