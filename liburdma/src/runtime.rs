@@ -135,6 +135,10 @@ pub struct Shared {
     attach_failed: Option<i32>,
     /// How the helper sleeps (None: it is awake).
     helper_sleep: Option<Sleep>,
+    /// Every connection was on the direct path when the helper went to sleep (none needed
+    /// urdmad's `ARM`). Kept, not looked up at every call: a flow comes only with urdmad's
+    /// `EVENT CONNECTED`, and the read that brings it ends `helper_sleep` (`pump`).
+    helper_direct: bool,
     /// `ARM` was posted and no `EVENT WAKE` has come since: urdmad will
     /// send one when a frame comes.
     armed: bool,
@@ -162,6 +166,7 @@ fn rt() -> &'static Runtime {
                 attached: None,
                 attach_failed: None,
                 helper_sleep: None,
+                helper_direct: false,
                 armed: false,
                 event_look: Instant::ZERO,
             }),
@@ -311,8 +316,7 @@ impl Shared {
         APP_LAST.store(0, Ordering::Relaxed);
         APP_ARM.store(now().as_nanos(), Ordering::Relaxed);
         let sleeping = self.sleeping_helper();
-        // (A look at every QP: only where it decides.)
-        let direct = sleeping.is_some_and(|s| s.watching) && !self.engine.needs_arm();
+        let direct = sleeping.is_some_and(|s| s.watching) && self.helper_direct;
         if tuning().kick_on_sleep(sleeping, direct) {
             self.helper_sleep = None;
             kick_helper();
@@ -333,8 +337,7 @@ impl Shared {
         self.deliver_notices();
         if let Some(sleep) = self.sleeping_helper() {
             let engine = &self.engine;
-            // (A look at every QP: only where it decides.)
-            let direct = sleep.watching && !engine.needs_arm();
+            let direct = sleep.watching && self.helper_direct;
             if let Some(d) =
                 tuning().alarm_after_call(sleep, activity(), now, direct, || engine.deadline())
             {

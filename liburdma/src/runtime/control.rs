@@ -438,6 +438,7 @@ mod tests {
             }),
             attach_failed: None,
             helper_sleep: None,
+            helper_direct: false,
             armed: false,
             event_look: Instant::ZERO,
         };

@@ -167,11 +167,12 @@ pub(super) fn helper_loop() {
         let events = ctl_ready && g.pump(now);
         let p = g.helper_round(now);
         g.deliver_notices();
+        let needs_arm = g.engine.needs_arm();
         let round = Round {
             worked: p.busy || events,
             idle,
             cpu_free: free,
-            needs_arm: g.engine.needs_arm(),
+            needs_arm,
             armed: g.armed,
             backlogged: p.backlogged,
         };
@@ -200,6 +201,7 @@ pub(super) fn helper_loop() {
             }
         };
         g.helper_sleep = Some(sleep);
+        g.helper_direct = !needs_arm;
         set_alarm(sleep.until);
         drop(g);
         let mut look = t.app_active;
