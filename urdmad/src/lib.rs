@@ -15,6 +15,7 @@ pub mod config;
 pub mod daemon;
 pub mod demux;
 pub mod eal;
+pub mod ebpf;
 pub mod holder;
 pub mod hwflow;
 pub mod lending;

@@ -14,9 +14,10 @@
 //! load programs. Without it the port offers no direct path, and says why.
 
 use crate::direct::{self, ACCEPT};
+use crate::ebpf::{self, *};
 use std::io;
 use std::net::SocketAddrV4;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// Most connections of one port on the direct path: the map's size. Every frame on the
 /// interface also runs each direct socket's own filter in the kernel, so the receive cost
@@ -35,190 +36,49 @@ fn key(local: &SocketAddrV4, remote: &SocketAddrV4) -> [u8; KEY_SIZE as usize] {
     k
 }
 
-/// One eBPF instruction (`struct bpf_insn`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Insn {
-    code: u8,
-    /// dst_reg in the low nibble, src_reg in the high one.
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
-
-fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        code,
-        regs: dst | src << 4,
-        off,
-        imm,
-    }
-}
-
-// Instruction classes, sizes, modes and operations (linux/bpf_common.h, linux/bpf.h).
-const LD: u8 = 0x00;
-const LDX: u8 = 0x01;
-const STX: u8 = 0x03;
-const JMP: u8 = 0x05;
-const ALU64: u8 = 0x07;
-const W: u8 = 0x00;
-const H: u8 = 0x08;
-const B: u8 = 0x10;
-const DW: u8 = 0x18;
-const IMM: u8 = 0x00;
-const ABS: u8 = 0x20;
-const IND: u8 = 0x40;
-const MEM: u8 = 0x60;
-const K: u8 = 0x00;
-const X: u8 = 0x08;
-const ADD: u8 = 0x00;
-const AND: u8 = 0x50;
-const LSH: u8 = 0x60;
-const MOV: u8 = 0xb0;
-const JEQ: u8 = 0x10;
-const JNE: u8 = 0x50;
-const JSET: u8 = 0x40;
-const CALL: u8 = 0x80;
-const EXIT: u8 = 0x90;
-const PSEUDO_MAP_FD: u8 = 1;
-const FN_MAP_LOOKUP_ELEM: i32 = 1;
-/// `offsetof(struct __sk_buff, pkt_type)`.
-const SKB_PKT_TYPE: i16 = 4;
-/// Registers: R0 return value and load results, R1-R5 arguments, R6 the context (where
-/// `LD_ABS` wants it), R10 the frame pointer.
-const R0: u8 = 0;
-const R1: u8 = 1;
-const R2: u8 = 2;
-const R6: u8 = 6;
-const R7: u8 = 7;
-const R10: u8 = 10;
-
-/// Where a jump goes: one of the two verdicts at the program's end.
-#[derive(Clone, Copy, PartialEq)]
-enum To {
-    Drop,
-    Accept,
-}
-
 /// The program, its map named by `map_fd`. Packet loads past the frame's end end the
 /// program with 0 (drop), as in a classic filter.
 fn program(map_fd: RawFd) -> Vec<Insn> {
     use direct::{DADDR_AT, ETHERTYPE_AT, FRAG_AT, IHL_AT, PORTS_AT_X, PROTO_AT, SADDR_AT};
-    let ld_abs = |size: u8, at: u32| (insn(LD | size | ABS, 0, 0, 0, at as i32), None);
-    let jump = |op: u8, imm: u32, to: To| (insn(JMP | op | K, R0, 0, 0, imm as i32), Some(to));
-    let store_key = |at: i16| (insn(STX | W | MEM, R10, R0, at, 0), None);
-    let op = |i: Insn| (i, None);
-    let body = [
-        op(insn(ALU64 | MOV | X, R6, R1, 0, 0)),
-        // Frames this host sends out.
-        op(insn(LDX | W | MEM, R0, R6, SKB_PKT_TYPE, 0)),
-        jump(JEQ, u32::from(libc::PACKET_OUTGOING), To::Drop),
-        // Anything but an unfragmented IPv4/UDP frame is urdmad's.
-        ld_abs(H, ETHERTYPE_AT),
-        jump(JNE, 0x0800, To::Accept),
-        ld_abs(B, PROTO_AT),
-        jump(JNE, 17, To::Accept),
-        ld_abs(H, FRAG_AT),
-        jump(JSET, 0x3fff, To::Accept),
-        // The key, on the stack: source, destination, ports.
-        ld_abs(W, SADDR_AT),
-        store_key(-12),
-        ld_abs(W, DADDR_AT),
-        store_key(-8),
-        ld_abs(B, IHL_AT),
-        op(insn(ALU64 | AND | K, R0, 0, 0, 0xf)),
-        op(insn(ALU64 | LSH | K, R0, 0, 0, 2)),
-        op(insn(ALU64 | MOV | X, R7, R0, 0, 0)),
-        op(insn(LD | W | IND, 0, R7, 0, PORTS_AT_X as i32)),
-        store_key(-4),
-        op(insn(LD | DW | IMM, R1, PSEUDO_MAP_FD, 0, map_fd)),
-        op(insn(0, 0, 0, 0, 0)),
-        op(insn(ALU64 | MOV | X, R2, R10, 0, 0)),
-        op(insn(ALU64 | ADD | K, R2, 0, 0, -12)),
-        op(insn(JMP | CALL, 0, 0, 0, FN_MAP_LOOKUP_ELEM)),
-        // A direct connection's frame.
-        jump(JNE, 0, To::Drop),
-    ];
-    let accept = body.len();
-    let drop = accept + 2;
-    let mut p: Vec<Insn> = body
-        .iter()
-        .enumerate()
-        .map(|(i, &(mut ins, to))| {
-            if let Some(to) = to {
-                let target = if to == To::Drop { drop } else { accept };
-                ins.off = (target - i - 1) as i16;
-            }
-            ins
-        })
-        .collect();
-    p.push(insn(ALU64 | MOV | K, R0, 0, 0, ACCEPT as i32));
-    p.push(insn(JMP | EXIT, 0, 0, 0, 0));
-    p.push(insn(ALU64 | MOV | K, R0, 0, 0, 0));
-    p.push(insn(JMP | EXIT, 0, 0, 0, 0));
-    p
-}
-
-// bpf(2) commands and types.
-const BPF_MAP_CREATE: i32 = 0;
-const BPF_MAP_UPDATE_ELEM: i32 = 2;
-const BPF_MAP_DELETE_ELEM: i32 = 3;
-const BPF_PROG_LOAD: i32 = 5;
-#[cfg(test)]
-const BPF_PROG_TEST_RUN: i32 = 10;
-const BPF_MAP_TYPE_HASH: u32 = 1;
-const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
-const BPF_NOEXIST: u64 = 1;
-const SO_ATTACH_BPF: i32 = 50;
-
-/// `union bpf_attr`, as the words each command reads; the kernel wants the rest zero.
-#[repr(C, align(8))]
-struct Attr([u8; 128]);
-
-impl Attr {
-    fn new() -> Attr {
-        Attr([0; 128])
-    }
-    fn u32(&mut self, at: usize, v: u32) -> &mut Attr {
-        self.0[at..at + 4].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-    fn u64(&mut self, at: usize, v: u64) -> &mut Attr {
-        self.0[at..at + 8].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-    fn name(&mut self, at: usize, name: &str) -> &mut Attr {
-        self.0[at..at + name.len()].copy_from_slice(name.as_bytes());
-        self
-    }
-    #[cfg(test)]
-    fn read_u32(&self, at: usize) -> u32 {
-        u32::from_ne_bytes(self.0[at..at + 4].try_into().expect("4 bytes"))
-    }
-}
-
-fn bpf(cmd: i32, attr: &mut Attr) -> io::Result<i64> {
-    // SAFETY: attr is a zero-filled bpf_attr of the size passed, with the pointers in it
-    // valid for the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut Attr,
-            std::mem::size_of::<Attr>(),
-        )
+    let mut a = Asm::default();
+    let (drop, accept) = (a.label(), a.label());
+    let store_key = |a: &mut Asm, at: i16| {
+        a.op(insn(STX | W | MEM, R10, R0, at, 0));
     };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
-fn bpf_fd(cmd: i32, attr: &mut Attr) -> io::Result<OwnedFd> {
-    let fd = bpf(cmd, attr)? as RawFd;
-    // SAFETY: the kernel just gave us this descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    a.op(insn(ALU64 | MOV | X, R6, R1, 0, 0));
+    // Frames this host sends out.
+    a.op(insn(LDX | W | MEM, R0, R6, SKB_PKT_TYPE, 0)).jump_r0(
+        JEQ,
+        u32::from(libc::PACKET_OUTGOING),
+        drop,
+    );
+    // Anything but an unfragmented IPv4/UDP frame is urdmad's.
+    a.ld_abs(H, ETHERTYPE_AT).jump_r0(JNE, 0x0800, accept);
+    a.ld_abs(B, PROTO_AT).jump_r0(JNE, 17, accept);
+    a.ld_abs(H, FRAG_AT).jump_r0(JSET, 0x3fff, accept);
+    // The key, on the stack: source, destination, ports.
+    a.ld_abs(W, SADDR_AT);
+    store_key(&mut a, -12);
+    a.ld_abs(W, DADDR_AT);
+    store_key(&mut a, -8);
+    a.ld_abs(B, IHL_AT)
+        .op(insn(ALU64 | AND | K, R0, 0, 0, 0xf))
+        .op(insn(ALU64 | LSH | K, R0, 0, 0, 2))
+        .op(insn(ALU64 | MOV | X, R7, R0, 0, 0))
+        .ld_ind(W, R7, PORTS_AT_X);
+    store_key(&mut a, -4);
+    a.ld_map(R1, map_fd)
+        .op(insn(ALU64 | MOV | X, R2, R10, 0, 0))
+        .op(insn(ALU64 | ADD | K, R2, 0, 0, -12))
+        .op(insn(JMP | CALL, 0, 0, 0, FN_MAP_LOOKUP_ELEM));
+    // Not a direct connection's frame: urdmad's.
+    a.if_null(accept);
+    a.jump(insn(JMP | JA, 0, 0, 0, 0), drop);
+    a.bind(accept);
+    a.ret(ACCEPT);
+    a.bind(drop);
+    a.ret(0);
+    a.finish()
 }
 
 /// The loaded program and the map of direct connections it reads.
@@ -231,119 +91,38 @@ impl PortFilter {
     /// Creates the map and loads the program. The error of a refused program carries the
     /// verifier's log.
     pub fn new() -> io::Result<PortFilter> {
-        let map = bpf_fd(
-            BPF_MAP_CREATE,
-            Attr::new()
-                .u32(0, BPF_MAP_TYPE_HASH)
-                .u32(4, KEY_SIZE)
-                .u32(8, 1)
-                .u32(12, MAX_DIRECT)
-                .name(28, "urdmad_direct"),
+        let map = ebpf::create_map(
+            BPF_MAP_TYPE_HASH,
+            KEY_SIZE,
+            1,
+            MAX_DIRECT,
+            0,
+            "urdmad_direct",
         )?;
-        let insns = program(map.as_raw_fd());
-        let license = c"GPL";
-        let load = |log: &mut [u8]| {
-            let mut attr = Attr::new();
-            attr.u32(0, BPF_PROG_TYPE_SOCKET_FILTER)
-                .u32(4, insns.len() as u32)
-                .u64(8, insns.as_ptr() as u64)
-                .u64(16, license.as_ptr() as u64)
-                .name(48, "urdmad_port");
-            if !log.is_empty() {
-                attr.u32(24, 1)
-                    .u32(28, log.len() as u32)
-                    .u64(32, log.as_mut_ptr() as u64);
-            }
-            // The verifier gives up with EAGAIN when a signal reaches the thread while it
-            // works (urdmad's own handlers, a child's end); the program is not at fault, so
-            // the load is tried again, as libbpf does.
-            let mut tries = 5;
-            loop {
-                match bpf_fd(BPF_PROG_LOAD, &mut attr) {
-                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries > 1 => tries -= 1,
-                    r => return r,
-                }
-            }
-        };
-        // Without a log first: a log too small for what the verifier says fails the load.
-        let prog = load(&mut []).map_err(|e| {
-            let mut log = vec![0u8; 1 << 20];
-            let _ = load(&mut log);
-            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            let why = String::from_utf8_lossy(&log[..end]);
-            let last = why
-                .lines()
-                .rev()
-                .find(|l| !l.is_empty())
-                .unwrap_or("no log");
-            io::Error::new(e.kind(), format!("loading the port filter: {e}: {last}"))
-        })?;
+        let prog = ebpf::load_socket_filter(&program(map.as_raw_fd()), "urdmad_port")?;
         Ok(PortFilter { map, prog })
     }
 
     /// Puts the filter on socket `fd`.
     pub fn attach(&self, fd: RawFd) -> io::Result<()> {
-        let prog = self.prog.as_raw_fd();
-        // SAFETY: an int of the given size.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                SO_ATTACH_BPF,
-                (&prog as *const RawFd).cast(),
-                std::mem::size_of::<RawFd>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        ebpf::attach(fd, &self.prog)
     }
 
     /// Leaves the frames from `remote` to `local` out from now on. Fails when the map is
     /// full (`E2BIG`) or already holds the connection (`EEXIST`).
     pub fn insert(&self, local: &SocketAddrV4, remote: &SocketAddrV4) -> io::Result<()> {
-        let k = key(local, remote);
-        let v = 1u8;
-        bpf(
-            BPF_MAP_UPDATE_ELEM,
-            Attr::new()
-                .u32(0, self.map.as_raw_fd() as u32)
-                .u64(8, k.as_ptr() as u64)
-                .u64(16, &v as *const u8 as u64)
-                .u64(24, BPF_NOEXIST),
-        )
-        .map(drop)
+        ebpf::map_update(&self.map, &key(local, remote), &[1u8], BPF_NOEXIST)
     }
 
     /// Takes the frames from `remote` to `local` in again.
     pub fn remove(&self, local: &SocketAddrV4, remote: &SocketAddrV4) -> io::Result<()> {
-        let k = key(local, remote);
-        bpf(
-            BPF_MAP_DELETE_ELEM,
-            Attr::new()
-                .u32(0, self.map.as_raw_fd() as u32)
-                .u64(8, k.as_ptr() as u64),
-        )
-        .map(drop)
+        ebpf::map_delete(&self.map, &key(local, remote))
     }
 
-    /// The program's verdict on `frame`, run by the kernel (`BPF_PROG_TEST_RUN`).
+    /// The program's verdict on `frame`, run by the kernel.
     #[cfg(test)]
     fn verdict(&self, frame: &[u8]) -> io::Result<u32> {
-        // The kernel takes a test frame's Ethernet header off before a socket filter runs,
-        // where a packet socket's filter sees it: put one more in front.
-        let mut data = vec![0u8; 14];
-        data[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
-        data.extend_from_slice(frame);
-        let mut attr = Attr::new();
-        attr.u32(0, self.prog.as_raw_fd() as u32)
-            .u32(8, data.len() as u32)
-            .u64(16, data.as_ptr() as u64)
-            .u32(32, 1);
-        bpf(BPF_PROG_TEST_RUN, &mut attr)?;
-        Ok(attr.read_u32(4))
+        ebpf::test_run(&self.prog, frame)
     }
 }
 
