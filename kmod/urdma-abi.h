@@ -15,7 +15,7 @@
 
 #include <linux/types.h>
 
-#define URDMA_ABI_VERSION 4
+#define URDMA_ABI_VERSION 5
 /* "URDM": tells the provider that the context really came from urdma.ko. */
 #define URDMA_ABI_MAGIC 0x5552444dU
 /*
@@ -31,6 +31,28 @@ struct urdma_uresp_alloc_ctx {
 	__u32 abi_version;
 	__u32 dev_id;		/* index of the urdma device, stable while it exists */
 	__u32 reserved;
+};
+
+/*
+ * Request of create_cq: where the CQ's arm word lives in the provider, or 0
+ * for a CQ without one (no completion channel).  The word is a __u32 holding
+ * an enum urdma_cq_arm.  The provider sets it in ibv_req_notify_cq; whoever
+ * first sees a completion the arm asks for swaps it back to
+ * URDMA_CQ_ARM_OFF and, having won the swap, fires the CQ's event: the
+ * provider (with REQ_NOTIFY_CQ) when it pushes the completion, or urdma.ko
+ * when a frame that completes a receive reaches a QP of the CQ on its
+ * direct socket (URDMA_CM_BELL).
+ * So exactly one event fires per arm.  urdma.ko pins the word's page from
+ * create_cq to destroy_cq.
+ */
+struct urdma_ureq_create_cq {
+	__u64 arm_addr;		/* 4-byte aligned */
+};
+
+enum urdma_cq_arm {
+	URDMA_CQ_ARM_OFF = 0,
+	URDMA_CQ_ARM_NEXT = 1,		/* any completion */
+	URDMA_CQ_ARM_SOLICITED = 2,	/* a solicited one or an error */
 };
 
 /* Response to create_cq. */
@@ -69,6 +91,7 @@ enum urdma_cm_op {
 	URDMA_CM_CLOSED = 7,		/* dev/qpn's connection ended: status */
 	URDMA_CM_REQUEST_GONE = 8,	/* req abandoned before accept/reject */
 	URDMA_CM_STATS = 9,		/* ifname's port counters, in pdata */
+	URDMA_CM_BELL = 10,		/* dev/qpn's frames: socket req, verdicts id */
 	/* kernel -> urdmad */
 	URDMA_CM_LISTEN = 32,		/* listener id on local addr:port (addr 0 = any) */
 	URDMA_CM_UNLISTEN = 33,		/* listener id is gone */
@@ -98,6 +121,30 @@ enum urdma_stat {
 	URDMA_STAT_CRC_ERRORS,		/* datagrams dropped for their CRC32C */
 	URDMA_STAT_MALFORMED,		/* datagrams of a QP that did not parse */
 	URDMA_STAT_COUNT
+};
+
+/*
+ * URDMA_CM_BELL: req is a descriptor, in urdmad, of the packet socket that
+ * receives dev/qpn's frames (the direct path), id one of the verdict map
+ * that the socket's filter writes (below).  urdma.ko watches the socket
+ * until the QP is destroyed or urdmad sends CLOSED for it: a frame whose
+ * verdict announces a receive completion that the QP's receive CQ is
+ * armed for fires that CQ's event at once, in the softirq that queued the
+ * frame, and the provider's poll then runs the protocol.  Such a frame
+ * wakes no other waiter of the socket (the provider's helper thread);
+ * every other frame wakes them as before.  A later BELL for the same QP
+ * replaces the earlier one.
+ *
+ * The verdict map is a BPF_MAP_TYPE_PERCPU_ARRAY (key and value __u32,
+ * at least one entry).  For every frame it accepts, the socket filter
+ * stores the frame's enum urdma_bell_verdict in entry 0 of the CPU it
+ * runs on; urdma.ko reads and clears it in the same softirq, so the slot
+ * cannot hold another frame's verdict.
+ */
+enum urdma_bell_verdict {
+	URDMA_BELL_NONE = 0,		/* completes nothing the bell announces */
+	URDMA_BELL_RECV = 1,		/* completes a receive, in order */
+	URDMA_BELL_RECV_SOLICITED = 2,	/* the same, and it is solicited */
 };
 
 /*

@@ -113,7 +113,13 @@ struct urdma_dev {
 	u32 next_cq_id;
 	struct xarray mr_xa;		/* STag indices of MRs and MWs */
 	u32 next_stag_index;
+
+	atomic64_t bell_events;		/* completion events the bell fired */
 };
+
+/* hw_counters: urdmad's (enum urdma_stat), then the module's own. */
+#define URDMA_HW_BELL_EVENTS	URDMA_STAT_COUNT
+#define URDMA_HW_COUNT		(URDMA_STAT_COUNT + 1)
 
 struct urdma_ucontext {
 	struct ib_ucontext ibucontext;
@@ -126,6 +132,8 @@ struct urdma_pd {
 struct urdma_cq {
 	struct ib_cq ibcq;
 	u32 id;
+	struct page *arm_page;	/* pinned from create to destroy, or NULL */
+	u32 *arm;		/* the provider's arm word (enum urdma_cq_arm) */
 };
 
 /* The receives live in the provider; the module keeps the limits. */
@@ -167,6 +175,7 @@ struct urdma_qp {
 	u8 max_dest_rd_atomic;
 	struct ib_qp_cap cap;
 	enum ib_sig_type sq_sig_type;
+	struct urdma_bell *bell;	/* under urdma_cm_mutex */
 };
 
 static inline struct urdma_dev *to_udev(struct ib_device *ibdev)
@@ -256,6 +265,12 @@ int urdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 		    const struct ib_send_wr **bad_wr);
 int urdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		    const struct ib_recv_wr **bad_wr);
+
+/* urdma_bell.c */
+int urdma_cq_arm_pin(struct urdma_cq *cq, u64 addr);
+void urdma_cq_arm_unpin(struct urdma_cq *cq);
+int urdma_bell_attach(struct urdma_qp *qp, int sock_fd, int map_fd);
+void urdma_bell_detach(struct urdma_qp *qp);
 
 /* urdma_cm.c */
 void urdma_qp_get(struct ib_qp *ibqp);

@@ -580,6 +580,7 @@ void urdma_cm_qp_destroy(struct urdma_qp *qp)
 	struct urdma_ep *ep;
 
 	mutex_lock(&urdma_cm_mutex);
+	urdma_bell_detach(qp);
 	ep = urdma_ep_by_qp(qp);
 	if (ep) {
 		urdma_send_disconnect(ep, -ECONNRESET);
@@ -1107,6 +1108,8 @@ static void urdma_cm_closed(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 
 	if (!ep)
 		return;
+	if (ep->qp)
+		urdma_bell_detach(ep->qp);
 	switch (ep->state) {
 	case URDMA_EP_ESTABLISHED:
 		urdma_ep_close(ep, status, status < 0);
@@ -1123,6 +1126,22 @@ static void urdma_cm_closed(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 	default:
 		break;
 	}
+}
+
+/*
+ * Hands the connection's socket and its filter's verdict map to the bell
+ * (urdma_bell.c).  Only the daemon that serves the connection may name
+ * its QP.
+ */
+static int urdma_cm_bell(struct urdma_chan *chan, struct urdma_cm_msg *msg)
+{
+	struct urdma_ep *ep = urdma_ep_by_qpn(chan, msg->dev_id, msg->qpn);
+
+	if (!ep)
+		return -ENOENT;
+	if (msg->req > INT_MAX || msg->id > INT_MAX)
+		return -EBADF;
+	return urdma_bell_attach(ep->qp, (int)msg->req, (int)msg->id);
 }
 
 /* The port counters of the interface msg->ifname, if this channel serves it. */
@@ -1162,6 +1181,8 @@ void urdma_cm_read_stats(struct urdma_dev *udev, u64 *values)
 
 static int urdma_cm_dispatch(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 {
+	int rv = 0;
+
 	if (msg->pdata_len > URDMA_CM_MAX_PDATA)
 		return -EINVAL;
 	if (msg->op == URDMA_CM_REGISTER)
@@ -1197,12 +1218,15 @@ static int urdma_cm_dispatch(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 	case URDMA_CM_STATS:
 		urdma_cm_stats(chan, msg);
 		break;
+	case URDMA_CM_BELL:
+		rv = urdma_cm_bell(chan, msg);
+		break;
 	default:
-		mutex_unlock(&urdma_cm_mutex);
-		return -EINVAL;
+		rv = -EINVAL;
+		break;
 	}
 	mutex_unlock(&urdma_cm_mutex);
-	return 0;
+	return rv;
 }
 
 /* The interface is going away (or to another namespace). */

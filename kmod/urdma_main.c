@@ -90,7 +90,10 @@ static void urdma_dealloc_driver(struct ib_device *ibdev)
 	netdev_put(udev->netdev, &udev->netdev_tracker);
 }
 
-/* Names of the counters urdmad sends (enum urdma_stat), as hw_counters show them. */
+/*
+ * Names of the counters urdmad sends (enum urdma_stat), as hw_counters show
+ * them, and after them the module's own.
+ */
 static const struct rdma_stat_desc urdma_stat_descs[] = {
 	[URDMA_STAT_RX_FRAMES] = { .name = "rx_frames" },
 	[URDMA_STAT_TX_FRAMES] = { .name = "tx_frames" },
@@ -102,20 +105,24 @@ static const struct rdma_stat_desc urdma_stat_descs[] = {
 	[URDMA_STAT_DUPLICATES] = { .name = "duplicates" },
 	[URDMA_STAT_CRC_ERRORS] = { .name = "crc_errors" },
 	[URDMA_STAT_MALFORMED] = { .name = "malformed" },
+	[URDMA_HW_BELL_EVENTS] = { .name = "bell_events" },
 };
 
 static struct rdma_hw_stats *
 urdma_alloc_hw_port_stats(struct ib_device *ibdev, u32 port_num)
 {
-	BUILD_BUG_ON(ARRAY_SIZE(urdma_stat_descs) != URDMA_STAT_COUNT);
-	return rdma_alloc_hw_stats_struct(urdma_stat_descs, URDMA_STAT_COUNT,
+	BUILD_BUG_ON(ARRAY_SIZE(urdma_stat_descs) != URDMA_HW_COUNT);
+	return rdma_alloc_hw_stats_struct(urdma_stat_descs, URDMA_HW_COUNT,
 					  RDMA_HW_STATS_DEFAULT_LIFESPAN);
 }
 
 static int urdma_get_hw_stats(struct ib_device *ibdev,
 			      struct rdma_hw_stats *stats, u32 port, int index)
 {
-	urdma_cm_read_stats(to_udev(ibdev), stats->value);
+	struct urdma_dev *udev = to_udev(ibdev);
+
+	urdma_cm_read_stats(udev, stats->value);
+	stats->value[URDMA_HW_BELL_EVENTS] = atomic64_read(&udev->bell_events);
 	return stats->num_counters;
 }
 

@@ -309,6 +309,7 @@ int urdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 	struct urdma_dev *udev = to_udev(ibcq->device);
 	struct urdma_cq *cq = to_ucq(ibcq);
 	struct urdma_uresp_create_cq uresp = {};
+	struct urdma_ureq_create_cq ureq = {};
 	int rv;
 
 	if (!udata)
@@ -319,13 +320,23 @@ int urdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		return -EINVAL;
 	if (udata->outlen < sizeof(uresp))
 		return -EINVAL;
+	if (udata->inlen) {
+		if (udata->inlen < sizeof(ureq))
+			return -EINVAL;
+		rv = ib_copy_from_udata(&ureq, udata, sizeof(ureq));
+		if (rv)
+			return rv;
+	}
 	if (!urdma_reserve(&udev->num_cq, udev->limits.cq))
 		return -ENOMEM;
+	rv = urdma_cq_arm_pin(cq, ureq.arm_addr);
+	if (rv)
+		goto err_count;
 
 	rv = xa_alloc_cyclic(&udev->cq_xa, &cq->id, cq, xa_limit_31b,
 			     &udev->next_cq_id, GFP_KERNEL);
 	if (rv < 0)
-		goto err_count;
+		goto err_arm;
 
 	ibcq->cqe = attr->cqe;
 	uresp.cq_id = cq->id;
@@ -336,16 +347,20 @@ int urdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 
 err_id:
 	xa_erase(&udev->cq_xa, cq->id);
+err_arm:
+	urdma_cq_arm_unpin(cq);
 err_count:
 	atomic_dec(&udev->num_cq);
 	return rv;
 }
 
+/* No QP uses the CQ any more (ib_core checks), so no bell reads its arm. */
 int urdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 {
 	struct urdma_dev *udev = to_udev(ibcq->device);
 
 	xa_erase(&udev->cq_xa, to_ucq(ibcq)->id);
+	urdma_cq_arm_unpin(to_ucq(ibcq));
 	atomic_dec(&udev->num_cq);
 	return 0;
 }

@@ -22,7 +22,7 @@ fn generate() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
     bindgen::Builder::default()
         .header(header.to_string_lossy())
-        .allowlist_type("urdma_(cm_.*|stat)")
+        .allowlist_type("urdma_(cm_.*|stat|bell_verdict)")
         .allowlist_var("URDMA_CM_.*")
         .derive_default(true)
         .layout_tests(true)

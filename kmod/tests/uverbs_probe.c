@@ -204,6 +204,30 @@ static int create_cq(__u32 cqe, __u32 *cq)
 	return rv;
 }
 
+/*
+ * create_cq with urdma's request after the command: the CQ's arm word at
+ * arm, of which drv_len bytes of the request are sent.
+ */
+static int create_cq_arm(__u64 arm, size_t drv_len, __u32 *cq)
+{
+	struct {
+		struct ib_uverbs_create_cq core;
+		struct urdma_ureq_create_cq drv;
+	} req = {
+		.core = { .cqe = 4, .comp_channel = -1 },
+		.drv = { .arm_addr = arm },
+	};
+	struct {
+		struct ib_uverbs_create_cq_resp core;
+		struct urdma_uresp_create_cq drv;
+	} resp = {};
+	int rv = uverbs_cmd(IB_USER_VERBS_CMD_CREATE_CQ, &req,
+			    sizeof(req.core) + drv_len, &resp, sizeof(resp));
+
+	*cq = resp.core.cq_handle;
+	return rv;
+}
+
 static int destroy_cq(__u32 cq)
 {
 	struct ib_uverbs_destroy_cq req = { .cq_handle = cq };
@@ -371,6 +395,36 @@ static int do_cycle(long n)
 	return failures != 0;
 }
 
+/* The arm word create_cq pins (docs/kernel-abi.md, "Private data"). */
+static void check_cq_arm(void)
+{
+	static __u32 words[2] __attribute__((aligned(8)));
+	char *ro = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *gone = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	__u32 cq;
+
+	if (ro == MAP_FAILED || gone == MAP_FAILED) {
+		printf("FAIL mmap: %s\n", strerror(errno));
+		exit(1);
+	}
+	munmap(gone, 4096);
+	expect(create_cq_arm((uintptr_t)words, sizeof(__u64), &cq), 0,
+	       "CQ with an arm word");
+	expect(destroy_cq(cq), 0, "destroy CQ with an arm word");
+	expect(create_cq_arm(0, sizeof(__u64), &cq), 0, "CQ with no arm word");
+	expect(destroy_cq(cq), 0, "destroy CQ with no arm word");
+	expect(create_cq_arm((uintptr_t)words + 2, sizeof(__u64), &cq), -EINVAL,
+	       "CQ arm word not aligned");
+	expect(create_cq_arm((uintptr_t)ro, sizeof(__u64), &cq), -EFAULT,
+	       "CQ arm word read-only");
+	expect(create_cq_arm((uintptr_t)gone, sizeof(__u64), &cq), -EFAULT,
+	       "CQ arm word unmapped");
+	expect(create_cq_arm((uintptr_t)words, sizeof(__u32), &cq), -EINVAL,
+	       "CQ request cut short");
+	munmap(ro, 4096);
+}
+
 static void check_qp_caps(__u32 pd, __u32 cq)
 {
 	struct qp_req q;
@@ -476,6 +530,7 @@ static int do_errors(void)
 	expect(create_cq(0, &cq), -EINVAL, "CQ of 0 entries");
 	expect(create_cq(dev_attr.max_cqe, &cq2), 0, "CQ of max_cqe");
 	must(destroy_cq(cq2), "destroy_cq");
+	check_cq_arm();
 	must(create_cq(16, &cq), "create_cq");
 
 	check_qp_caps(pd, cq);

@@ -231,6 +231,7 @@ fn connect(a: &mut End, b: &mut End, ab: *mut Wire, ba: *mut Wire, now: Instant)
         datagram: 1472,
         crc: true,
         direct: 0,
+        bell: false,
         stats: None,
         conn: 0xB,
         isn: 500,

@@ -27,6 +27,13 @@ pub struct AllocContextResp {
     pub drv: urdma_uresp_alloc_ctx,
 }
 
+/// `create_cq`'s command with urdma's private request after it.
+#[repr(C)]
+pub struct CreateCqCmd {
+    pub ibv: rdma_core_sys::ibv_create_cq,
+    pub drv: urdma_ureq_create_cq,
+}
+
 #[repr(C)]
 #[derive(Default)]
 pub struct CreateCqResp {
@@ -74,6 +81,11 @@ mod tests {
         assert_eq!(size_of::<urdma_uresp_create_qp>(), 8);
         assert_eq!(offset_of!(AllocContextResp, drv), 8);
         assert_eq!(offset_of!(CreateCqResp, drv), 8);
+        assert_eq!(size_of::<urdma_ureq_create_cq>(), 8);
+        assert_eq!(
+            offset_of!(CreateCqCmd, drv),
+            size_of::<rdma_core_sys::ibv_create_cq>()
+        );
         assert_eq!(offset_of!(CreateQpResp, drv), 32);
         assert_eq!(
             offset_of!(AllocContextResp, drv),

@@ -7,11 +7,23 @@
 //! urdma.ko to signal the completion channel. Arming and pushing both run
 //! under the engine lock, so a completion pushed right after an arm always
 //! fires it: no wake-up is lost.
+//!
+//! The arm itself is a word urdma.ko shares ([`ArmWord`]): when a frame
+//! reaches a QP of an armed queue, the kernel fires the channel at once and
+//! disarms the queue (its bell, urdma-abi.h). Both sides disarm with one
+//! swap and only the winner fires, so one event fires per arm.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use rdma_core_sys::*;
 use trp::{Completion, PostError, WcOpcode, WcStatus};
+
+use crate::abi::{
+    urdma_cq_arm_URDMA_CQ_ARM_NEXT as URDMA_CQ_ARM_NEXT,
+    urdma_cq_arm_URDMA_CQ_ARM_OFF as URDMA_CQ_ARM_OFF,
+    urdma_cq_arm_URDMA_CQ_ARM_SOLICITED as URDMA_CQ_ARM_SOLICITED,
+};
 
 /// trp's status → `ibv_wc_status`.
 pub fn wc_status(s: WcStatus) -> ibv_wc_status {
@@ -91,22 +103,94 @@ pub enum Arm {
     Solicited,
 }
 
+impl Arm {
+    fn word(self) -> u32 {
+        match self {
+            Arm::Off => URDMA_CQ_ARM_OFF,
+            Arm::Next => URDMA_CQ_ARM_NEXT,
+            Arm::Solicited => URDMA_CQ_ARM_SOLICITED,
+        }
+    }
+
+    fn of_word(w: u32) -> Arm {
+        match w {
+            URDMA_CQ_ARM_NEXT => Arm::Next,
+            URDMA_CQ_ARM_SOLICITED => Arm::Solicited,
+            _ => Arm::Off,
+        }
+    }
+}
+
+/// A queue's arm as urdma.ko sees it too (`enum urdma_cq_arm`): boxed, so
+/// that it stays at the address the kernel pinned at `create_cq` for as
+/// long as the queue lives.
+#[derive(Debug, Default)]
+pub struct ArmWord(Box<AtomicU32>);
+
+impl ArmWord {
+    /// Its address, for `create_cq`'s request.
+    pub fn addr(&self) -> u64 {
+        &*self.0 as *const AtomicU32 as u64
+    }
+
+    fn get(&self) -> Arm {
+        Arm::of_word(self.0.load(Ordering::Acquire))
+    }
+
+    /// Disarms `from`; whether this call did (and so must fire).
+    fn take(&self, from: Arm) -> bool {
+        self.0
+            .compare_exchange(
+                from.word(),
+                URDMA_CQ_ARM_OFF,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// As [`Cq::arm`] says; the kernel may disarm it meanwhile.
+    fn arm(&self, solicited_only: bool) {
+        let want = if solicited_only {
+            Arm::Solicited
+        } else {
+            Arm::Next
+        };
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (Arm::of_word(w) != Arm::Next).then_some(want.word())
+            });
+    }
+
+    /// What the kernel's bell does to a queue armed for any completion.
+    #[cfg(test)]
+    pub fn ring(&self) -> bool {
+        self.take(Arm::Next)
+    }
+}
+
 /// Calls urdma.ko (or a test's counter) to signal the completion channel.
 pub type Notify = Box<dyn FnMut() + Send>;
 
 pub struct Cq {
     entries: VecDeque<ibv_wc>,
     cap: usize,
-    arm: Arm,
+    arm: ArmWord,
     notify: Option<Notify>,
 }
 
 impl Cq {
     pub fn new(cap: usize, notify: Option<Notify>) -> Cq {
+        Cq::with_arm(cap, notify, ArmWord::default())
+    }
+
+    /// A queue whose arm is `arm`, which the kernel may already know.
+    pub fn with_arm(cap: usize, notify: Option<Notify>, arm: ArmWord) -> Cq {
         Cq {
             entries: VecDeque::with_capacity(cap.min(4096)),
             cap,
-            arm: Arm::Off,
+            arm,
             notify,
         }
     }
@@ -125,31 +209,35 @@ impl Cq {
     }
 
     pub fn arm_state(&self) -> Arm {
-        self.arm
+        self.arm.get()
+    }
+
+    #[cfg(test)]
+    pub fn arm_word(&self) -> &ArmWord {
+        &self.arm
     }
 
     /// `ibv_req_notify_cq`. Arming for any completion supersedes a
     /// solicited-only arm, never the other way round.
     pub fn arm(&mut self, solicited_only: bool) {
-        self.arm = match (self.arm, solicited_only) {
-            (Arm::Next, _) | (_, false) => Arm::Next,
-            _ => Arm::Solicited,
-        };
+        self.arm.arm(solicited_only);
     }
 
     /// Adds a completion (the caller checked [`Cq::room`]); fires the arm
-    /// it satisfies. Returns whether it fired.
+    /// it satisfies, unless the kernel fired it first. Returns whether it
+    /// fired.
     pub fn push(&mut self, wc: ibv_wc, solicited: bool) -> bool {
         debug_assert!(self.room() > 0);
         let error = wc.status != IBV_WC_SUCCESS;
         self.entries.push_back(wc);
-        let fire = match self.arm {
+        let arm = self.arm.get();
+        let wanted = match arm {
             Arm::Off => false,
             Arm::Next => true,
             Arm::Solicited => solicited || error,
         };
+        let fire = wanted && self.arm.take(arm);
         if fire {
-            self.arm = Arm::Off;
             if let Some(n) = self.notify.as_mut() {
                 n();
             }
@@ -275,6 +363,29 @@ mod tests {
         assert_eq!(cq.arm_state(), Arm::Next);
         assert!(cq.push(ok, false));
         assert_eq!(n.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn the_kernel_and_the_provider_fire_one_event_per_arm() {
+        let (n, f) = counter();
+        let mut cq = Cq::new(8, Some(f));
+        let wc = to_wc(&completion(WcStatus::Success, WcOpcode::Recv), 1);
+        cq.arm(false);
+        // A frame rang the bell first: the completion it brings fires nothing more.
+        assert!(cq.arm_word().ring());
+        assert!(!cq.push(wc, false));
+        assert_eq!(n.load(Ordering::SeqCst), 0);
+        // The provider first: the bell finds the queue disarmed.
+        cq.arm(false);
+        assert!(cq.push(wc, false));
+        assert!(!cq.arm_word().ring());
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+        // The kernel leaves a solicited-only arm to the provider.
+        cq.arm(true);
+        assert!(!cq.arm_word().ring());
+        assert_eq!(cq.arm_state(), Arm::Solicited);
+        assert!(cq.push(wc, true));
+        assert_eq!(cq.arm_state(), Arm::Off);
     }
 
     /// An application thread that arms, polls once and then waits for the

@@ -263,7 +263,12 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     catch(libc::EIO, || {
         // SAFETY: cq is ours.
         let key = unsafe { cq_key(cq) };
-        runtime::with(|sh, _| {
+        runtime::with(|sh, now| {
+            // urdma.ko's bell fires a CQ's event when a frame that completes a receive is in
+            // the ring, before any thread has pushed the completion. Pushed now, before the
+            // arm, it fires no second event, and the CQ holds it when the caller polls, as
+            // with a kernel stack, whichever CQ the caller polls first.
+            sh.full_round(now);
             sh.app_going_to_sleep();
             if sh.engine.arm_cq(key, solicited_only != 0) {
                 0

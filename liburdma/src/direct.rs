@@ -10,6 +10,7 @@ use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use urdma_shared::bell::BellWord;
 use urdma_shared::direct::{Geometry, Rings};
 use urdma_shared::frame::{self, Endpoints, HEADERS};
 
@@ -52,6 +53,8 @@ pub struct SocketFlow {
     send_failures: u64,
     /// The child's copy after a fork: its socket is not given back.
     forked: bool,
+    /// Where the connection tells urdma.ko's bell which frame completes a receive.
+    bell: Option<BellWord>,
 }
 
 impl SocketFlow {
@@ -62,6 +65,7 @@ impl SocketFlow {
         geo: Geometry,
         ep: Endpoints,
         epoll: RawFd,
+        bell: Option<BellWord>,
     ) -> Result<SocketFlow, String> {
         let rings = Rings::map(sock, geo).map_err(|e| format!("cannot map its socket: {e}"))?;
         let mut ev = libc::epoll_event {
@@ -84,6 +88,7 @@ impl SocketFlow {
             unsent: false,
             send_failures: 0,
             forked: false,
+            bell,
         })
     }
 }
@@ -203,6 +208,14 @@ impl Flow for SocketFlow {
     fn forked(&mut self) {
         self.ring.forked();
         self.forked = true;
+        // The parent's connection: the child says nothing of it.
+        self.bell = None;
+    }
+
+    fn ring_for(&mut self, next: Option<u32>) {
+        if let Some(b) = self.bell.as_mut() {
+            b.publish(next);
+        }
     }
 
     fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {

@@ -18,7 +18,7 @@ use trp::{
     Instant, LocalOp, PostError, Queue, RecvWr, SendOp, SendWr, Sge, Srq, WcOpcode, WcStatus,
 };
 
-use crate::cq::{post_errno, to_wc, Cq, Notify};
+use crate::cq::{post_errno, to_wc, ArmWord, Cq, Notify};
 use crate::int_hash::IntMap;
 use crate::mem::{Bind, InlineBuf, MrTable, INLINE_STAG};
 use crate::qp_table::QpTable;
@@ -64,6 +64,9 @@ pub trait Flow: Send {
     fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {
         None
     }
+    /// The PSN whose arrival completes a receive now (`Connection::bell_psn`), for a flow
+    /// whose frames ring urdma.ko's bell ([`urdma_shared::bell`]).
+    fn ring_for(&mut self, _next: Option<u32>) {}
 }
 
 /// What a QP was created with.
@@ -272,6 +275,11 @@ impl Engine {
 
     pub fn create_cq(&mut self, key: CqKey, cap: usize, notify: Option<Notify>) {
         self.cqs.insert(key, Cq::new(cap, notify));
+    }
+
+    /// A CQ whose arm word urdma.ko knows ([`crate::cq::ArmWord`]).
+    pub fn create_cq_with_arm(&mut self, key: CqKey, cap: usize, notify: Notify, arm: ArmWord) {
+        self.cqs.insert(key, Cq::with_arm(cap, Some(notify), arm));
     }
 
     pub fn destroy_cq(&mut self, key: CqKey) {
@@ -496,7 +504,13 @@ impl Engine {
         let inline = qp.inline_region();
         let mem = self.mrs.view(key.0, Some(key.1), inline, None);
         match qp.conn.as_mut() {
-            Some(conn) => Ok(conn.post_recv(&mem, &RecvWr { wr_id, sges })?),
+            Some(conn) => {
+                conn.post_recv(&mem, &RecvWr { wr_id, sges })?;
+                if let Some(f) = qp.flow.as_mut() {
+                    f.ring_for(conn.bell_psn());
+                }
+                Ok(())
+            }
             None if qp.errored => {
                 qp.out.push_back(flush(wr_id, Queue::Recv, WcOpcode::Recv));
                 Ok(())

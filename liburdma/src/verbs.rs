@@ -7,7 +7,8 @@ use std::ffi::{c_int, c_void};
 
 use rdma_core_sys::*;
 
-use crate::abi::{CreateCqResp, CreateQpResp};
+use crate::abi::{urdma_ureq_create_cq, CreateCqCmd, CreateCqResp, CreateQpResp};
+use crate::cq::ArmWord;
 use crate::engine::QpInit;
 use crate::guard::{catch, set_errno};
 use crate::mem::access_from_ibv;
@@ -303,10 +304,18 @@ pub(crate) unsafe extern "C" fn create_cq(
     comp_vector: c_int,
 ) -> *mut ibv_cq {
     catch(std::ptr::null_mut(), || {
-        let mut cmd: ibv_create_cq = zeroed();
+        // Only a CQ with a channel has events for the kernel's bell to fire.
+        let arm = ArmWord::default();
+        let mut cmd = CreateCqCmd {
+            ibv: zeroed(),
+            drv: urdma_ureq_create_cq {
+                arm_addr: if channel.is_null() { 0 } else { arm.addr() },
+            },
+        };
         let mut resp = CreateCqResp::default();
         let made = create(|cq: *mut UrdmaCq| {
-            // SAFETY: cq is ours (verbs_cq starts with the ibv_cq).
+            // SAFETY: cq is ours (verbs_cq starts with the ibv_cq); the
+            // private request follows the command (CreateCqCmd is repr(C)).
             unsafe {
                 ibv_cmd_create_cq(
                     ctx,
@@ -314,7 +323,7 @@ pub(crate) unsafe extern "C" fn create_cq(
                     channel,
                     comp_vector,
                     cq.cast::<ibv_cq>(),
-                    &mut cmd,
+                    &mut cmd.ibv,
                     size_of_val(&cmd),
                     &mut resp.ibv,
                     size_of_val(&resp),
@@ -337,7 +346,8 @@ pub(crate) unsafe extern "C" fn create_cq(
                 unsafe { ibv_cmd_req_notify_cq(at as *mut ibv_cq, 0) };
             });
             let cap = cqe.max(1) as usize;
-            runtime::with_engine(|e| e.create_cq((dev, resp.drv.cq_id), cap, Some(notify)));
+            let key = (dev, resp.drv.cq_id);
+            runtime::with_engine(|e| e.create_cq_with_arm(key, cap, notify, arm));
             log::debug(format_args!("cq {} ({cqe} entries)", resp.drv.cq_id));
             ibcq
         }))

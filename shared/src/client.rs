@@ -32,6 +32,15 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// What comes with a direct connection's `EVENT CONNECTED`.
+#[derive(Debug)]
+pub struct DirectFds {
+    /// Its packet socket ([`crate::direct`]).
+    pub socket: OwnedFd,
+    /// The map of its bell's word ([`crate::bell`]), when urdma.ko rings it.
+    pub bell: Option<OwnedFd>,
+}
+
 /// A greeted connection to urdmad.
 pub struct Connection {
     stream: UnixStream,
@@ -44,7 +53,7 @@ pub struct Connection {
     /// Descriptors received and not yet matched with their event.
     fds: VecDeque<OwnedFd>,
     /// The packet sockets of direct connections, by (dev, qpn), until taken.
-    sockets: HashMap<(u32, u32), OwnedFd>,
+    sockets: HashMap<(u32, u32), DirectFds>,
     /// The requests sent and not answered yet, oldest first.
     pending: VecDeque<Awaiting>,
     /// Replies of [`Connection::send`]'s requests not taken yet, by ticket.
@@ -255,10 +264,13 @@ impl Connection {
         // An event this client cannot decode (a newer daemon's) is skipped.
         if let Ok(e) = Event::decode(line) {
             if let Event::Connected(c) = &e {
-                // Its socket came with the line's first bytes, so it is queued by now.
+                // Its socket (and the bell's word) came with the line's first bytes, so
+                // they are queued by now.
                 if c.direct > 0 {
-                    if let Some(fd) = self.fds.pop_front() {
-                        self.sockets.insert((c.dev, c.qpn), fd);
+                    if let Some(socket) = self.fds.pop_front() {
+                        let bell = if c.bell { self.fds.pop_front() } else { None };
+                        self.sockets
+                            .insert((c.dev, c.qpn), DirectFds { socket, bell });
                     }
                 }
             }
@@ -266,8 +278,9 @@ impl Connection {
         }
     }
 
-    /// The packet socket that came with the `EVENT CONNECTED` of QP (dev, qpn), if one did.
-    pub fn take_socket(&mut self, dev: u32, qpn: u32) -> Option<OwnedFd> {
+    /// The packet socket (and the bell's word) that came with the `EVENT CONNECTED` of QP
+    /// (dev, qpn), if one did.
+    pub fn take_socket(&mut self, dev: u32, qpn: u32) -> Option<DirectFds> {
         self.sockets.remove(&(dev, qpn))
     }
 

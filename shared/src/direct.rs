@@ -290,17 +290,30 @@ pub fn prepare_socket(geo: Geometry) -> io::Result<OwnedFd> {
 }
 
 /// urdmad's side: makes a [`prepare_socket`] socket the connection's from `local` to
-/// `remote` on interface `ifindex`: its filter attached and locked, then bound, so that
-/// nothing unfiltered ever reaches it. Nothing here waits for a grace period: the socket was
-/// not bound before. Needs `CAP_NET_RAW`.
+/// `remote` on interface `ifindex`, with the classic filter [`flow_filter`]. Needs
+/// `CAP_NET_RAW`.
 pub fn hand_over(
     sock: &OwnedFd,
     ifindex: i32,
     local: &SocketAddrV4,
     remote: &SocketAddrV4,
 ) -> io::Result<()> {
+    hand_over_with(sock, ifindex, |fd| {
+        attach_filter(fd, &flow_filter(local, remote))
+    })
+}
+
+/// [`hand_over`] with the filter `attach` puts on the socket (one that admits the
+/// connection's frames and no other): attached and locked, then bound, so that nothing
+/// unfiltered ever reaches the socket. Nothing here waits for a grace period: the socket
+/// was not bound before.
+pub fn hand_over_with(
+    sock: &OwnedFd,
+    ifindex: i32,
+    attach: impl FnOnce(RawFd) -> io::Result<()>,
+) -> io::Result<()> {
     let fd = sock.as_raw_fd();
-    attach_filter(fd, &flow_filter(local, remote))?;
+    attach(fd)?;
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_LOCK_FILTER, &1i32)?;
     // SAFETY: all-zero is a valid sockaddr_ll.
     let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -348,6 +361,19 @@ pub fn take_stats(fd: RawFd) -> (u64, u64) {
 
 /// Writes all of `data` to `sock`, with `fd` attached to its first byte (`SCM_RIGHTS`).
 pub fn send_with_fd(sock: &UnixStream, data: &[u8], fd: RawFd) -> io::Result<()> {
+    send_with_fds(sock, data, &[fd])
+}
+
+/// Most descriptors [`send_with_fds`] passes with one message.
+pub const MAX_SEND_FDS: usize = 2;
+
+/// Writes all of `data` to `sock`, with `fds` (at most [`MAX_SEND_FDS`]) attached to its
+/// first byte, in order.
+pub fn send_with_fds(sock: &UnixStream, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    if fds.is_empty() || fds.len() > MAX_SEND_FDS {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    let bytes = std::mem::size_of_val(fds) as u32;
     let mut space = [0u64; 4];
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
@@ -359,15 +385,18 @@ pub fn send_with_fd(sock: &UnixStream, data: &[u8], fd: RawFd) -> io::Result<()>
     msg.msg_iovlen = 1;
     msg.msg_control = space.as_mut_ptr().cast();
     // SAFETY: CMSG_SPACE is arithmetic.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    // SAFETY: msg_control has room for one header and one descriptor (CMSG_SPACE(4) = 24
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes) } as usize;
+    // SAFETY: msg_control has room for one header and two descriptors (CMSG_SPACE(8) = 24
     // bytes of the 32).
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        (*c).cmsg_len = libc::CMSG_LEN(bytes) as usize;
+        let data = libc::CMSG_DATA(c).cast::<RawFd>();
+        for (i, &fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(data.add(i), fd);
+        }
     }
     // SAFETY: a valid msghdr; MSG_NOSIGNAL: a gone peer is an error, not SIGPIPE.
     let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };

@@ -17,6 +17,7 @@
 //! `lending` and `secondary` need DPDK, behind the `secondary` feature; `status` needs serde,
 //! behind the `status` feature.
 
+pub mod bell;
 pub mod client;
 pub mod direct;
 pub mod doorbell;

@@ -77,8 +77,9 @@ use std::str::FromStr;
 /// process no longer touches and whose marks it no longer sets or clears; version 7 the
 /// status report's lines as JSON records (urdmad's `status` module) in place of `key=value`
 /// text; version 8 `GIVEBACK`, with which a process hands a direct connection's socket back
-/// before closing its copy.
-pub const VERSION: u32 = 8;
+/// before closing its copy; version 9 the bell's word (`EVENT CONNECTED ... bell=1`, a second
+/// descriptor after the socket, [`crate::bell`]).
+pub const VERSION: u32 = 9;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -408,6 +409,9 @@ pub struct Connected {
     /// and its rings hold this many frames each way (`direct::Geometry::new(datagram,
     /// direct)`).
     pub direct: u32,
+    /// A direct connection whose frames ring urdma.ko's bell: the map of its word
+    /// ([`crate::bell`]) comes with this event, after the socket.
+    pub bell: bool,
     /// The connection's slot in urdmad's table of QP figures ([`crate::qpstats`]), which the
     /// process keeps current; `None` when every slot is taken (`stats=-`, or no field from
     /// an urdmad without the table).
@@ -491,7 +495,7 @@ impl Event {
     pub fn encode(&self) -> String {
         match self {
             Event::Connected(c) => format!(
-                "EVENT CONNECTED dev={} qpn={} role={} port={} local={} remote={} mac={} flow={} rx={} ird={} ord={} datagram={} crc={} direct={} stats={} conn={} isn={} pdata={} pkt={}\n",
+                "EVENT CONNECTED dev={} qpn={} role={} port={} local={} remote={} mac={} flow={} rx={} ird={} ord={} datagram={} crc={} direct={} bell={} stats={} conn={} isn={} pdata={} pkt={}\n",
                 c.dev,
                 c.qpn,
                 c.role.as_str(),
@@ -506,6 +510,7 @@ impl Event {
                 c.datagram,
                 u8::from(c.crc),
                 c.direct,
+                u8::from(c.bell),
                 c.stats.map_or_else(|| "-".to_string(), |s| s.to_string()),
                 c.conn,
                 c.isn,
@@ -556,6 +561,11 @@ impl Event {
                     _ => return Err(ProtoError::BadValue("crc")),
                 },
                 direct: g.num("direct")?,
+                bell: match g.get("bell")? {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(ProtoError::BadValue("bell")),
+                },
                 stats: match g.opt("stats") {
                     None | Some("-") => None,
                     Some(v) => Some(v.parse().map_err(|_| ProtoError::BadValue("stats"))?),
@@ -1073,6 +1083,7 @@ mod v2_tests {
             datagram: 1472,
             crc: true,
             direct: 0,
+            bell: false,
             stats: Some(5),
             conn: 0xdead_beef,
             isn: 7,

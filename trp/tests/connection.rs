@@ -306,6 +306,26 @@ fn send_too_long_for_receive() {
     assert_eq!(drain(&mut p.a.conn)[0].status, WcStatus::RemoteOperation);
 }
 
+/// The PSN whose arrival completes a receive: the next one in order while a receive waits
+/// for it, none otherwise.
+#[test]
+fn the_bell_psn_is_the_next_one_while_a_receive_waits() {
+    let mut p = pair(Config::default(), Config::default());
+    assert_eq!(p.b.conn.bell_psn(), None, "no receive posted");
+    post_recv(&mut p.b, 10, 0, 64);
+    let next = p.b.conn.expected_psn();
+    assert_eq!(p.b.conn.bell_psn(), Some(next));
+    send(&mut p, 1, PLAIN_SEND, &sge(0, 8));
+    let limit = trp::Instant(p.now.0 + 100_000_000);
+    p.run_until(limit, |p| p.b.conn.expected_psn() != next);
+    assert_eq!(drain(&mut p.b.conn)[0].wr_id, 10);
+    assert_eq!(p.b.conn.bell_psn(), None, "its one receive was taken");
+    post_recv(&mut p.b, 11, 0, 64);
+    assert_eq!(p.b.conn.bell_psn(), Some(next.wrapping_add(1)));
+    p.b.conn.close();
+    assert_eq!(p.b.conn.bell_psn(), None, "closing");
+}
+
 #[test]
 fn receive_window_is_never_overrun() {
     let b_cfg = Config {

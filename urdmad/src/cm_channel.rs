@@ -23,6 +23,15 @@ mod abi {
 
 pub use abi::urdma_cm_msg as RawMsg;
 
+/// What a direct connection's filter tells urdma.ko's bell of a frame (`enum
+/// urdma_bell_verdict`; [`crate::flowfilter`]).
+pub mod verdict {
+    use super::abi;
+    pub const NONE: u32 = abi::urdma_bell_verdict_URDMA_BELL_NONE;
+    pub const RECV: u32 = abi::urdma_bell_verdict_URDMA_BELL_RECV;
+    pub const RECV_SOLICITED: u32 = abi::urdma_bell_verdict_URDMA_BELL_RECV_SOLICITED;
+}
+
 /// Where each port counter goes in an [`Op::Stats`] message (`enum urdma_stat`).
 pub mod stat {
     use super::abi;
@@ -58,6 +67,9 @@ pub enum Op {
     /// A port's counters for the devices on its exception interface (pdata: `enum
     /// urdma_stat` order, a u64 each).
     Stats,
+    /// The connection dev/qpn's frames come on urdmad's packet socket `req`: urdma.ko fires
+    /// the QP's armed CQs when one does (urdma-abi.h).
+    Bell,
     Listen,
     Unlisten,
     Connect,
@@ -69,7 +81,7 @@ pub enum Op {
     Unknown,
 }
 
-const OPS: [(Op, abi::urdma_cm_op); 15] = [
+const OPS: [(Op, abi::urdma_cm_op); 16] = [
     (Op::Register, abi::urdma_cm_op_URDMA_CM_REGISTER),
     (Op::Request, abi::urdma_cm_op_URDMA_CM_REQUEST),
     (Op::Connected, abi::urdma_cm_op_URDMA_CM_CONNECTED),
@@ -79,6 +91,7 @@ const OPS: [(Op, abi::urdma_cm_op); 15] = [
     (Op::Closed, abi::urdma_cm_op_URDMA_CM_CLOSED),
     (Op::RequestGone, abi::urdma_cm_op_URDMA_CM_REQUEST_GONE),
     (Op::Stats, abi::urdma_cm_op_URDMA_CM_STATS),
+    (Op::Bell, abi::urdma_cm_op_URDMA_CM_BELL),
     (Op::Listen, abi::urdma_cm_op_URDMA_CM_LISTEN),
     (Op::Unlisten, abi::urdma_cm_op_URDMA_CM_UNLISTEN),
     (Op::Connect, abi::urdma_cm_op_URDMA_CM_CONNECT),

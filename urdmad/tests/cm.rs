@@ -26,12 +26,17 @@ const HANDSHAKE_GIVES_UP: Duration = Duration::from_secs(80);
 const REQUEST_IDLE: Duration = Duration::from_secs(15);
 
 /// The next message urdmad sends the kernel within `wait`, but for port counters
-/// (`Op::Stats`, sent whenever they change), which go to `counters` by interface.
+/// (`Op::Stats`, sent whenever they change), which go to `counters` by interface, and bells
+/// (`Op::Bell`, one per connection on the direct path), which go to `BELLS`.
 fn from_urdmad(kernel: &Channel, wait: Duration) -> Option<Msg> {
     let end = Instant::now() + wait;
     loop {
         let left = end.saturating_duration_since(Instant::now());
         let m = kernel.recv_timeout(left).unwrap()?;
+        if m.op == Op::Bell {
+            BELLS.lock().unwrap().push((m.dev, m.qpn));
+            continue;
+        }
         if m.op != Op::Stats {
             return Some(m);
         }
@@ -43,6 +48,9 @@ fn from_urdmad(kernel: &Channel, wait: Duration) -> Option<Msg> {
         COUNTERS.lock().unwrap().insert(m.ifname, values);
     }
 }
+
+/// The connections (dev, qpn) urdmad gave a bell.
+static BELLS: std::sync::Mutex<Vec<(u32, u32)>> = std::sync::Mutex::new(Vec::new());
 
 /// The last port counters urdmad sent for each interface.
 static COUNTERS: std::sync::Mutex<std::collections::BTreeMap<String, Vec<u64>>> =
@@ -877,7 +885,8 @@ impl DirectEnd {
         assert!(ev.direct > 0, "connection not on the direct path: {ev:?}");
         let sock = c
             .take_socket(ev.dev, ev.qpn)
-            .expect("the connection's socket with its event");
+            .expect("the connection's socket with its event")
+            .socket;
         let geo = urdmad::direct::Geometry::new(ev.datagram, ev.direct);
         DirectEnd {
             rings: urdmad::direct::Rings::map(sock, geo).expect("mapping its rings"),
@@ -998,6 +1007,14 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     let ev_a = connected(&mut pa);
     assert_eq!(a.expect(Op::Connected).id, 11);
     let mut da = DirectEnd::of(&mut pa, &ev_a, a.mac);
+    // Each side's urdmad gave urdma.ko the connection's socket for its bell.
+    let bells = BELLS.lock().unwrap().clone();
+    for ev in [&ev_a, &ev_b] {
+        assert!(
+            bells.contains(&(ev.dev, ev.qpn)),
+            "no bell for {ev:?}: {bells:?}"
+        );
+    }
     let mut conn_a =
         match trp::Connecting::new(cfg_of(&ev_a), ev_a.conn, ev_a.isn, &ev_a.pdata, now)
             .unwrap()

@@ -146,6 +146,7 @@ fn connect_pair(e: &mut Engine, a: QpKey, b: QpKey, (ab, ba): (&Wire, &Wire), no
         datagram: 1472,
         crc: true,
         direct: 0,
+        bell: false,
         stats: None,
         conn: 0xB,
         isn: 500,
@@ -750,5 +751,7 @@ mod srq;
 mod mw;
 
 mod ack;
+
+mod bell;
 
 mod rounds;

@@ -15,11 +15,12 @@
 //! for with the lock released ([`ask`]), and `PEERCLOSED` and `QPCLOSED` are
 //! posted.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 
 use trp::Instant;
-use urdma_shared::client::Connection as Control;
+use urdma_shared::bell::BellWord;
+use urdma_shared::client::{Connection as Control, DirectFds};
 use urdma_shared::proto::{Event, Request, Response};
 
 use super::helper::kick_helper;
@@ -302,13 +303,14 @@ impl Shared {
 fn make_flow(
     ring: DpdkFlow,
     c: &urdma_shared::proto::Connected,
-    sock: Option<OwnedFd>,
+    fds: Option<DirectFds>,
 ) -> Result<Box<dyn Flow>, String> {
     if c.direct == 0 {
         return Ok(Box::new(ring));
     }
     // urdmad no longer takes the connection's frames: without the socket nothing arrives.
-    let sock = sock.ok_or("urdmad put the connection on the direct path but passed no socket")?;
+    let DirectFds { socket: sock, bell } =
+        fds.ok_or("urdmad put the connection on the direct path but passed no socket")?;
     let epoll = rt()
         .sockets
         .get()
@@ -316,7 +318,13 @@ fn make_flow(
         .as_raw_fd();
     let ep = ring.endpoints();
     let geo = urdma_shared::direct::Geometry::new(c.datagram, c.direct);
-    Ok(Box::new(SocketFlow::new(ring, sock, geo, ep, epoll)?))
+    // Without its word the bell never rings for the connection: it works all the same.
+    let bell = bell.and_then(|map| {
+        BellWord::map(map)
+            .map_err(|e| log::info(format_args!("QP {}/{}: no bell: {e}", c.dev, c.qpn)))
+            .ok()
+    });
+    Ok(Box::new(SocketFlow::new(ring, sock, geo, ep, epoll, bell)?))
 }
 
 #[cfg(test)]

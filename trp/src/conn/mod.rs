@@ -246,6 +246,15 @@ impl Connection {
     pub fn expected_psn(&self) -> u32 {
         self.rx.nxt()
     }
+    /// The PSN whose arrival completes a receive at once when it carries the last segment
+    /// of a Send or an Immediate Data: the next one in order, while a receive is posted for
+    /// the next message and the QP is in RTS; None when no arrival can. A direct
+    /// connection tells its socket's filter, which tells urdma.ko's bell
+    /// (docs/kernel-abi.md, "Completion events").
+    pub fn bell_psn(&self) -> Option<u32> {
+        (matches!(self.state, Phase::Rts) && !self.cfg.srq && !self.recv.rq.is_empty())
+            .then(|| self.rx.nxt())
+    }
     /// The PSN our next new packet will carry.
     pub fn next_psn(&self) -> u32 {
         self.tx.nxt()

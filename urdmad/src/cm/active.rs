@@ -229,6 +229,7 @@ impl Cm {
             datagram,
             crc,
             direct: 0,
+            bell: false,
             stats: None,
             conn: h.conn,
             isn: h.isn,

@@ -187,6 +187,7 @@ impl Cm {
             datagram: cfg.max_datagram,
             crc: cfg.crc,
             direct: 0,
+            bell: false,
             stats: None,
             conn,
             isn,

@@ -10,6 +10,7 @@ use crate::proto::{self, Event, Request};
 use crate::status::Record;
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 use trp::setup::Incoming;
 use trp::wire::trp as tw;
@@ -186,6 +187,24 @@ impl Daemon {
         }
     }
 
+    /// Asks urdma.ko to fire the QP's receive CQ itself when a frame that completes a
+    /// receive reaches the connection's socket `fd`, as the socket's filter says in
+    /// `verdicts` ([`crate::flowfilter`]). That wakes an application blocked on its
+    /// completion channel with no thread of the provider in between. A connection without it
+    /// works the same, only through the provider's helper thread. Whether urdma.ko took it.
+    fn bell(&mut self, dev: u32, qpn: u32, fd: RawFd, verdicts: RawFd) -> bool {
+        let Some(c) = &self.chan else { return false };
+        let mut m = Msg::new(Op::Bell);
+        (m.dev, m.qpn, m.req, m.id) = (dev, qpn, fd as u64, verdicts as u64);
+        match c.send(&m) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(dev, qpn, "urdma.ko rings no bell for this connection: {e}");
+                false
+            }
+        }
+    }
+
     /// Reads what the kernel sent (bounded per call).
     pub(super) fn cm_read_kernel(&mut self) -> usize {
         let mut n = 0;
@@ -357,7 +376,7 @@ impl Daemon {
         connected.rx_ring = opened.rx_ring;
         // The rings are sized for the datagram the event announces.
         let direct = self.direct_open(opened.flow, &spec, connected.datagram);
-        connected.direct = direct.map_or(0, |(_, frames)| frames);
+        connected.direct = direct.as_ref().map_or(0, |&(_, frames, _)| frames);
         connected.stats = self.qp_table.take();
         if let Some(rec) = self.flows.get_mut(&opened.flow) {
             rec.stats = connected.stats;
@@ -369,8 +388,20 @@ impl Daemon {
             );
         }
         let (dev, qpn) = (connected.dev, connected.qpn);
+        // The bell's word goes to the process after the socket; the filter and the maps
+        // live on in the socket, urdma.ko and the process.
+        let mut fds = Vec::new();
+        if let Some((fd, _, bell)) = &direct {
+            fds.push(*fd);
+            if let Some(f) = bell {
+                if self.bell(dev, qpn, *fd, f.verdicts.as_raw_fd()) {
+                    fds.push(f.word.as_raw_fd());
+                }
+            }
+        }
+        connected.bell = fds.len() == 2;
         let text = Event::Connected(Box::new(connected)).encode();
-        if let Err(e) = self.send_with(i, &text, direct.map(|(fd, _)| fd)) {
+        if let Err(e) = self.send_with(i, &text, &fds) {
             self.close_flow(opened.flow);
             self.clients[i].flows.retain(|&f| f != opened.flow);
             return Err(HandOverError::NotReading(e));

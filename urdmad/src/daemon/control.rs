@@ -203,24 +203,25 @@ impl Daemon {
     }
 
     pub(super) fn send(&mut self, i: usize, text: &str) -> bool {
-        self.send_with(i, text, None).is_ok()
+        self.send_with(i, text, &[]).is_ok()
     }
 
-    /// [`Daemon::send`], with `fd` passed along with the text's first byte.
+    /// [`Daemon::send`], with `fds` passed along with the text's first byte.
     pub(super) fn send_with(
         &mut self,
         i: usize,
         text: &str,
-        fd: Option<std::os::fd::RawFd>,
+        fds: &[std::os::fd::RawFd],
     ) -> std::io::Result<()> {
         let s = &mut self.clients[i].stream;
         // A reply is small except a status report; a client that does not read it within
         // the timeout is dropped rather than stalling the data path longer.
         let _ = s.set_nonblocking(false);
         let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
-        let r = match fd {
-            Some(fd) => crate::direct::send_with_fd(s, text.as_bytes(), fd),
-            None => s.write_all(text.as_bytes()),
+        let r = if fds.is_empty() {
+            s.write_all(text.as_bytes())
+        } else {
+            crate::direct::send_with_fds(s, text.as_bytes(), fds)
         };
         let _ = s.set_nonblocking(true);
         r

@@ -4,6 +4,7 @@
 
 use super::Daemon;
 use crate::direct::{self, Geometry};
+use crate::flowfilter::FlowFilter;
 use crate::portfilter::{PortFilter, MAX_DIRECT};
 use crate::proto::FlowSpec;
 use crate::socket_keeper::SocketKeeper;
@@ -110,14 +111,16 @@ impl DirectPort {
 
     /// Opens the socket of connection `flow`, then stops urdmad's sockets taking its frames.
     /// Until then urdmad still receives them (onto the flow's ring, which the process
-    /// drains too), so none is lost in between.
+    /// drains too), so none is lost in between. With the socket, its filter's maps for
+    /// urdma.ko's bell, unless the filter could not be loaded (then the socket has the
+    /// classic one, and no bell).
     fn open(
         &mut self,
         flow: u32,
         local: SocketAddrV4,
         remote: SocketAddrV4,
         geo: Geometry,
-    ) -> Result<OwnedFd, NotDirect> {
+    ) -> Result<(OwnedFd, Option<FlowFilter>), NotDirect> {
         if self.flows.len() >= self.max {
             return Err(NotDirect::Full(self.max));
         }
@@ -128,13 +131,23 @@ impl DirectPort {
             None => direct::prepare_socket(geo)
                 .map_err(|e| NotDirect::Failed(format!("cannot open its socket: {e}")))?,
         };
-        direct::hand_over(&fd, self.ifindex, &local, &remote)
-            .map_err(|e| NotDirect::Failed(format!("cannot bind its socket: {e}")))?;
+        let bell = match FlowFilter::new(&local, &remote) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::warn!(flow, "no bell for this connection: {e}");
+                None
+            }
+        };
+        match &bell {
+            Some(f) => direct::hand_over_with(&fd, self.ifindex, |fd| f.attach(fd)),
+            None => direct::hand_over(&fd, self.ifindex, &local, &remote),
+        }
+        .map_err(|e| NotDirect::Failed(format!("cannot bind its socket: {e}")))?;
         self.filter
             .insert(&local, &remote)
             .map_err(|e| NotDirect::Failed(format!("cannot filter the port's sockets: {e}")))?;
         self.flows.insert(flow, (local, remote));
-        Ok(fd)
+        Ok((fd, bell))
     }
 
     fn close(&mut self, flow: u32, sock: DirectSock) {
@@ -157,14 +170,14 @@ impl DirectPort {
 
 impl Daemon {
     /// Puts the connection of the just opened `flow` on the direct path if its port offers
-    /// it and the peer is on the wire (not this node): the socket to pass to its process and
-    /// the frames of each ring. None: the process uses the flow's ring.
+    /// it and the peer is on the wire (not this node): the socket to pass to its process,
+    /// the frames of each ring and the bell's filter. None: the process uses the flow's ring.
     pub(super) fn direct_open(
         &mut self,
         flow: u32,
         spec: &FlowSpec,
         datagram: u16,
-    ) -> Option<(RawFd, u32)> {
+    ) -> Option<(RawFd, u32, Option<FlowFilter>)> {
         let frames = self.cfg.daemon.direct_frames;
         let p = self.ports.get_mut(usize::from(spec.port))?;
         let dp = p.direct.as_mut()?;
@@ -175,14 +188,14 @@ impl Daemon {
         let rec = self.flows.get_mut(&flow)?;
         let geo = Geometry::new(datagram, frames);
         match dp.open(flow, spec.local, remote, geo) {
-            Ok(fd) => {
+            Ok((fd, bell)) => {
                 let raw = fd.as_raw_fd();
                 rec.direct = Some(DirectSock {
                     fd,
                     rx_packets: Cell::new(0),
                     rx_drops: Cell::new(0),
                 });
-                Some((raw, geo.frames))
+                Some((raw, geo.frames, bell))
             }
             Err(NotDirect::Full(max)) => {
                 tracing::debug!(flow, local = %spec.local, %remote, "through urdmad: {max} connections on the direct path already (direct_max)");

@@ -1,0 +1,343 @@
+//! The filter of a connection's own socket on the direct path ([`crate::direct`]), which
+//! also tells urdma.ko's bell what each frame completes.
+//!
+//! It admits what the classic [`direct::flow_filter`] admits: the connection's frames and
+//! nothing else. For every frame it admits it also leaves a verdict (`enum
+//! urdma_bell_verdict`) in its CPU's slot of a per-CPU array, which the bell reads in the
+//! same softirq, right after the frame is in the ring: a receive completes with this frame
+//! when it is a Data packet (TRP) carrying the last segment of an untagged message on queue
+//! 0 (a Send of any kind, or Immediate Data), and its PSN is the one the process published
+//! ([`crate::bell`]). Everything else, and any frame too short to say, gets `NONE`, and the
+//! process's helper is woken as without a bell. The filter only reads fixed header fields:
+//! the checks, the placement and the protocol stay in the process.
+
+use crate::bell;
+use crate::cm_channel::verdict;
+use crate::direct::{self, ACCEPT};
+use crate::ebpf::{self, *};
+use std::io;
+use std::net::SocketAddrV4;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+/// Offsets in the frame after `X` = the IP header's length: the UDP payload, which starts
+/// with the TRP header (docs/protocol.md).
+const TRP_AT_X: u32 = direct::PORTS_AT_X + 8;
+const TRP_VERSION: u32 = TRP_AT_X;
+const TRP_OPCODE: u32 = TRP_AT_X + 1;
+const TRP_SACKS: u32 = TRP_AT_X + 3;
+const TRP_PSN: u32 = TRP_AT_X + 8;
+/// A Data packet has no SACK ranges: its DDP segment follows the 20-byte header.
+const DDP_AT_X: u32 = TRP_AT_X + 20;
+const DDP_CONTROL: u32 = DDP_AT_X;
+const RDMAP_CONTROL: u32 = DDP_AT_X + 1;
+const DDP_QN: u32 = DDP_AT_X + 6;
+/// The frame's bytes up to the end of the untagged header's QN, after `X`.
+const CLASSIFIED_LEN_X: i32 = (DDP_QN + 4) as i32;
+/// DDP's first byte with T (tagged) and L (last) and the version bits: untagged, last,
+/// version 1.
+const DDP_T_L_DV: u32 = 0xc3;
+const UNTAGGED_LAST_V1: u32 = 0x41;
+/// RDMAP's control byte (RDMAP version 1, reserved bits 0) of the messages that complete a
+/// receive, plain and solicited.
+const RECV_OPS: [u32; 3] = [0x43, 0x44, 0x48]; // Send, Send with Invalidate, Immediate Data
+const SOLICITED_OPS: [u32; 3] = [0x45, 0x46, 0x49]; // the same with SE
+
+/// A connection's filter and the two maps it uses: the process's [`bell`] word and the
+/// verdicts urdma.ko reads.
+pub struct FlowFilter {
+    prog: OwnedFd,
+    /// For the process, which maps it.
+    pub word: OwnedFd,
+    /// For urdma.ko (`BELL`).
+    pub verdicts: OwnedFd,
+}
+
+impl FlowFilter {
+    /// Creates the maps and loads the program of the connection from `remote` to `local`.
+    pub fn new(local: &SocketAddrV4, remote: &SocketAddrV4) -> io::Result<FlowFilter> {
+        let word = ebpf::create_map(
+            BPF_MAP_TYPE_ARRAY,
+            4,
+            bell::WORD_SIZE,
+            1,
+            BPF_F_MMAPABLE,
+            "urdma_bell",
+        )?;
+        let verdicts = ebpf::create_map(BPF_MAP_TYPE_PERCPU_ARRAY, 4, 4, 1, 0, "urdma_verdict")?;
+        let insns = program(local, remote, word.as_raw_fd(), verdicts.as_raw_fd());
+        let prog = ebpf::load_socket_filter(&insns, "urdma_flow")?;
+        Ok(FlowFilter {
+            prog,
+            word,
+            verdicts,
+        })
+    }
+
+    /// Puts the filter on socket `fd` (see [`direct::hand_over_with`]).
+    pub fn attach(&self, fd: RawFd) -> io::Result<()> {
+        ebpf::attach(fd, &self.prog)
+    }
+}
+
+/// The program. Packet loads past the frame's end would end it with 0 (drop), so the
+/// classification checks the length first: a bare ACK is admitted all the same.
+fn program(local: &SocketAddrV4, remote: &SocketAddrV4, word: RawFd, verdicts: RawFd) -> Vec<Insn> {
+    use direct::{DADDR_AT, ETHERTYPE_AT, FRAG_AT, IHL_AT, PORTS_AT_X, PROTO_AT, SADDR_AT};
+    let mut a = Asm::default();
+    let drop = a.label();
+    let none = a.label();
+    let recv = a.label();
+    let solicited = a.label();
+    let psn = a.label();
+    let store = a.label();
+    let accept = a.label();
+    let ip = |s: &SocketAddrV4| u32::from(*s.ip());
+    a.op(insn(ALU64 | MOV | X, R6, R1, 0, 0));
+    // Admission, as the classic filter: ports first, which differ on most frames.
+    a.op(insn(LDX | W | MEM, R0, R6, SKB_PKT_TYPE, 0)).jump_r0(
+        JEQ,
+        u32::from(libc::PACKET_OUTGOING),
+        drop,
+    );
+    a.ld_abs(H, ETHERTYPE_AT).jump_r0(JNE, 0x0800, drop);
+    a.ld_abs(B, IHL_AT)
+        .op(insn(ALU64 | AND | K, R0, 0, 0, 0xf))
+        .op(insn(ALU64 | LSH | K, R0, 0, 0, 2))
+        .op(insn(ALU64 | MOV | X, R7, R0, 0, 0));
+    a.ld_ind(W, R7, PORTS_AT_X)
+        .jump_r0(JNE, direct::ports_word(remote.port(), local.port()), drop);
+    a.ld_abs(B, PROTO_AT).jump_r0(JNE, 17, drop);
+    a.ld_abs(H, FRAG_AT).jump_r0(JSET, 0x3fff, drop);
+    a.ld_abs(W, DADDR_AT).jump_r0(JNE, ip(local), drop);
+    a.ld_abs(W, SADDR_AT).jump_r0(JNE, ip(remote), drop);
+    // Admitted. Long enough to classify?
+    a.op(insn(LDX | W | MEM, R0, R6, SKB_LEN, 0))
+        .op(insn(ALU64 | MOV | X, R1, R7, 0, 0))
+        .op(insn(ALU64 | ADD | K, R1, 0, 0, CLASSIFIED_LEN_X))
+        .jump(insn(JMP | JGT | X, R1, R0, 0, 0), none);
+    a.ld_ind(B, R7, TRP_VERSION).jump_r0(JNE, 1, none);
+    a.ld_ind(B, R7, TRP_OPCODE).jump_r0(JNE, 0, none);
+    a.ld_ind(B, R7, TRP_SACKS).jump_r0(JNE, 0, none);
+    a.ld_ind(B, R7, DDP_CONTROL)
+        .op(insn(ALU64 | AND | K, R0, 0, 0, DDP_T_L_DV as i32))
+        .jump_r0(JNE, UNTAGGED_LAST_V1, none);
+    a.ld_ind(W, R7, DDP_QN).jump_r0(JNE, 0, none);
+    a.ld_ind(B, R7, RDMAP_CONTROL);
+    for op in RECV_OPS {
+        a.jump_r0(JEQ, op, recv);
+    }
+    for op in SOLICITED_OPS {
+        a.jump_r0(JEQ, op, solicited);
+    }
+    a.jump(insn(JMP | JA, 0, 0, 0, 0), none);
+    a.bind(recv);
+    a.op(insn(ALU64 | MOV | K, R8, 0, 0, verdict::RECV as i32))
+        .jump(insn(JMP | JA, 0, 0, 0, 0), psn);
+    a.bind(solicited);
+    a.op(insn(
+        ALU64 | MOV | K,
+        R8,
+        0,
+        0,
+        verdict::RECV_SOLICITED as i32,
+    ));
+    // The PSN the process waits for?
+    a.bind(psn);
+    a.ld_ind(W, R7, TRP_PSN)
+        .op(insn(ALU64 | MOV | X, R9, R0, 0, 0))
+        .lookup_entry0(word)
+        .if_null(none)
+        .op(insn(LDX | DW | MEM, R1, R0, 0, 0))
+        .op(insn(ALU64 | MOV | X, R2, R1, 0, 0))
+        .op(insn(ALU64 | RSH | K, R2, 0, 0, 32))
+        .jump(insn(JMP | JEQ | K, R2, 0, 0, 0), none)
+        // Its low half, zero-extended.
+        .op(insn(ALU | MOV | X, R1, R1, 0, 0))
+        .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
+        .jump(insn(JMP | JA, 0, 0, 0, 0), store);
+    a.bind(none);
+    a.op(insn(ALU64 | MOV | K, R8, 0, 0, verdict::NONE as i32));
+    // Every admitted frame leaves its verdict, so none is read for another frame's.
+    a.bind(store);
+    a.lookup_entry0(verdicts)
+        .if_null(accept)
+        .op(insn(STX | W | MEM, R0, R8, 0, 0));
+    a.bind(accept);
+    a.ret(ACCEPT);
+    a.bind(drop);
+    a.ret(0);
+    a.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame;
+
+    fn sa(s: &str) -> SocketAddrV4 {
+        s.parse().unwrap()
+    }
+
+    const LOCAL: &str = "10.0.0.1:40000";
+    /// Ports from 2^15 up, as ephemeral ones are: the word of both is above 2^31.
+    const REMOTE: &str = "10.0.0.2:50000";
+
+    /// A UDP frame of the connection carrying `payload`.
+    fn udp(payload: &[u8]) -> Vec<u8> {
+        frame::udp_frame([2; 6], [4; 6], sa(REMOTE), sa(LOCAL), payload)
+    }
+
+    /// A TRP Data packet of PSN `psn` with a DDP untagged header: `ddp` its first byte,
+    /// `rdmap` its second, queue `qn`, and 4 bytes of payload.
+    fn data(psn: u32, ddp: u8, rdmap: u8, qn: u32) -> Vec<u8> {
+        let mut p = vec![1, 0, 0x01, 0];
+        p.extend_from_slice(&11u32.to_be_bytes());
+        p.extend_from_slice(&psn.to_be_bytes());
+        p.extend_from_slice(&0x7fff_0000u32.to_be_bytes());
+        p.extend_from_slice(&[4, 0, 0, 0]);
+        p.extend_from_slice(&[ddp, rdmap, 0, 0, 0, 0]);
+        p.extend_from_slice(&qn.to_be_bytes());
+        p.extend_from_slice(&5u32.to_be_bytes());
+        p.extend_from_slice(&0u32.to_be_bytes());
+        p.extend_from_slice(b"data");
+        p
+    }
+
+    struct Bed {
+        f: FlowFilter,
+    }
+
+    impl Bed {
+        fn new() -> Bed {
+            Bed {
+                f: FlowFilter::new(&sa(LOCAL), &sa(REMOTE))
+                    .expect("load the flow filter (needs CAP_BPF)"),
+            }
+        }
+
+        fn publish(&self, next: Option<u32>) {
+            ebpf::map_update(
+                &self.f.word,
+                &0u32.to_ne_bytes(),
+                &bell::word(next).to_ne_bytes(),
+                0,
+            )
+            .unwrap();
+        }
+
+        /// The filter's verdict on `frame` and the bell's: the one slot of the per-CPU
+        /// array that is set (all are cleared first, so a run on any CPU shows).
+        fn run(&self, frame: &[u8]) -> (u32, u32) {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) * 4;
+            let zero = vec![0u8; 8 * cpus.max(256)];
+            let key = 0u32.to_ne_bytes();
+            // The kernel reads a value per possible CPU, 8 bytes each: room for more.
+            ebpf::map_update(&self.f.verdicts, &key, &zero, 0).unwrap();
+            let accept = ebpf::test_run(&self.f.prog, frame).unwrap();
+            let mut all = zero.clone();
+            ebpf::map_lookup(&self.f.verdicts, &key, &mut all).unwrap();
+            let v = all
+                .chunks(8)
+                .map(|c| u32::from_ne_bytes(c[..4].try_into().unwrap()))
+                .max()
+                .unwrap();
+            (accept, v)
+        }
+    }
+
+    /// Runs in the kernel: needs `CAP_BPF`, as urdmad does.
+    #[test]
+    fn admits_the_connection_s_frames_only() {
+        let b = Bed::new();
+        let send = data(9, 0x41, 0x43, 0);
+        assert_eq!(b.run(&udp(&send)).0, ACCEPT);
+        for (s, d) in [
+            ("10.0.0.3:50000", LOCAL),
+            ("10.0.0.2:50001", LOCAL),
+            (REMOTE, "10.0.0.1:40001"),
+            (REMOTE, "10.0.0.9:40000"),
+        ] {
+            let f = frame::udp_frame([2; 6], [4; 6], sa(s), sa(d), &send);
+            assert_eq!(b.run(&f), (0, 0), "{s} -> {d}");
+        }
+        let mut arp = udp(&send);
+        arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+        assert_eq!(b.run(&arp).0, 0);
+        let mut frag = udp(&send);
+        frag[21] = 1;
+        assert_eq!(b.run(&frag).0, 0);
+        let mut tcp = udp(&send);
+        tcp[23] = 6;
+        assert_eq!(b.run(&tcp).0, 0);
+        // An IP header with options moves everything after it.
+        let mut opts = udp(&send);
+        opts[14] = 0x46;
+        opts.splice(34..34, [1u8, 1, 1, 1]);
+        b.publish(Some(9));
+        assert_eq!(b.run(&opts), (ACCEPT, verdict::RECV));
+    }
+
+    #[test]
+    fn rings_for_the_published_psn_s_last_untagged_segment_on_queue_0() {
+        let b = Bed::new();
+        let send = |psn| udp(&data(psn, 0x41, 0x43, 0));
+        // Nothing published: nothing rings.
+        assert_eq!(b.run(&send(9)), (ACCEPT, verdict::NONE));
+        b.publish(Some(9));
+        assert_eq!(b.run(&send(9)), (ACCEPT, verdict::RECV));
+        assert_eq!(
+            b.run(&send(10)),
+            (ACCEPT, verdict::NONE),
+            "not the next PSN"
+        );
+        assert_eq!(b.run(&send(8)), (ACCEPT, verdict::NONE), "a duplicate");
+        b.publish(None);
+        assert_eq!(
+            b.run(&send(9)),
+            (ACCEPT, verdict::NONE),
+            "no receive posted"
+        );
+        b.publish(Some(0xffff_ffff));
+        assert_eq!(b.run(&send(0xffff_ffff)), (ACCEPT, verdict::RECV));
+        b.publish(Some(9));
+        for (rdmap, v) in [
+            (0x44, verdict::RECV),
+            (0x48, verdict::RECV),
+            (0x45, verdict::RECV_SOLICITED),
+            (0x46, verdict::RECV_SOLICITED),
+            (0x49, verdict::RECV_SOLICITED),
+            (0x41, verdict::NONE), // Read Request
+            (0x47, verdict::NONE), // Terminate
+            (0x4a, verdict::NONE), // Atomic Request
+            (0x03, verdict::NONE), // RDMAP version 0
+        ] {
+            assert_eq!(
+                b.run(&udp(&data(9, 0x41, rdmap, 0))),
+                (ACCEPT, v),
+                "{rdmap:#x}"
+            );
+        }
+        // Not the last segment, tagged, another DDP version, another queue.
+        for (ddp, qn) in [(0x01, 0), (0xc1, 0), (0x42, 0), (0x41, 1)] {
+            assert_eq!(
+                b.run(&udp(&data(9, ddp, 0x43, qn))),
+                (ACCEPT, verdict::NONE)
+            );
+        }
+        // Other TRP packets: an ACK (header only), a Sack, another version, a Fin.
+        let ack = &data(9, 0x41, 0x43, 0)[..20];
+        let mut ack = ack.to_vec();
+        ack[1] = 1;
+        assert_eq!(b.run(&udp(&ack)), (ACCEPT, verdict::NONE));
+        for (at, v) in [(1usize, 2u8), (0, 2), (1, 6), (3, 1)] {
+            let mut p = data(9, 0x41, 0x43, 0);
+            p[at] = v;
+            assert_eq!(b.run(&udp(&p)), (ACCEPT, verdict::NONE), "byte {at} = {v}");
+        }
+        // Cut short of the QN: admitted, not classified; an empty datagram too.
+        let full = data(9, 0x41, 0x43, 0);
+        assert_eq!(b.run(&udp(&full[..29])), (ACCEPT, verdict::NONE));
+        assert_eq!(b.run(&udp(&full[..30])), (ACCEPT, verdict::RECV));
+        assert_eq!(b.run(&udp(&[])), (ACCEPT, verdict::NONE));
+    }
+}
