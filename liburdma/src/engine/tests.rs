@@ -178,6 +178,16 @@ fn connect_pair(e: &mut Engine, a: QpKey, b: QpKey, (ab, ba): (&Wire, &Wire), no
     assert!(e.is_connected(a) && e.is_connected(b));
 }
 
+/// `buf` registered on device `dev` (its PD too) as STag `stag`: the first `len` bytes.
+fn region(t: &mut Bed, dev: u32, stag: u32, buf: &mut [u8], len: u32) -> [Sge; 1] {
+    let addr = t.reg(dev, stag, dev, buf, Access::LOCAL_WRITE);
+    [Sge {
+        addr,
+        len,
+        lkey: stag,
+    }]
+}
+
 fn send(wr_id: u64, sges: &[Sge]) -> SendReq<'_> {
     SendReq {
         wr_id,

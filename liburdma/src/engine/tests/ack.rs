@@ -6,16 +6,6 @@ use std::time::Duration;
 
 const US: Duration = Duration::from_micros(1);
 
-/// `buf` registered on device `dev` (its PD too) as STag `stag`: the first `len` bytes.
-fn region(t: &mut Bed, dev: u32, stag: u32, buf: &mut [u8], len: u32) -> [Sge; 1] {
-    let addr = t.reg(dev, stag, dev, buf, Access::LOCAL_WRITE);
-    [Sge {
-        addr,
-        len,
-        lkey: stag,
-    }]
-}
-
 /// A's Send of 8 bytes received by B's attended round at `t.now`: its completion waits in
 /// B's CQ, its ACK is held. Returns the two registered buffers, which must outlive the
 /// connection's use of them.

@@ -42,21 +42,11 @@ fn the_flow_hears_which_psn_completes_a_receive_after_each_round_and_post() {
     assert_eq!(last(&told), None, "no receive posted");
     let mut rbuf = vec![0u8; 64];
     let mut sbuf = vec![7u8; 64];
-    let r = t.reg(2, 0x200, 2, &mut rbuf, Access::LOCAL_WRITE);
-    let r = [Sge {
-        addr: r,
-        len: 64,
-        lkey: 0x200,
-    }];
+    let r = region(&mut t, 2, 0x200, &mut rbuf, 64);
     t.e.post_recv(B, 5, &r).unwrap();
     let expected = t.e.qps[&B].conn.as_ref().unwrap().expected_psn();
     assert_eq!(last(&told), Some(expected), "told at the post");
-    let s = t.reg(1, 0x100, 1, &mut sbuf, Access::LOCAL_WRITE);
-    let s = [Sge {
-        addr: s,
-        len: 8,
-        lkey: 0x100,
-    }];
+    let s = region(&mut t, 1, 0x100, &mut sbuf, 8);
     t.e.post_send(A, &send(1, &s)).unwrap();
     t.run(3);
     assert_eq!(t.poll(BCQ).len(), 1, "the Send arrived");
