@@ -15,7 +15,7 @@
 
 #include <linux/types.h>
 
-#define URDMA_ABI_VERSION 5
+#define URDMA_ABI_VERSION 6
 /* "URDM": tells the provider that the context really came from urdma.ko. */
 #define URDMA_ABI_MAGIC 0x5552444dU
 /*
@@ -140,12 +140,31 @@ enum urdma_stat {
  * stores the frame's enum urdma_bell_verdict in entry 0 of the CPU it
  * runs on; urdma.ko reads and clears it in the same softirq, so the slot
  * cannot hold another frame's verdict.
+ *
+ * pdata, when pdata_len is 4, holds a descriptor (__s32, host order) of
+ * the process's hush map: a BPF_MAP_TYPE_ARRAY whose entry 0 is a __u64
+ * that the process maps and keeps (the hush word, below).  Without it,
+ * pdata_len is 0.
  */
 enum urdma_bell_verdict {
 	URDMA_BELL_NONE = 0,		/* completes nothing the bell announces */
 	URDMA_BELL_RECV = 1,		/* completes a receive, in order */
 	URDMA_BELL_RECV_SOLICITED = 2,	/* the same, and it is solicited */
 };
+
+/*
+ * The hush word: how many of the process's threads are inside a verbs call
+ * that reads the sockets of all its QPs before it returns, and whether a
+ * frame came meanwhile.  A frame that fires no CQ event while the count is
+ * not zero wakes nobody: urdma.ko sets URDMA_HUSH_MISSED instead (in one
+ * compare-and-swap with the count it read), and the last thread out of its
+ * call reads the sockets again if it finds the bit set.  The frame is in
+ * the socket before urdma.ko looks, so the thread that sees the bit finds
+ * it.  The process clears the bit before each round that reads every
+ * socket.
+ */
+#define URDMA_HUSH_CALLS	0xffffffffULL	/* threads in such a call */
+#define URDMA_HUSH_MISSED	0x100000000ULL	/* a frame woke nobody since */
 
 /*
  * One message, both directions.  Fields a message does not use are zero.

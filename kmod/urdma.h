@@ -115,11 +115,13 @@ struct urdma_dev {
 	u32 next_stag_index;
 
 	atomic64_t bell_events;		/* completion events the bell fired */
+	atomic64_t bell_hushed;		/* frames left to a thread in a call */
 };
 
 /* hw_counters: urdmad's (enum urdma_stat), then the module's own. */
 #define URDMA_HW_BELL_EVENTS	URDMA_STAT_COUNT
-#define URDMA_HW_COUNT		(URDMA_STAT_COUNT + 1)
+#define URDMA_HW_BELL_HUSHED	(URDMA_STAT_COUNT + 1)
+#define URDMA_HW_COUNT		(URDMA_STAT_COUNT + 2)
 
 struct urdma_ucontext {
 	struct ib_ucontext ibucontext;
@@ -269,7 +271,8 @@ int urdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 /* urdma_bell.c */
 int urdma_cq_arm_pin(struct urdma_cq *cq, u64 addr);
 void urdma_cq_arm_unpin(struct urdma_cq *cq);
-int urdma_bell_attach(struct urdma_qp *qp, int sock_fd, int map_fd);
+int urdma_bell_attach(struct urdma_qp *qp, int sock_fd, int map_fd,
+		      int hush_fd);
 void urdma_bell_detach(struct urdma_qp *qp);
 
 /* urdma_cm.c */

@@ -27,6 +27,12 @@
  * announce (REQ_NOTIFY_CQ): no verdict speaks of them, so the frames that
  * bring them wake the socket's own waiters.
  *
+ * A frame that fires no event is left to the process's own threads while
+ * one of them is inside a verbs call that reads every socket before it
+ * returns (the hush word, urdma-abi.h): a thread busy-polling its CQ takes
+ * the frame itself, and a helper woken for it would only take the CPU from
+ * it.  Otherwise the socket's waiters are woken as before.
+ *
  * Locking: a QP's bell is set and cleared under urdma_cm_mutex; the
  * socket's sk_callback_lock keeps the softirq from a bell being taken
  * down, as siw does for its TCP sockets.
@@ -48,6 +54,8 @@ struct urdma_bell {
 	struct file *file;		/* keeps the socket */
 	struct sock *sk;
 	struct bpf_map *verdicts;	/* the socket filter's, per CPU */
+	struct bpf_map *hush_map;	/* the process's, or NULL */
+	u64 *hush;			/* its word */
 	struct urdma_qp *qp;
 	void (*data_ready)(struct sock *sk);	/* the socket's own */
 };
@@ -132,6 +140,28 @@ static bool urdma_cq_ring(struct ib_cq *ibcq, u32 verdict)
 	return true;
 }
 
+/*
+ * Whether a thread of the process will read the frame before its call
+ * returns: then the frame is left to it, and the word says so.  The frame
+ * is in the socket already, so the thread that finds URDMA_HUSH_MISSED
+ * finds the frame too.  A lost race with the process (the word changed
+ * under the swap) wakes the socket's waiters, as without a hush.
+ */
+static bool urdma_bell_hush(struct urdma_bell *bell)
+{
+	u64 v;
+
+	if (!bell->hush)
+		return false;
+	v = READ_ONCE(*bell->hush);
+	if (!(v & URDMA_HUSH_CALLS))
+		return false;
+	if (cmpxchg(bell->hush, v, v | URDMA_HUSH_MISSED) != v)
+		return false;
+	atomic64_inc(&to_udev(bell->qp->ibqp.device)->bell_hushed);
+	return true;
+}
+
 static void urdma_bell_data_ready(struct sock *sk)
 {
 	struct urdma_bell *bell;
@@ -148,28 +178,52 @@ static void urdma_bell_data_ready(struct sock *sk)
 	}
 	verdict = urdma_bell_verdict(bell->verdicts);
 	/* The woken thread's poll reads the frame: nobody else need wake. */
-	if (!urdma_cq_ring(bell->qp->ibqp.recv_cq, verdict))
+	if (!urdma_cq_ring(bell->qp->ibqp.recv_cq, verdict) &&
+	    !urdma_bell_hush(bell))
 		bell->data_ready(sk);
 	read_unlock_bh(&sk->sk_callback_lock);
 }
 
-/* The map urdmad's socket filter leaves its verdicts in (urdma-abi.h). */
-static struct bpf_map *urdma_bell_map_get(int fd)
+/*
+ * A map of urdmad's (urdma-abi.h): the socket filter's verdicts, a per-CPU
+ * array of __u32, or the process's hush word, an array of __u64.
+ */
+static struct bpf_map *urdma_bell_map_get(int fd, u32 type, u32 value_size)
 {
 	struct bpf_map *map = bpf_map_get(fd);
 
 	if (IS_ERR(map))
 		return map;
-	if (map->map_type != BPF_MAP_TYPE_PERCPU_ARRAY ||
-	    map->key_size != sizeof(u32) || map->value_size != sizeof(u32) ||
-	    map->max_entries < 1) {
+	if (map->map_type != type || map->key_size != sizeof(u32) ||
+	    map->value_size != value_size || map->max_entries < 1) {
 		bpf_map_put(map);
 		return ERR_PTR(-EINVAL);
 	}
 	return map;
 }
 
-int urdma_bell_attach(struct urdma_qp *qp, int sock_fd, int map_fd)
+/* The process's hush map, and the address of its word. */
+static struct bpf_map *urdma_hush_map_get(int fd, u64 **word)
+{
+	struct bpf_map *map;
+	u32 key = 0;
+
+	map = urdma_bell_map_get(fd, BPF_MAP_TYPE_ARRAY, sizeof(u64));
+	if (IS_ERR(map))
+		return map;
+	/* An array's values never move while the map lives. */
+	rcu_read_lock();
+	*word = map->ops->map_lookup_elem(map, &key);
+	rcu_read_unlock();
+	if (!*word) {
+		bpf_map_put(map);
+		return ERR_PTR(-EINVAL);
+	}
+	return map;
+}
+
+int urdma_bell_attach(struct urdma_qp *qp, int sock_fd, int map_fd,
+		      int hush_fd)
 {
 	struct urdma_bell *bell;
 	struct socket *sock;
@@ -189,10 +243,19 @@ int urdma_bell_attach(struct urdma_qp *qp, int sock_fd, int map_fd)
 		rv = -ENOTSOCK;
 		goto err_put;
 	}
-	bell->verdicts = urdma_bell_map_get(map_fd);
+	bell->verdicts = urdma_bell_map_get(map_fd, BPF_MAP_TYPE_PERCPU_ARRAY,
+					    sizeof(u32));
 	if (IS_ERR(bell->verdicts)) {
 		rv = PTR_ERR(bell->verdicts);
 		goto err_put;
+	}
+	if (hush_fd >= 0) {
+		bell->hush_map = urdma_hush_map_get(hush_fd, &bell->hush);
+		if (IS_ERR(bell->hush_map)) {
+			rv = PTR_ERR(bell->hush_map);
+			bell->hush_map = NULL;
+			goto err_map;
+		}
 	}
 	sk = sock->sk;
 	bell->sk = sk;
@@ -213,6 +276,8 @@ int urdma_bell_attach(struct urdma_qp *qp, int sock_fd, int map_fd)
 	return 0;
 
 err_map:
+	if (bell->hush_map)
+		bpf_map_put(bell->hush_map);
 	bpf_map_put(bell->verdicts);
 err_put:
 	fput(bell->file);
@@ -234,7 +299,9 @@ void urdma_bell_detach(struct urdma_qp *qp)
 	sk->sk_data_ready = bell->data_ready;
 	sk->sk_user_data = NULL;
 	write_unlock_bh(&sk->sk_callback_lock);
-	/* No softirq reads the map past the unlock. */
+	/* No softirq reads the maps past the unlock. */
+	if (bell->hush_map)
+		bpf_map_put(bell->hush_map);
 	bpf_map_put(bell->verdicts);
 	fput(bell->file);
 	kfree(bell);

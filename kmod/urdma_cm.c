@@ -1136,12 +1136,17 @@ static void urdma_cm_closed(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 static int urdma_cm_bell(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 {
 	struct urdma_ep *ep = urdma_ep_by_qpn(chan, msg->dev_id, msg->qpn);
+	s32 hush = -1;
 
 	if (!ep)
 		return -ENOENT;
 	if (msg->req > INT_MAX || msg->id > INT_MAX)
 		return -EBADF;
-	return urdma_bell_attach(ep->qp, (int)msg->req, (int)msg->id);
+	if (msg->pdata_len == sizeof(hush))
+		memcpy(&hush, msg->pdata, sizeof(hush));
+	else if (msg->pdata_len)
+		return -EINVAL;
+	return urdma_bell_attach(ep->qp, (int)msg->req, (int)msg->id, hush);
 }
 
 /* The port counters of the interface msg->ifname, if this channel serves it. */

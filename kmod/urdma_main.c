@@ -106,6 +106,7 @@ static const struct rdma_stat_desc urdma_stat_descs[] = {
 	[URDMA_STAT_CRC_ERRORS] = { .name = "crc_errors" },
 	[URDMA_STAT_MALFORMED] = { .name = "malformed" },
 	[URDMA_HW_BELL_EVENTS] = { .name = "bell_events" },
+	[URDMA_HW_BELL_HUSHED] = { .name = "bell_hushed" },
 };
 
 static struct rdma_hw_stats *
@@ -123,6 +124,7 @@ static int urdma_get_hw_stats(struct ib_device *ibdev,
 
 	urdma_cm_read_stats(udev, stats->value);
 	stats->value[URDMA_HW_BELL_EVENTS] = atomic64_read(&udev->bell_events);
+	stats->value[URDMA_HW_BELL_HUSHED] = atomic64_read(&udev->bell_hushed);
 	return stats->num_counters;
 }
 

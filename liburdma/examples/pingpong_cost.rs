@@ -232,6 +232,7 @@ fn connect(a: &mut End, b: &mut End, ab: *mut Wire, ba: *mut Wire, now: Instant)
         crc: true,
         direct: 0,
         bell: false,
+        hush: false,
         stats: None,
         conn: 0xB,
         isn: 500,

@@ -55,6 +55,8 @@ pub struct SocketFlow {
     forked: bool,
     /// Where the connection tells urdma.ko's bell which frame completes a receive.
     bell: Option<BellWord>,
+    /// urdma.ko reads the process's hush word for the connection's frames ([`Flow::hushed`]).
+    hushed: bool,
 }
 
 impl SocketFlow {
@@ -66,6 +68,7 @@ impl SocketFlow {
         ep: Endpoints,
         epoll: RawFd,
         bell: Option<BellWord>,
+        hushed: bool,
     ) -> Result<SocketFlow, String> {
         let rings = Rings::map(sock, geo).map_err(|e| format!("cannot map its socket: {e}"))?;
         let mut ev = libc::epoll_event {
@@ -88,6 +91,7 @@ impl SocketFlow {
             unsent: false,
             send_failures: 0,
             forked: false,
+            hushed: hushed && bell.is_some(),
             bell,
         })
     }
@@ -210,6 +214,11 @@ impl Flow for SocketFlow {
         self.forked = true;
         // The parent's connection: the child says nothing of it.
         self.bell = None;
+        self.hushed = false;
+    }
+
+    fn hushed(&self) -> bool {
+        self.hushed
     }
 
     fn ring_for(&mut self, next: Option<u32>) {

@@ -55,6 +55,12 @@ pub trait Flow: Send {
     fn wakes_itself(&self) -> bool {
         false
     }
+    /// Whether a frame of the flow that fires no completion event wakes nobody while an
+    /// application thread is in a call that reads every socket (urdma.ko's hush,
+    /// [`urdma_shared::bell::Hush`]).
+    fn hushed(&self) -> bool {
+        false
+    }
     /// The process was forked and this is the child's copy of a flow that stays the
     /// parent's: let go of nothing the parent still uses (the rings' buffers are shared),
     /// so that dropping the flow afterwards frees only the child's own copies.
@@ -768,6 +774,14 @@ impl Engine {
         self.qps
             .values()
             .any(|q| q.flow.as_ref().is_some_and(|f| !f.wakes_itself()))
+    }
+
+    /// Whether every flow's frames wake nobody while an application thread is in a call
+    /// that reads every socket ([`Flow::hushed`]).
+    pub fn all_hushed(&self) -> bool {
+        self.qps
+            .values()
+            .all(|q| q.flow.as_ref().is_none_or(|f| f.hushed()))
     }
 
     /// The earliest timer of any connection that still has its flow.

@@ -74,7 +74,20 @@ pub struct Activity {
     pub last_call: Instant,
     /// When one last armed a CQ ([`Instant::ZERO`]: never).
     pub last_arm: Instant,
+    /// Calls in a row, each begun within [`STEADY_GAP`] of the last one's end: an
+    /// application polling without pause has many ([`Tuning::steady`]).
+    pub streak: u32,
 }
+
+/// Calls that follow each other this closely are one stretch of polling
+/// ([`Activity::streak`]). A busy poll's calls follow each other within microseconds;
+/// an application that polls its memory between calls makes two or three (a post, the
+/// reap of its completions) and then none until a frame comes.
+pub const STEADY_GAP: Duration = Duration::from_micros(50);
+
+/// An application that made this many calls in a row polls without pause
+/// ([`Tuning::steady`]).
+pub const STEADY_CALLS: u32 = 8;
 
 /// How the helper sleeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +97,10 @@ pub struct Sleep {
     /// Whether a frame wakes it: the direct connections' sockets are in its poll set and
     /// urdmad is asked to wake it (`ARM`) for the rest.
     pub watching: bool,
+    /// Its alarm is a look at an application that polls (whose calls run the timers), not
+    /// a trp timer: woken by it alone while the application still polls, it sleeps again
+    /// ([`Tuning::look_again`]).
+    pub look: bool,
 }
 
 /// What the helper does after a round.
@@ -113,6 +130,9 @@ pub struct Round {
     pub armed: bool,
     /// Some flow's way out was full (more to send, and no descriptor says when).
     pub backlogged: bool,
+    /// Every flow's frames wake nobody while an application thread is in a call that reads
+    /// every socket ([`Tuning::sleep`]).
+    pub hushed: bool,
 }
 
 impl Tuning {
@@ -122,6 +142,15 @@ impl Tuning {
     /// the application looked gone during its own calls.)
     pub fn polling(&self, a: Activity, now: Instant) -> bool {
         a.in_calls > 0 || now < a.last_call + self.app_active
+    }
+
+    /// Whether the application polls without pause ([`STEADY_CALLS`] calls in a row): its
+    /// next call comes within microseconds and takes what arrives. Hushed, the helper then
+    /// does not watch: the frames that fall between two calls would wake it, and a helper
+    /// woken on a shared CPU takes it from the application (poll-send in the emulated bed,
+    /// a quarter slower with a helper that watched while the application polled).
+    pub fn steady(&self, a: Activity, now: Instant) -> bool {
+        a.streak >= STEADY_CALLS && self.polling(a, now)
     }
 
     /// Whether the application waits on completion events: it armed a CQ within
@@ -152,22 +181,42 @@ impl Tuning {
     /// events polls: the frames it waits for come while it sleeps, and a helper that
     /// stopped watching at every poll had to be kicked back at every arm, a wake-up per
     /// message on top of the frame's.
+    ///
+    /// `hushed`: besides, urdma.ko wakes nobody for a frame that comes while an application
+    /// thread is in a call that reads every socket (`urdma_shared::bell::Hush`). The helper
+    /// then watches also while the application polls, unless it polls without pause
+    /// ([`Tuning::steady`]): a frame wakes it only when no call will take the frame, such
+    /// as a Write to an application that polls its memory between calls, which waited for
+    /// the helper's next look otherwise. Its alarm is the
+    /// earliest trp timer, not before the application may have stopped, and taken for a
+    /// look: the calls run the timers, so the alarm moves for a timer that comes earlier
+    /// but not for every call (a system call each), and wakes nobody where none is due.
     pub fn sleep(
         &self,
         a: Activity,
         now: Instant,
         direct: bool,
+        hushed: bool,
         deadline: impl FnOnce() -> Option<Instant>,
     ) -> Sleep {
         if self.polling(a, now) && !(direct && self.waits_on_events(a, now)) {
+            if hushed && direct && !self.steady(a, now) {
+                return Sleep {
+                    until: self.watching_until(a, now, deadline),
+                    watching: true,
+                    look: true,
+                };
+            }
             Sleep {
                 until: Some(a.last_call + self.app_active),
                 watching: false,
+                look: true,
             }
         } else {
             Sleep {
                 until: self.watching_until(a, now, deadline),
                 watching: true,
+                look: false,
             }
         }
     }
@@ -212,7 +261,7 @@ impl Tuning {
                 // round after a yield finds nothing but takes the CPU the application
                 // was woken for, and costs system calls of its own. A frame that came
                 // meanwhile ends the sleep at once.
-                let sleep = self.sleep(a, now, true, deadline);
+                let sleep = self.sleep(a, now, true, r.hushed, deadline);
                 return (Step::Sleep { sleep, arm: false }, idle);
             }
             if !polling {
@@ -227,7 +276,7 @@ impl Tuning {
             let on_descriptors = !r.needs_arm;
             return (Step::Spin { on_descriptors }, idle);
         }
-        let sleep = self.sleep(a, now, !r.needs_arm, deadline);
+        let sleep = self.sleep(a, now, !r.needs_arm, r.hushed, deadline);
         let arm = !r.armed && sleep.watching && r.needs_arm;
         (Step::Sleep { sleep, arm }, idle)
     }
@@ -241,7 +290,7 @@ impl Tuning {
     /// without a round, because the application still polls and its calls make the
     /// progress (a round would only take the lock from them).
     pub fn look_again(&self, s: Sleep, a: Activity, now: Instant) -> bool {
-        !s.watching && self.polling(a, now)
+        s.look && self.polling(a, now)
     }
 
     /// An application call ended while the helper sleeps as `s`: the alarm to move it to,
@@ -265,11 +314,19 @@ impl Tuning {
         direct: bool,
         deadline: impl FnOnce() -> Option<Instant>,
     ) -> Option<Option<Instant>> {
-        if direct && s.watching {
+        if direct && s.watching && !s.look {
             let d = self.watching_until(a, now, deadline);
             return (d != s.until).then_some(d);
         }
-        let d = self.sleep(a, now, direct, deadline).until;
+        // Only a hushed helper watches while it looks. Its alarm, once set, comes while the
+        // application may still poll (it looks again) or after it stopped (it runs the
+        // timers): it is moved only when it has none, and the timers are not looked at on
+        // every call of a busy poll (a look at every connection each).
+        let hushed = s.watching && s.look;
+        if hushed && s.until.is_some() {
+            return None;
+        }
+        let d = self.sleep(a, now, direct, hushed, deadline).until;
         let earlier = match (d, s.until) {
             (Some(d), Some(u)) => d < u,
             (Some(_), None) => true,
@@ -319,6 +376,7 @@ mod tests {
             in_calls,
             last_call: at(last_call_us),
             last_arm: Instant::ZERO,
+            streak: 0,
         }
     }
 
@@ -327,6 +385,7 @@ mod tests {
         in_calls: 0,
         last_call: Instant::ZERO,
         last_arm: Instant::ZERO,
+        streak: 0,
     };
 
     fn round(worked: bool, idle: u32) -> Round {
@@ -337,6 +396,7 @@ mod tests {
             needs_arm: false,
             armed: false,
             backlogged: false,
+            hushed: false,
         }
     }
 
@@ -348,31 +408,34 @@ mod tests {
         // Within APP_ACTIVE of its last call.
         assert!(T.polling(app(0, 99_900), now));
         assert!(!T.polling(app(0, 99_800), now));
-        let s = T.sleep(app(0, 99_900), now, false, || Some(at(500_000)));
+        let s = T.sleep(app(0, 99_900), now, false, false, || Some(at(500_000)));
         assert_eq!(
             s,
             Sleep {
                 until: Some(at(100_100)),
-                watching: false
+                watching: false,
+                look: true
             }
         );
     }
 
     #[test]
     fn an_application_asleep_has_the_helper_watch_until_the_next_timer() {
-        let s = T.sleep(ASLEEP, at(5_000), false, || Some(at(9_000)));
+        let s = T.sleep(ASLEEP, at(5_000), false, false, || Some(at(9_000)));
         assert_eq!(
             s,
             Sleep {
                 until: Some(at(9_000)),
-                watching: true
+                watching: true,
+                look: false
             }
         );
         assert_eq!(
-            T.sleep(ASLEEP, at(5_000), false, || None),
+            T.sleep(ASLEEP, at(5_000), false, false, || None),
             Sleep {
                 until: None,
-                watching: true
+                watching: true,
+                look: false
             }
         );
     }
@@ -381,7 +444,7 @@ mod tests {
     /// helper is to look when it may have stopped; a trp timer due sooner comes first.
     #[test]
     fn an_application_call_moves_a_watching_helpers_alarm_to_its_next_look() {
-        let s = T.sleep(ASLEEP, at(1_000), false, || Some(at(50_000)));
+        let s = T.sleep(ASLEEP, at(1_000), false, false, || Some(at(50_000)));
         assert!(s.watching);
         assert_eq!(
             T.alarm_after_call(s, app(0, 1_200), at(1_200), false, || Some(at(50_000))),
@@ -392,7 +455,7 @@ mod tests {
             Some(Some(at(1_400))),
             "while it polls, its calls run the timers"
         );
-        let quiet = T.sleep(ASLEEP, at(1_000), false, || Some(at(50_000)));
+        let quiet = T.sleep(ASLEEP, at(1_000), false, false, || Some(at(50_000)));
         assert_eq!(
             T.alarm_after_call(quiet, ASLEEP, at(1_200), false, || Some(at(2_000))),
             Some(Some(at(2_000)))
@@ -405,11 +468,14 @@ mod tests {
 
     #[test]
     fn a_sleeping_helper_is_kicked_when_the_application_goes_to_sleep() {
-        let s = T.sleep(app(0, 1_000), at(1_000), false, || None);
+        let s = T.sleep(app(0, 1_000), at(1_000), false, false, || None);
         assert!(!s.watching);
         assert!(T.kick_on_sleep(Some(s), false));
         // Watching already: kicked all the same, to spin for the reply (kick_on_sleep).
-        assert!(T.kick_on_sleep(Some(T.sleep(ASLEEP, at(1_000), false, || None)), false));
+        assert!(T.kick_on_sleep(
+            Some(T.sleep(ASLEEP, at(1_000), false, false, || None)),
+            false
+        ));
         assert!(
             !T.kick_on_sleep(None, false),
             "an awake helper sees it by itself"
@@ -429,30 +495,106 @@ mod tests {
             } else {
                 at(last_arm_us)
             },
+            streak: 0,
         };
-        assert!(T.sleep(polled(99_900), now, true, || None).watching);
+        assert!(T.sleep(polled(99_900), now, true, false, || None).watching);
         assert!(
-            !T.sleep(polled(99_900), now, false, || None).watching,
+            !T.sleep(polled(99_900), now, false, false, || None).watching,
             "not direct"
         );
         assert!(
-            !T.sleep(polled(0), now, true, || None).watching,
+            !T.sleep(polled(0), now, true, false, || None).watching,
             "never armed"
         );
         let long_ago = 100_000 - 10_000;
         assert!(
-            !T.sleep(polled(long_ago), now, true, || None).watching,
+            !T.sleep(polled(long_ago), now, true, false, || None)
+                .watching,
             "armed long ago"
         );
+    }
+
+    /// Hushed, the helper watches also while the application polls (in a call or between
+    /// calls); its alarm is then a look at whether the application still polls, whose calls
+    /// run the timers, and an alarm alone does not make it take the lock.
+    #[test]
+    fn hushed_the_helper_always_watches() {
+        let now = at(100_000);
+        for a in [app(1, 0), app(0, 99_900), ASLEEP] {
+            let s = T.sleep(a, now, true, true, || Some(at(100_050)));
+            assert!(s.watching, "{a:?}");
+            assert!(!T.kick_on_sleep(Some(s), true));
+        }
+        let polling = T.sleep(app(0, 99_900), now, true, true, || Some(at(100_050)));
+        assert_eq!(
+            polling,
+            Sleep {
+                until: Some(at(100_100)),
+                watching: true,
+                look: true
+            },
+            "the held ACK waits for the reply"
+        );
+        assert!(T.look_again(polling, app(0, 99_950), at(100_100)));
+        assert!(!T.look_again(polling, app(0, 99_900), at(100_200)));
+        let later = || Some(at(100_150));
+        assert_eq!(
+            T.alarm_after_call(polling, app(0, 100_100), at(100_100), true, later),
+            None,
+            "a call does not move the alarm later"
+        );
+        let sooner = || -> Option<Instant> { panic!("the timers are not looked at") };
+        assert_eq!(
+            T.alarm_after_call(polling, app(0, 100_100), at(100_100), true, sooner),
+            None,
+            "nor sooner: the helper looks again or runs the timers then"
+        );
+        let idle = T.sleep(app(0, 99_900), now, true, true, || None);
+        assert_eq!(idle.until, None, "no timer, no alarm");
+        assert_eq!(
+            T.alarm_after_call(idle, app(0, 100_100), at(100_100), true, later),
+            Some(Some(at(100_300))),
+            "a timer the call started: the helper runs it once the application may have stopped"
+        );
+        let asleep = T.sleep(ASLEEP, now, true, true, || Some(at(100_050)));
+        assert_eq!(asleep.until, Some(at(100_050)));
+        assert!(!asleep.look);
+        // After a round, while the application polls.
+        let r = Round {
+            hushed: true,
+            ..round(false, 0)
+        };
+        let (step, _) = T.after_round(r, app(0, 99_900), now, || None);
+        assert!(matches!(step, Step::Sleep { sleep, arm: false } if sleep.watching && sleep.look));
+        // Nor while the application polls without pause: its next call takes the frame.
+        let steady = Activity {
+            streak: STEADY_CALLS,
+            ..app(0, 99_990)
+        };
+        let s = T.sleep(steady, now, true, true, || None);
+        assert!(!s.watching && s.look);
+        let paused = Activity {
+            streak: STEADY_CALLS - 1,
+            ..steady
+        };
+        assert!(T.sleep(paused, now, true, true, || None).watching);
+        // Not when some connection's frames come through urdmad.
+        let r = Round {
+            hushed: true,
+            needs_arm: true,
+            ..round(false, 0)
+        };
+        let (step, _) = T.after_round(r, app(0, 99_900), now, || None);
+        assert!(matches!(step, Step::Sleep { sleep, .. } if !sleep.watching));
     }
 
     /// On the direct path, the helper is kicked only to start watching, and a watching
     /// helper's alarm is left to the trp timers.
     #[test]
     fn on_the_direct_path_a_watching_helper_sleeps_through_the_application_s_calls() {
-        let watching = T.sleep(ASLEEP, at(1_000), false, || Some(at(50_000)));
+        let watching = T.sleep(ASLEEP, at(1_000), false, false, || Some(at(50_000)));
         assert!(!T.kick_on_sleep(Some(watching), true));
-        let not_watching = T.sleep(app(0, 1_000), at(1_000), false, || None);
+        let not_watching = T.sleep(app(0, 1_000), at(1_000), false, false, || None);
         assert!(T.kick_on_sleep(Some(not_watching), true));
         assert!(!T.kick_on_sleep(None, true));
         // An application that arms between its polls.
@@ -460,6 +602,7 @@ mod tests {
             in_calls: 0,
             last_call: at(last_call_us),
             last_arm: at(1_000),
+            streak: 0,
         };
         let moved =
             |s, a, now_us, d: Option<u64>| T.alarm_after_call(s, a, at(now_us), true, || d.map(at));
@@ -507,7 +650,7 @@ mod tests {
 
     #[test]
     fn a_polling_application_moves_a_non_watching_helpers_alarm_only_earlier() {
-        let s = T.sleep(app(0, 1_000), at(1_000), false, || None);
+        let s = T.sleep(app(0, 1_000), at(1_000), false, false, || None);
         assert_eq!(s.until, Some(at(1_200)));
         // Later calls push the time the application may have stopped further out: the
         // alarm stays, and the helper looks again when it rings.
@@ -525,14 +668,14 @@ mod tests {
 
     #[test]
     fn woken_by_its_alarm_while_the_application_polls_the_helper_looks_again_later() {
-        let s = T.sleep(app(0, 1_000), at(1_000), false, || None);
+        let s = T.sleep(app(0, 1_000), at(1_000), false, false, || None);
         assert!(T.look_again(s, app(1, 1_000), at(1_200)));
         assert!(T.look_again(s, app(0, 1_150), at(1_200)));
         assert!(
             !T.look_again(s, app(0, 1_000), at(1_200)),
             "stopped: a round"
         );
-        let watching = T.sleep(ASLEEP, at(1_000), false, || None);
+        let watching = T.sleep(ASLEEP, at(1_000), false, false, || None);
         assert!(!T.look_again(watching, app(1, 1_000), at(1_200)));
         let mut d = T.app_active;
         let mut looks = vec![];
@@ -641,7 +784,8 @@ mod tests {
                 Step::Sleep {
                     sleep: Sleep {
                         until: Some(at(60_000)),
-                        watching: true
+                        watching: true,
+                        look: false
                     },
                     arm: false
                 },

@@ -16,11 +16,12 @@ mod helper;
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use trp::Instant;
+use urdma_shared::bell::Hush;
 use urdma_shared::client::Connection as Control;
 
 pub use attach::urdmad_socket;
@@ -88,13 +89,64 @@ static HELPER_WOKEN: AtomicBool = AtomicBool::new(false);
 /// Read by the helper without the lock.
 static IN_CALLS: AtomicU32 = AtomicU32::new(0);
 
+/// The process's hush word ([`Hush`]) once urdmad passed it; null before (and in a forked
+/// child, whose calls do not read the parent's sockets). Never unmapped.
+static HUSH: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The hush word, if urdma.ko reads one for this process's frames.
+fn hush() -> Option<Hush> {
+    let p = HUSH.load(Ordering::Acquire);
+    // SAFETY: only ever set to a word of `Hush::map`, mapped for the process's life.
+    (!p.is_null()).then(|| unsafe { Hush::from_raw(p) })
+}
+
+/// Takes the map of the hush word that came with connection `c`: the first is mapped, the
+/// same process's later ones are the same map. Whether urdma.ko reads it for the
+/// connection's frames ([`crate::engine::Flow::hushed`]).
+fn adopt_hush(map: std::os::fd::OwnedFd, c: &urdma_shared::proto::Connected) -> bool {
+    if hush().is_some() {
+        return true;
+    }
+    match Hush::map(map) {
+        Ok(h) => {
+            HUSH.store(h.into_raw(), Ordering::Release);
+            true
+        }
+        Err(e) => {
+            log::info(format_args!("QP {}/{}: no hush word: {e}", c.dev, c.qpn));
+            false
+        }
+    }
+}
+
+/// Forgets the hush word: it belongs to another urdmad's (or the parent's) client.
+fn forget_hush() {
+    HUSH.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+/// Calls in a row, each begun within [`crate::progress::STEADY_GAP`] of the last one's end.
+/// Updated by the application's threads without the lock (a lost update only shortens it).
+static APP_STREAK: AtomicU32 = AtomicU32::new(0);
+
 /// What the application's threads did, for the policy.
 fn activity() -> Activity {
     Activity {
         in_calls: IN_CALLS.load(Ordering::Relaxed),
         last_call: Instant(APP_LAST.load(Ordering::Relaxed)),
         last_arm: Instant(APP_ARM.load(Ordering::Relaxed)),
+        streak: APP_STREAK.load(Ordering::Relaxed),
     }
+}
+
+/// A call begins at `now`: one more in the streak, or the first of a new one.
+fn count_streak(now: Instant) {
+    let last = Instant(APP_LAST.load(Ordering::Relaxed));
+    let streak = if last != Instant::ZERO && now < last + crate::progress::STEADY_GAP {
+        APP_STREAK.load(Ordering::Relaxed).saturating_add(1)
+    } else {
+        0
+    };
+    APP_STREAK.store(streak, Ordering::Relaxed);
 }
 
 /// A request or a verb that takes this long (milliseconds) is logged (`URDMA_LOG=info`).
@@ -192,15 +244,27 @@ fn lock_of(state: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 /// now.
 #[track_caller]
 pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
-    /// Counts the call in [`IN_CALLS`] until it returns or unwinds.
-    struct InCall;
+    /// Counts the call in [`IN_CALLS`] and in the hush word until it returns or unwinds.
+    struct InCall(Option<Hush>);
     impl Drop for InCall {
         fn drop(&mut self) {
             IN_CALLS.fetch_sub(1, Ordering::Relaxed);
+            // Still counted: the call unwound before its last round. Whatever came
+            // meanwhile is the helper's.
+            if let Some(h) = self.0.take() {
+                h.abandon();
+                kick_helper();
+            }
         }
     }
     IN_CALLS.fetch_add(1, Ordering::Relaxed);
-    let _in_call = InCall;
+    // A thread in here reads every socket before it leaves (`leave_hushed`), so urdma.ko
+    // need not wake the helper for the frames that come meanwhile.
+    let hush = hush();
+    if let Some(h) = hush {
+        h.enter();
+    }
+    let mut in_call = InCall(hush);
     // Uncontended, the lock costs no clock reading; contended, the wait is timed: threads
     // spinning in verbs take the lock back as soon as they let it go, and one that waits
     // for it long enough stalls its QPs as surely as a holder does.
@@ -222,6 +286,7 @@ pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
             ));
         }
     }
+    count_streak(now);
     APP_LAST.store(now.as_nanos(), Ordering::Relaxed);
     let r = f(&mut g, now);
     // Again at the end: a call that took long (a round over hundreds of QPs under
@@ -243,6 +308,9 @@ pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
         Ordering::Relaxed,
     );
     g.after_app_call();
+    if let Some(h) = in_call.0.take() {
+        g.leave_hushed(h);
+    }
     r
 }
 /// Runs `f` under the lock for a control verb (no progress, no timers).
@@ -254,6 +322,9 @@ impl Shared {
     /// A round over every QP, for an application call that polls a CQ (which any QP may
     /// complete into).
     pub fn full_round(&mut self, now: Instant) -> crate::engine::Progress {
+        if let Some(h) = hush() {
+            h.clear();
+        }
         if now >= self.event_look {
             self.event_look = now + EVENT_LOOK;
             self.pump(now);
@@ -272,6 +343,9 @@ impl Shared {
     /// message. An application that has been away longer, or went to sleep in
     /// `ibv_get_cq_event`, is not about to reply ([`Engine::progress_unattended`]).
     fn helper_round(&mut self, now: Instant) -> crate::engine::Progress {
+        if let Some(h) = hush() {
+            h.clear();
+        }
         let p = if tuning().quiet(activity(), now) {
             self.engine.progress_unattended(now)
         } else {
@@ -328,6 +402,15 @@ impl Shared {
     fn sleeping_helper(&self) -> Option<Sleep> {
         self.helper_sleep
             .filter(|_| !HELPER_WOKEN.load(Ordering::Relaxed))
+    }
+
+    /// An application call leaves: the last one out reads every socket again if urdma.ko
+    /// left a frame to the calls since their last round ([`Hush::leave`]).
+    fn leave_hushed(&mut self, h: Hush) {
+        while h.leave() {
+            self.full_round(now());
+            self.after_app_call();
+        }
     }
 
     /// Moves the helper's alarm forward where the call made that necessary

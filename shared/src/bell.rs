@@ -1,4 +1,6 @@
-//! The word a process publishes for urdma.ko's bell on a direct connection.
+//! The words a process shares with urdma.ko's bell on its direct connections: one per
+//! connection that says which frame completes a receive ([`BellWord`]), and one for the
+//! process that says whether its threads are in calls that read the sockets ([`Hush`]).
 //!
 //! urdmad's filter on the connection's socket (urdmad's `flowfilter`) classifies each frame
 //! it admits, and the kernel's bell fires the receive CQ's completion event, from the
@@ -25,6 +27,30 @@ pub fn word(next: Option<u32>) -> u64 {
     next.map_or(0, |psn| OPEN | u64::from(psn))
 }
 
+/// Maps the first page of the array `map`, whose first value is a word.
+fn map_word(map: &OwnedFd) -> io::Result<(*const AtomicU64, usize)> {
+    // SAFETY: sysconf has no preconditions.
+    let len = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|&p| p > 0)
+        .unwrap_or(4096);
+    // SAFETY: a fresh shared mapping of the map's values, checked below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            map.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((p.cast::<AtomicU64>(), len))
+}
+
 /// A connection's word, mapped.
 pub struct BellWord {
     word: *const AtomicU64,
@@ -42,27 +68,9 @@ impl BellWord {
     /// Maps the array `map` (`BPF_F_MMAPABLE`, one entry of [`WORD_SIZE`] bytes). Starts
     /// closed: nothing rings until the process publishes.
     pub fn map(map: OwnedFd) -> io::Result<BellWord> {
-        // SAFETY: sysconf has no preconditions.
-        let len = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
-            .ok()
-            .filter(|&p| p > 0)
-            .unwrap_or(4096);
-        // SAFETY: a fresh shared mapping of the map's values, checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let (word, len) = map_word(&map)?;
         let b = BellWord {
-            word: p.cast::<AtomicU64>(),
+            word,
             len,
             last: u64::MAX,
             _map: map,
@@ -93,9 +101,129 @@ impl Drop for BellWord {
     }
 }
 
+/// Threads inside calls that read every socket (the count in the [`Hush`] word).
+pub const HUSH_CALLS: u64 = 0xffff_ffff;
+/// Set in the [`Hush`] word by urdma.ko for a frame it woke nobody for.
+pub const HUSH_MISSED: u64 = 1 << 32;
+
+/// The process's hush word (urdma-abi.h, `URDMA_HUSH_CALLS`): while a thread is inside a call
+/// that reads every direct connection's socket before it returns, a frame that fires no
+/// completion event wakes nobody (the helper thread would only take the CPU from the
+/// thread that reads it), and urdma.ko marks it missed instead. The last thread out reads
+/// the sockets once more if the mark is there. One array of one entry for the process, which
+/// urdmad creates and passes with the connections' sockets and urdma.ko reads for each of
+/// their frames.
+#[derive(Clone, Copy)]
+pub struct Hush(&'static AtomicU64);
+
+impl Hush {
+    /// Maps the array `map` for the rest of the process's life: a thread may be entering a
+    /// call with this word when a newer one (after urdmad restarts) replaces it.
+    pub fn map(map: OwnedFd) -> io::Result<Hush> {
+        let (word, _) = map_word(&map)?;
+        // SAFETY: the mapping stays (never unmapped; closing the map's descriptor leaves
+        // it), holding the 8-byte, 8-aligned word at its start.
+        Ok(Hush(unsafe { &*word }))
+    }
+
+    /// A word of the process's own memory, which nobody else reads (tests).
+    pub fn unshared() -> Hush {
+        Hush(Box::leak(Box::new(AtomicU64::new(0))))
+    }
+
+    /// A thread enters a call that reads every socket before it returns.
+    pub fn enter(self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A thread leaves such a call. True: it was the last one in and a frame was left to
+    /// it since the last [`Hush::clear`]; it is counted in again, must read every socket
+    /// (a round that begins with [`Hush::clear`]) and leave again.
+    #[must_use]
+    pub fn leave(self) -> bool {
+        let v = self.0.fetch_sub(1, Ordering::SeqCst);
+        if v & HUSH_CALLS == 1 && v & HUSH_MISSED != 0 {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            return true;
+        }
+        false
+    }
+
+    /// Leaves a call without reading the sockets: the caller wakes another reader.
+    pub fn abandon(self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The word, to keep where a pointer fits.
+    pub fn into_raw(self) -> *mut AtomicU64 {
+        (self.0 as *const AtomicU64).cast_mut()
+    }
+
+    /// The word kept by [`Hush::into_raw`].
+    ///
+    /// # Safety
+    /// `p` came from [`Hush::into_raw`].
+    pub unsafe fn from_raw(p: *mut AtomicU64) -> Hush {
+        // SAFETY: the caller's promise: a word that is never unmapped.
+        Hush(unsafe { &*p })
+    }
+
+    /// Before a round that reads every socket: the frames marked missed so far are in the
+    /// sockets, and the round reads them.
+    pub fn clear(self) {
+        if self.0.load(Ordering::Relaxed) & HUSH_MISSED != 0 {
+            self.0.fetch_and(!HUSH_MISSED, Ordering::SeqCst);
+        }
+    }
+
+    /// What urdma.ko does for a frame that fires no event (tests): whether it hushed it.
+    #[cfg(test)]
+    fn frame(self) -> bool {
+        let v = self.0.load(Ordering::SeqCst);
+        v & HUSH_CALLS != 0
+            && self
+                .0
+                .compare_exchange(v, v | HUSH_MISSED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_is_hushed_only_while_a_thread_is_in_a_call() {
+        let h = Hush::unshared();
+        assert!(!h.frame(), "nobody in a call: the helper is woken");
+        h.enter();
+        assert!(h.frame());
+        assert!(h.leave(), "the last one out reads the sockets again");
+        h.clear();
+        assert!(!h.leave(), "and leaves after that round");
+        assert!(!h.frame());
+    }
+
+    #[test]
+    fn the_last_thread_out_reads_again_for_all() {
+        let h = Hush::unshared();
+        h.enter();
+        h.enter();
+        assert!(h.frame());
+        assert!(!h.leave(), "another thread is still in a call");
+        assert!(h.leave());
+        h.clear();
+        assert!(!h.leave());
+    }
+
+    #[test]
+    fn a_round_after_the_frame_takes_it() {
+        let h = Hush::unshared();
+        h.enter();
+        assert!(h.frame());
+        h.clear();
+        assert!(!h.leave(), "the call's own round read it");
+    }
 
     #[test]
     fn a_psn_is_open_and_none_is_closed() {

@@ -39,6 +39,9 @@ pub struct DirectFds {
     pub socket: OwnedFd,
     /// The map of its bell's word ([`crate::bell`]), when urdma.ko rings it.
     pub bell: Option<OwnedFd>,
+    /// The map of the process's hush word ([`crate::bell::Hush`]), when urdma.ko reads it
+    /// for the connection's frames.
+    pub hush: Option<OwnedFd>,
 }
 
 /// A greeted connection to urdmad.
@@ -264,13 +267,18 @@ impl Connection {
         // An event this client cannot decode (a newer daemon's) is skipped.
         if let Ok(e) = Event::decode(line) {
             if let Event::Connected(c) = &e {
-                // Its socket (and the bell's word) came with the line's first bytes, so
+                // Its socket (and the bell's and hush's words) came with the line's first bytes, so
                 // they are queued by now.
                 if c.direct > 0 {
                     if let Some(socket) = self.fds.pop_front() {
                         let bell = if c.bell { self.fds.pop_front() } else { None };
+                        let hush = if c.bell && c.hush {
+                            self.fds.pop_front()
+                        } else {
+                            None
+                        };
                         self.sockets
-                            .insert((c.dev, c.qpn), DirectFds { socket, bell });
+                            .insert((c.dev, c.qpn), DirectFds { socket, bell, hush });
                     }
                 }
             }

@@ -365,7 +365,7 @@ pub fn send_with_fd(sock: &UnixStream, data: &[u8], fd: RawFd) -> io::Result<()>
 }
 
 /// Most descriptors [`send_with_fds`] passes with one message.
-pub const MAX_SEND_FDS: usize = 2;
+pub const MAX_SEND_FDS: usize = 3;
 
 /// Writes all of `data` to `sock`, with `fds` (at most [`MAX_SEND_FDS`]) attached to its
 /// first byte, in order.
@@ -374,7 +374,7 @@ pub fn send_with_fds(sock: &UnixStream, data: &[u8], fds: &[RawFd]) -> io::Resul
         return Err(io::ErrorKind::InvalidInput.into());
     }
     let bytes = std::mem::size_of_val(fds) as u32;
-    let mut space = [0u64; 4];
+    let mut space = [0u64; 6];
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
@@ -386,8 +386,8 @@ pub fn send_with_fds(sock: &UnixStream, data: &[u8], fds: &[RawFd]) -> io::Resul
     msg.msg_control = space.as_mut_ptr().cast();
     // SAFETY: CMSG_SPACE is arithmetic.
     msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes) } as usize;
-    // SAFETY: msg_control has room for one header and two descriptors (CMSG_SPACE(8) = 24
-    // bytes of the 32).
+    // SAFETY: msg_control has room for one header and three descriptors (CMSG_SPACE(12) =
+    // 32 bytes of the 48).
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;

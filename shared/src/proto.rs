@@ -78,8 +78,9 @@ use std::str::FromStr;
 /// status report's lines as JSON records (urdmad's `status` module) in place of `key=value`
 /// text; version 8 `GIVEBACK`, with which a process hands a direct connection's socket back
 /// before closing its copy; version 9 the bell's word (`EVENT CONNECTED ... bell=1`, a second
-/// descriptor after the socket, [`crate::bell`]).
-pub const VERSION: u32 = 9;
+/// descriptor after the socket, [`crate::bell`]); version 10 the process's hush word
+/// (`EVENT CONNECTED ... hush=1`, a third descriptor, [`crate::bell::HushWord`]).
+pub const VERSION: u32 = 10;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -412,6 +413,9 @@ pub struct Connected {
     /// A direct connection whose frames ring urdma.ko's bell: the map of its word
     /// ([`crate::bell`]) comes with this event, after the socket.
     pub bell: bool,
+    /// With `bell`: the map of the process's hush word ([`crate::bell::HushWord`]), which
+    /// urdma.ko reads for the connection's frames, comes after the bell's word.
+    pub hush: bool,
     /// The connection's slot in urdmad's table of QP figures ([`crate::qpstats`]), which the
     /// process keeps current; `None` when every slot is taken (`stats=-`, or no field from
     /// an urdmad without the table).
@@ -495,7 +499,7 @@ impl Event {
     pub fn encode(&self) -> String {
         match self {
             Event::Connected(c) => format!(
-                "EVENT CONNECTED dev={} qpn={} role={} port={} local={} remote={} mac={} flow={} rx={} ird={} ord={} datagram={} crc={} direct={} bell={} stats={} conn={} isn={} pdata={} pkt={}\n",
+                "EVENT CONNECTED dev={} qpn={} role={} port={} local={} remote={} mac={} flow={} rx={} ird={} ord={} datagram={} crc={} direct={} bell={} hush={} stats={} conn={} isn={} pdata={} pkt={}\n",
                 c.dev,
                 c.qpn,
                 c.role.as_str(),
@@ -511,6 +515,7 @@ impl Event {
                 u8::from(c.crc),
                 c.direct,
                 u8::from(c.bell),
+                u8::from(c.hush),
                 c.stats.map_or_else(|| "-".to_string(), |s| s.to_string()),
                 c.conn,
                 c.isn,
@@ -565,6 +570,11 @@ impl Event {
                     "0" => false,
                     "1" => true,
                     _ => return Err(ProtoError::BadValue("bell")),
+                },
+                hush: match g.get("hush")? {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(ProtoError::BadValue("hush")),
                 },
                 stats: match g.opt("stats") {
                     None | Some("-") => None,
@@ -1084,6 +1094,7 @@ mod v2_tests {
             crc: true,
             direct: 0,
             bell: false,
+            hush: false,
             stats: Some(5),
             conn: 0xdead_beef,
             isn: 7,

@@ -125,6 +125,9 @@ struct Client {
     flows: Vec<u32>,
     /// Descriptors that came with its requests, for the `GIVEBACK`s among them.
     fds: VecDeque<OwnedFd>,
+    /// The map of its hush word (`urdma_shared::bell::Hush`), made with its first
+    /// connection that rings urdma.ko's bell.
+    hush: Option<OwnedFd>,
 }
 
 pub struct Daemon {

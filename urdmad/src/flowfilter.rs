@@ -79,6 +79,19 @@ impl FlowFilter {
     }
 }
 
+/// The map of a process's hush word (`urdma_shared::bell::Hush`), which urdma.ko reads for
+/// the frames of each of its connections that ring the bell, and the process maps.
+pub fn hush_map() -> io::Result<OwnedFd> {
+    ebpf::create_map(
+        BPF_MAP_TYPE_ARRAY,
+        4,
+        bell::WORD_SIZE,
+        1,
+        BPF_F_MMAPABLE,
+        "urdma_hush",
+    )
+}
+
 /// The program. Packet loads past the frame's end would end it with 0 (drop), so the
 /// classification checks the length first: a bare ACK is admitted all the same.
 fn program(local: &SocketAddrV4, remote: &SocketAddrV4, word: RawFd, verdicts: RawFd) -> Vec<Insn> {

@@ -147,6 +147,7 @@ fn connect_pair(e: &mut Engine, a: QpKey, b: QpKey, (ab, ba): (&Wire, &Wire), no
         crc: true,
         direct: 0,
         bell: false,
+        hush: false,
         stats: None,
         conn: 0xB,
         isn: 500,

@@ -81,6 +81,8 @@ impl Shared {
         match r {
             Ok(a) => {
                 self.attached = Some(a);
+                // A word of this urdmad's comes with the first connection.
+                super::forget_hush();
                 Ok(())
             }
             Err((e, permanent)) => {
@@ -123,6 +125,7 @@ impl Shared {
         self.armed = false;
         self.event_look = Instant::ZERO;
         IN_CALLS.store(0, Ordering::Relaxed);
+        super::forget_hush();
     }
 }
 

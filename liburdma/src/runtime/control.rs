@@ -309,8 +309,11 @@ fn make_flow(
         return Ok(Box::new(ring));
     }
     // urdmad no longer takes the connection's frames: without the socket nothing arrives.
-    let DirectFds { socket: sock, bell } =
-        fds.ok_or("urdmad put the connection on the direct path but passed no socket")?;
+    let DirectFds {
+        socket: sock,
+        bell,
+        hush,
+    } = fds.ok_or("urdmad put the connection on the direct path but passed no socket")?;
     let epoll = rt()
         .sockets
         .get()
@@ -324,7 +327,10 @@ fn make_flow(
             .map_err(|e| log::info(format_args!("QP {}/{}: no bell: {e}", c.dev, c.qpn)))
             .ok()
     });
-    Ok(Box::new(SocketFlow::new(ring, sock, geo, ep, epoll, bell)?))
+    let hushed = hush.is_some_and(|map| super::adopt_hush(map, c));
+    Ok(Box::new(SocketFlow::new(
+        ring, sock, geo, ep, epoll, bell, hushed,
+    )?))
 }
 
 #[cfg(test)]

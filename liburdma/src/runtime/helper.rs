@@ -12,7 +12,10 @@
 //! made one within [`crate::progress::APP_ACTIVE`]; `ibv_req_notify_cq` ends
 //! that at once) the helper stays out of its way: it sleeps without watching
 //! for frames and looks again when the application may have stopped, less
-//! often the longer it polls ([`crate::progress::LOOK_MAX`]). Its rounds leave
+//! often the longer it polls ([`crate::progress::LOOK_MAX`]). Where urdma.ko
+//! hushes every connection's frames (a frame that comes while an application
+//! thread is in a call wakes nobody, `urdma_shared::bell::Hush`), it watches
+//! all the same: only a frame no call will read wakes it. Its rounds leave
 //! the ACKs peers asked for to the application's reply while the application
 //! may still post one (`Shared::helper_round`), as the application's own rounds
 //! do. Otherwise, while traffic flows it keeps going (yielding the CPU between
@@ -114,6 +117,9 @@ pub(super) fn helper_loop() {
     // What the last wait found readable (`Ready`), for the round that follows it: a
     // second look at the same descriptors is a system call for nothing.
     let mut woke: Option<Ready> = None;
+    // Every flow's frames wake nobody while an application thread is in a call
+    // (`progress::Round::hushed`), as of the last round.
+    let mut hushed = false;
     loop {
         if quiet {
             let r = readable_any([ctl, kick, alarm, sockets]);
@@ -131,9 +137,11 @@ pub(super) fn helper_loop() {
         let mut g = match rt().state.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) if readable_any([ctl, kick, -1, -1]).any() => {
+            Err(TryLockError::WouldBlock) if hushed || readable_any([ctl, kick, -1, -1]).any() => {
                 // A kick (the application goes to sleep) or urdmad's word came during the
-                // call: the helper's round follows it.
+                // call: the helper's round follows it. Hushed, the frame that woke the helper
+                // came while no thread was in a call, and the call that began since may
+                // read only its own QP's socket: the round after it reads every one.
                 lock()
             }
             Err(TryLockError::WouldBlock) => {
@@ -168,6 +176,7 @@ pub(super) fn helper_loop() {
         let p = g.helper_round(now);
         g.deliver_notices();
         let needs_arm = g.engine.needs_arm();
+        hushed = super::hush().is_some() && g.engine.all_hushed();
         let round = Round {
             worked: p.busy || events,
             idle,
@@ -175,6 +184,7 @@ pub(super) fn helper_loop() {
             needs_arm,
             armed: g.armed,
             backlogged: p.backlogged,
+            hushed,
         };
         let (step, next_idle) = t.after_round(round, activity(), now, || g.engine.deadline());
         idle = next_idle;
@@ -207,12 +217,12 @@ pub(super) fn helper_loop() {
         let mut look = t.app_active;
         let r = loop {
             let r = sleep_on([fd, kick, alarm, if sleep.watching { sockets } else { -1 }]);
-            // Woken by its alarm while the application still calls: the calls make the
+            // Woken by its alarm alone while the application still calls: the calls make the
             // progress, and a round here would only take the lock from them (under
             // emulation, a quarter of a CPU per helper at 256 QPs). Look again when the
             // application may have stopped. urdmad's messages and kicks take their round.
             // The longer it has polled, the longer the helper stays away.
-            if !r.has(0) && !r.has(1) && t.look_again(sleep, activity(), self::now()) {
+            if !r.has(0) && !r.has(1) && !r.has(3) && t.look_again(sleep, activity(), self::now()) {
                 drain(r, [-1, alarm]);
                 look = t.next_look(look);
                 set_alarm(Some(self::now() + look));

@@ -230,6 +230,7 @@ impl Cm {
             crc,
             direct: 0,
             bell: false,
+            hush: false,
             stats: None,
             conn: h.conn,
             isn: h.isn,

@@ -188,6 +188,7 @@ impl Cm {
             crc: cfg.crc,
             direct: 0,
             bell: false,
+            hush: false,
             stats: None,
             conn,
             isn,

@@ -192,10 +192,21 @@ impl Daemon {
     /// `verdicts` ([`crate::flowfilter`]). That wakes an application blocked on its
     /// completion channel with no thread of the provider in between. A connection without it
     /// works the same, only through the provider's helper thread. Whether urdma.ko took it.
-    fn bell(&mut self, dev: u32, qpn: u32, fd: RawFd, verdicts: RawFd) -> bool {
+    /// `hush`: the map of the process's hush word, which urdma.ko then reads for each frame.
+    fn bell(
+        &mut self,
+        dev: u32,
+        qpn: u32,
+        fd: RawFd,
+        verdicts: RawFd,
+        hush: Option<RawFd>,
+    ) -> bool {
         let Some(c) = &self.chan else { return false };
         let mut m = Msg::new(Op::Bell);
         (m.dev, m.qpn, m.req, m.id) = (dev, qpn, fd as u64, verdicts as u64);
+        if let Some(h) = hush {
+            m.pdata = h.to_ne_bytes().to_vec();
+        }
         match c.send(&m) {
             Ok(()) => true,
             Err(e) => {
@@ -203,6 +214,19 @@ impl Daemon {
                 false
             }
         }
+    }
+
+    /// The map of client `i`'s hush word, made on first use; None where it cannot be made
+    /// (its connections' frames then wake its helper as before).
+    fn client_hush(&mut self, i: usize) -> Option<RawFd> {
+        let c = &mut self.clients[i];
+        if c.hush.is_none() {
+            match crate::flowfilter::hush_map() {
+                Ok(m) => c.hush = Some(m),
+                Err(e) => tracing::warn!(client = c.id, "no hush word: {e}"),
+            }
+        }
+        c.hush.as_ref().map(|m| m.as_raw_fd())
     }
 
     /// Reads what the kernel sent (bounded per call).
@@ -394,12 +418,15 @@ impl Daemon {
         if let Some((fd, _, bell)) = &direct {
             fds.push(*fd);
             if let Some(f) = bell {
-                if self.bell(dev, qpn, *fd, f.verdicts.as_raw_fd()) {
+                let hush = self.client_hush(i);
+                if self.bell(dev, qpn, *fd, f.verdicts.as_raw_fd(), hush) {
                     fds.push(f.word.as_raw_fd());
+                    fds.extend(hush);
                 }
             }
         }
-        connected.bell = fds.len() == 2;
+        connected.bell = fds.len() >= 2;
+        connected.hush = fds.len() == 3;
         let text = Event::Connected(Box::new(connected)).encode();
         if let Err(e) = self.send_with(i, &text, &fds) {
             self.close_flow(opened.flow);

@@ -133,6 +133,7 @@ impl Daemon {
                 attached: None,
                 flows: Vec::new(),
                 fds: VecDeque::new(),
+                hush: None,
             });
         }
     }
