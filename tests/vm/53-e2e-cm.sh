@@ -34,7 +34,7 @@ case_pair reject reject "not today" -- rejected "not today"
 case_pair disconnect-by-server disconnect -- wait
 case_pair disconnect-by-client wait -- disconnect
 
-# nobody listens on the port: REJECTED at once
+# nobody listens on the port: REJECTED (after urdmad's grace for a listener, cm::LISTEN_GRACE)
 out=$(t ip netns exec urdmaA "$prog" client "$ADDR_B" 7599 rejected 2>&1) ||
 	fail "no listener: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
 echo "no listener: ok"

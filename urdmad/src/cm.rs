@@ -48,6 +48,13 @@ pub const REQUEST_MEMORY: Duration = Duration::from_secs(60);
 /// the new request is dropped unanswered and counted, and a real requester repeats it.
 pub const MAX_REQUESTS: usize = 1024;
 
+/// A ConnectRequest that no listener takes waits this long for one before it is refused.
+/// `rdma_listen` returns before urdmad has read the kernel's `LISTEN`, and a server that
+/// listens again after each accept (perftest's `-R`) does so while its first client is
+/// already connecting again: a request that came a moment early would otherwise be refused
+/// for a listen the application had made, or was about to make. Only a refusal waits for it.
+pub const LISTEN_GRACE: Duration = Duration::from_millis(250);
+
 const ECONNREFUSED: i32 = -111;
 const ETIMEDOUT: i32 = -110;
 const ECONNRESET: i32 = -104;
@@ -120,6 +127,9 @@ struct Listener {
 
 #[derive(Clone, PartialEq, Eq)]
 enum ReqState {
+    /// No listener has taken it yet: refused at the instant unless one comes first
+    /// ([`LISTEN_GRACE`]).
+    Unheard(Instant),
     /// Told the kernel, no answer yet.
     Pending,
     /// Rejected: the Reject datagram, repeated for repeated requests.
@@ -313,13 +323,10 @@ impl Cm {
         let req = self
             .requests
             .values()
-            .map(|r| {
-                r.last_seen
-                    + if r.state == ReqState::Pending {
-                        REQUEST_IDLE
-                    } else {
-                        REQUEST_MEMORY
-                    }
+            .map(|r| match r.state {
+                ReqState::Unheard(until) => until,
+                ReqState::Pending => r.last_seen + REQUEST_IDLE,
+                ReqState::Rejected(_) | ReqState::Accepted => r.last_seen + REQUEST_MEMORY,
             })
             .min();
         hs.into_iter().chain(req).min()
@@ -382,7 +389,7 @@ impl Cm {
     pub fn kernel(&mut self, now: Instant, m: Msg, addr_port: Option<usize>) {
         tracing::debug!(op = ?m.op, id = m.id, req = m.req, dev = m.dev, qpn = m.qpn, "from kernel");
         match m.op {
-            Op::Listen => self.listen(m),
+            Op::Listen => self.listen(now, m),
             Op::Unlisten => {
                 self.listeners.remove(&m.id);
                 self.refresh_udp_ports();
@@ -514,9 +521,15 @@ impl Cm {
             self.drive_handshake(now, id);
         }
         let mut gone = Vec::new();
+        let mut unheard = Vec::new();
         self.requests.retain(|&req, r| {
             let idle = now.saturating_duration_since(r.last_seen);
             match r.state {
+                ReqState::Unheard(until) if now >= until => {
+                    unheard.push((r.port, r.mac, r.local, r.remote, std::mem::take(&mut r.pkt)));
+                    false
+                }
+                ReqState::Unheard(_) => true,
                 ReqState::Pending if idle > REQUEST_IDLE => {
                     gone.push((req, r.listener));
                     false
@@ -524,6 +537,11 @@ impl Cm {
                 _ => idle <= REQUEST_MEMORY,
             }
         });
+        for (port, mac, local, remote, pkt) in unheard {
+            if let Ok(inc) = trp::setup::Incoming::parse(&pkt) {
+                self.refuse(port, mac, local, remote, &inc);
+            }
+        }
         for (req, listener) in gone {
             tracing::info!(req, "the requester gave up");
             self.actions.push_back(kernel_msg(Op::RequestGone, |m| {

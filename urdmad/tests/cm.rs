@@ -614,7 +614,8 @@ fn connections_through_two_urdmads_with_fake_kernels() {
         Some("rejected".to_owned())
     );
 
-    // --- No listener: urdmad B rejects at once, without private data.
+    // --- No listener: urdmad B rejects, without private data, once its grace for a
+    // listener has passed (cm::LISTEN_GRACE).
     a.send(connect_msg(
         13,
         6,

@@ -3,7 +3,7 @@
 
 use super::{
     accepted, kernel_msg, Cm, Handing, Listener, PendingReq, QpConn, ReqState, ECONNRESET, EINVAL,
-    ENOTCONN, MAX_REQUESTS,
+    ENOTCONN, LISTEN_GRACE, MAX_REQUESTS,
 };
 use crate::cm_channel::{Msg, Op};
 use crate::proto::{Connected, Mac, Role};
@@ -12,7 +12,7 @@ use std::time::Instant;
 use trp::setup::Incoming;
 
 impl Cm {
-    pub(super) fn listen(&mut self, m: Msg) {
+    pub(super) fn listen(&mut self, now: Instant, m: Msg) {
         let port = if m.ifname.is_empty() {
             None
         } else {
@@ -38,6 +38,32 @@ impl Cm {
             },
         );
         self.refresh_udp_ports();
+        let early: Vec<(u64, u64, u32)> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| matches!(r.state, ReqState::Unheard(_)))
+            .filter_map(|(&req, r)| {
+                self.listener_for(r.port, r.local)
+                    .map(|(lid, dev)| (req, lid, dev))
+            })
+            .collect();
+        for (req, lid, dev) in early {
+            self.pass_on(now, req, lid, dev);
+        }
+    }
+
+    /// The listener that takes a request to `local` on `port`, and its device: one bound to
+    /// the address before one on every address.
+    fn listener_for(&self, port: usize, local: SocketAddrV4) -> Option<(u64, u32)> {
+        self.listeners
+            .iter()
+            .filter(|(_, l)| {
+                l.udp == local.port()
+                    && l.port.is_none_or(|p| p == port)
+                    && (l.addr.is_unspecified() || l.addr == *local.ip())
+            })
+            .max_by_key(|(_, l)| !l.addr.is_unspecified())
+            .map(|(&id, l)| (id, l.dev))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -66,26 +92,10 @@ impl Cm {
             }
             return;
         }
-        let listener = self
-            .listeners
-            .iter()
-            .filter(|(_, l)| {
-                l.udp == local.port()
-                    && l.port.is_none_or(|p| p == port)
-                    && (l.addr.is_unspecified() || l.addr == *local.ip())
-            })
-            .max_by_key(|(_, l)| !l.addr.is_unspecified())
-            .map(|(&id, l)| (id, l.dev));
-        let Some((lid, dev)) = listener.filter(|_| self.channel) else {
-            let mut buf = vec![0u8; 512];
-            if let Ok(n) = inc.reject(&[], &mut buf) {
-                tracing::debug!(%local, %remote, "ConnectRequest with no listener: rejected");
-                buf.truncate(n);
-                self.send(port, mac, local, remote, buf);
-                self.counters.rejects_sent += 1;
-            }
+        if !self.channel {
+            self.refuse(port, mac, local, remote, &inc);
             return;
-        };
+        }
         if self.requests.len() >= MAX_REQUESTS {
             let oldest_answered = self
                 .requests
@@ -106,6 +116,39 @@ impl Cm {
         }
         self.next_req += 1;
         let req = self.next_req;
+        self.requests.insert(
+            req,
+            PendingReq {
+                listener: 0,
+                port,
+                local,
+                remote,
+                mac,
+                peer_conn: inc.peer_conn(),
+                pkt: pkt.to_vec(),
+                state: ReqState::Unheard(now + LISTEN_GRACE),
+                last_seen: now,
+            },
+        );
+        match self.listener_for(port, local) {
+            Some((lid, dev)) => self.pass_on(now, req, lid, dev),
+            None => tracing::debug!(req, %local, %remote, "ConnectRequest with no listener yet"),
+        }
+    }
+
+    /// Passes request `req` to the kernel for listener `lid` of device `dev`.
+    fn pass_on(&mut self, now: Instant, req: u64, lid: u64, dev: u32) {
+        let Some(r) = self.requests.get_mut(&req) else {
+            return;
+        };
+        // Parsed when it came: this does not fail.
+        let Ok(inc) = Incoming::parse(&r.pkt) else {
+            return;
+        };
+        r.listener = lid;
+        r.state = ReqState::Pending;
+        r.last_seen = now;
+        let (local, remote, mac) = (r.local, r.remote, r.mac);
         tracing::info!(req, listener = lid, %local, %remote, peer_conn = format_args!("{:#x}", inc.peer_conn()), "connection request");
         self.actions.push_back(kernel_msg(Op::Request, |m| {
             m.id = lid;
@@ -118,20 +161,24 @@ impl Cm {
             m.ord = inc.ord();
             m.pdata = inc.private_data().to_vec();
         }));
-        self.requests.insert(
-            req,
-            PendingReq {
-                listener: lid,
-                port,
-                local,
-                remote,
-                mac,
-                peer_conn: inc.peer_conn(),
-                pkt: pkt.to_vec(),
-                state: ReqState::Pending,
-                last_seen: now,
-            },
-        );
+    }
+
+    /// Refuses a request no listener took: a Reject with no private data, not remembered.
+    pub(super) fn refuse(
+        &mut self,
+        port: usize,
+        mac: Mac,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        inc: &Incoming,
+    ) {
+        let mut buf = vec![0u8; 512];
+        if let Ok(n) = inc.reject(&[], &mut buf) {
+            tracing::debug!(%local, %remote, "ConnectRequest with no listener: rejected");
+            buf.truncate(n);
+            self.send(port, mac, local, remote, buf);
+            self.counters.rejects_sent += 1;
+        }
     }
 
     pub(super) fn accept(&mut self, m: Msg) {

@@ -43,6 +43,7 @@ impl Cm {
                 remote: r.remote.to_string(),
                 peer_conn: r.peer_conn,
                 state: match r.state {
+                    ReqState::Unheard(_) => "unheard",
                     ReqState::Pending => "pending",
                     ReqState::Rejected(_) => "rejected",
                     ReqState::Accepted => "accepted",

@@ -340,24 +340,32 @@ fn an_answered_request_is_remembered_for_a_while() {
     assert_ne!(request_at_b(&mut b, t, &f[0]), req);
 }
 
+fn unlisten(b: &mut Cm, t: Instant) {
+    let mut m = Msg::new(Op::Unlisten);
+    m.id = LISTEN_ID;
+    b.kernel(t, m, None);
+}
+
 #[test]
-fn a_request_with_no_listener_or_no_channel_is_rejected_at_once() {
+fn a_request_with_no_listener_is_refused_after_the_grace_and_with_no_channel_at_once() {
     let t = Instant::now();
     let (_a, mut b, f) = requested(t);
-    b.kernel(
-        t,
-        {
-            let mut m = Msg::new(Op::Unlisten);
-            m.id = LISTEN_ID;
-            m
-        },
-        None,
-    );
+    unlisten(&mut b, t);
     assert!(b.udp_ports().is_empty());
     b.frame(t, 0, &f[0]);
+    assert!(drain(&mut b).is_empty(), "held for a listener");
+    let half = t + LISTEN_GRACE / 2;
+    b.frame(half, 0, &f[0]);
+    b.handle_timeout(half);
+    assert!(drain(&mut b).is_empty(), "a repetition is the same request");
+    assert_eq!(b.poll_timeout(), Some(t + LISTEN_GRACE));
+    b.handle_timeout(t + LISTEN_GRACE);
     let out = drain(&mut b);
     assert!(kernel_msgs(&out).is_empty());
-    assert_eq!(frames(&out, MAC_B).len(), 1);
+    assert_eq!(frames(&out, MAC_B).len(), 1, "one Reject");
+    assert_eq!(b.poll_timeout(), None, "a refusal is not remembered");
+    assert_eq!(b.counters().rejects_sent, 1);
+
     let (_a, mut b, f) = requested(t);
     b.set_channel(false);
     b.frame(t, 0, &f[0]);
@@ -365,6 +373,37 @@ fn a_request_with_no_listener_or_no_channel_is_rejected_at_once() {
     assert!(kernel_msgs(&out).is_empty());
     assert_eq!(frames(&out, MAC_B).len(), 1);
     assert_eq!(b.counters().rejects_sent, 1);
+}
+
+#[test]
+fn a_request_that_comes_just_before_its_listener_is_passed_on_when_it_listens() {
+    let t = Instant::now();
+    let (mut a, mut b, f) = requested(t);
+    unlisten(&mut b, t);
+    b.frame(t, 0, &f[0]);
+    assert!(drain(&mut b).is_empty());
+    // The listener comes within the grace: the kernel hears of the request once.
+    let later = t + LISTEN_GRACE / 2;
+    let mut m = Msg::new(Op::Listen);
+    m.id = LISTEN_ID;
+    m.dev = DEV;
+    m.local = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 7000);
+    b.kernel(later, m, None);
+    let out = drain(&mut b);
+    let r = only_kernel(&out);
+    assert_eq!((r.op, r.id), (Op::Request, LISTEN_ID));
+    assert_eq!(r.pdata, b"hello");
+    let req = r.req;
+    b.frame(later, 0, &f[0]);
+    b.handle_timeout(t + LISTEN_GRACE);
+    assert!(drain(&mut b).is_empty(), "neither repeated nor refused");
+    // And it connects.
+    b.kernel(later, accept_msg(req), None);
+    let h = hand_over_of(drain(&mut b));
+    b.handed_over(h.token, Ok(31));
+    assert_eq!(only_kernel(&drain(&mut b)).status, 0);
+    a.frame(later, 0, &provider_accept(&h, trp::Instant::from_nanos(1)));
+    assert_eq!(hand_over_of(drain(&mut a)).connected.remote, addr(2, 7000));
 }
 
 #[test]
@@ -627,8 +666,9 @@ fn listeners_choose_their_ports_and_addresses() {
     b.kernel(t, m, None);
     assert_eq!(b.udp_ports().iter().copied().collect::<Vec<_>>(), [7000]);
     let (_a, _b, f) = requested(t);
-    // Port 0 has no listener: rejected there.
+    // Port 0 has no listener: refused there.
     b.frame(t, 0, &f[0]);
+    b.handle_timeout(t + LISTEN_GRACE);
     let out = drain(&mut b);
     assert!(kernel_msgs(&out).is_empty());
     assert_eq!(frames(&out, MAC_B).len(), 1);

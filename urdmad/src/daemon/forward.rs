@@ -395,6 +395,11 @@ impl Daemon {
                         sleep = (sleep * 2).min(idle_sleep_max);
                         sleep
                     };
+                    // Not past the connection manager's next timer (a request waiting for
+                    // its listener, `cm::LISTEN_GRACE`).
+                    let d = self.cm.poll_timeout().map_or(d, |t| {
+                        d.min(t.max(next_control).saturating_duration_since(now))
+                    });
                     match self.sleep(d) {
                         Woken::Request => {
                             next_control = Instant::now();
