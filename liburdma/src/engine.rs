@@ -243,6 +243,16 @@ impl Qp {
     }
 }
 
+/// How the flows' frames reach the helper ([`Engine::flow_wakes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowWakes {
+    /// A flow depends on urdmad to wake the helper when something arrives.
+    pub needs_arm: bool,
+    /// Every flow's frames wake nobody while an application thread is in a call that reads
+    /// every socket ([`Flow::hushed`]).
+    pub all_hushed: bool,
+}
+
 /// What one round of progress found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Progress {
@@ -769,19 +779,18 @@ impl Engine {
         self.full_round_end = at;
     }
 
-    /// Whether a flow depends on urdmad to wake the helper when something arrives.
-    pub fn needs_arm(&self) -> bool {
-        self.qps
-            .values()
-            .any(|q| q.flow.as_ref().is_some_and(|f| !f.wakes_itself()))
-    }
-
-    /// Whether every flow's frames wake nobody while an application thread is in a call
-    /// that reads every socket ([`Flow::hushed`]).
-    pub fn all_hushed(&self) -> bool {
-        self.qps
-            .values()
-            .all(|q| q.flow.as_ref().is_none_or(|f| f.hushed()))
+    /// How the flows' frames reach the helper, in one walk over the QPs (after every
+    /// helper round).
+    pub fn flow_wakes(&self) -> FlowWakes {
+        let mut w = FlowWakes {
+            needs_arm: false,
+            all_hushed: true,
+        };
+        for f in self.qps.values().filter_map(|q| q.flow.as_ref()) {
+            w.needs_arm |= !f.wakes_itself();
+            w.all_hushed &= f.hushed();
+        }
+        w
     }
 
     /// The earliest timer of any connection that still has its flow.

@@ -119,7 +119,7 @@ fn adopt_hush(map: std::os::fd::OwnedFd, c: &urdma_shared::proto::Connected) -> 
     }
 }
 
-/// Forgets the hush word: it belongs to another urdmad's (or the parent's) client.
+/// Forgets the hush word in a forked child: it counts the parent's calls.
 fn forget_hush() {
     HUSH.store(std::ptr::null_mut(), Ordering::Release);
 }

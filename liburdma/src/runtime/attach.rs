@@ -81,8 +81,6 @@ impl Shared {
         match r {
             Ok(a) => {
                 self.attached = Some(a);
-                // A word of this urdmad's comes with the first connection.
-                super::forget_hush();
                 Ok(())
             }
             Err((e, permanent)) => {

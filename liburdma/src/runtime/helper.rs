@@ -175,8 +175,9 @@ pub(super) fn helper_loop() {
         let events = ctl_ready && g.pump(now);
         let p = g.helper_round(now);
         g.deliver_notices();
-        let needs_arm = g.engine.needs_arm();
-        hushed = super::hush().is_some() && g.engine.all_hushed();
+        let wakes = g.engine.flow_wakes();
+        let needs_arm = wakes.needs_arm;
+        hushed = super::hush().is_some() && wakes.all_hushed;
         let round = Round {
             worked: p.busy || events,
             idle,
