@@ -27,6 +27,11 @@
  * announce (REQ_NOTIFY_CQ): no verdict speaks of them, so the frames that
  * bring them wake the socket's own waiters.
  *
+ * A frame whose sender marked it as followed at once by the next (the
+ * filter's QUIET verdict, for the PSN the process waits for) wakes nobody:
+ * the next frame, whose PSN the filter then waits for, rings or wakes for
+ * both.  If that frame is lost, the sender's retransmission wakes.
+ *
  * A frame that fires no event is left to the process's own threads while
  * one of them is inside a verbs call that reads every socket before it
  * returns (the hush word, urdma-abi.h): a thread busy-polling its CQ takes
@@ -177,8 +182,12 @@ static void urdma_bell_data_ready(struct sock *sk)
 		return;
 	}
 	verdict = urdma_bell_verdict(bell->verdicts);
-	/* The woken thread's poll reads the frame: nobody else need wake. */
-	if (!urdma_cq_ring(bell->qp->ibqp.recv_cq, verdict) &&
+	/*
+	 * The woken thread's poll reads the frame: nobody else need wake.  A
+	 * quiet frame is read with the one its sender sends right after it.
+	 */
+	if (verdict != URDMA_BELL_QUIET &&
+	    !urdma_cq_ring(bell->qp->ibqp.recv_cq, verdict) &&
 	    !urdma_bell_hush(bell))
 		bell->data_ready(sk);
 	read_unlock_bh(&sk->sk_callback_lock);

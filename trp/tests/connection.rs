@@ -326,6 +326,72 @@ fn the_bell_psn_is_the_next_one_while_a_receive_waits() {
     assert_eq!(p.b.conn.bell_psn(), None, "closing");
 }
 
+/// The Data packets `a` sent, as (PSN, FOLLOWS set), in the order sent, first
+/// transmissions only.
+fn follows_flags(sent: &[Vec<u8>]) -> Vec<(u32, bool)> {
+    let mut seen = std::collections::BTreeSet::new();
+    sent.iter()
+        .filter(|d| d[1] == 0)
+        .map(|d| {
+            let psn = u32::from_be_bytes(d[8..12].try_into().unwrap());
+            (psn, d[2] & trp::wire::trp::FLAG_FOLLOWS != 0)
+        })
+        .filter(|(psn, _)| seen.insert(*psn))
+        .collect()
+}
+
+#[test]
+fn a_packet_says_when_the_next_one_follows_at_once() {
+    let mut p = pair(Config::default(), Config::default());
+    post_recv(&mut p.b, 10, 0, 8192);
+    post_recv(&mut p.b, 11, 0, 64);
+    p.ab.capture = Some(Vec::new());
+    // A Send of three segments: the first two say the next follows.
+    let seg = p.a.conn.max_datagram() as u32;
+    send(&mut p, 1, PLAIN_SEND, &sge(0, 2 * seg + 100));
+    // An RDMA Write with Immediate: its Write says the Immediate Data follows.
+    let op = SendOp::RdmaWriteImm {
+        remote_addr: 1 << 19,
+        rkey: 2,
+        imm: 7,
+        solicited: false,
+    };
+    send(&mut p, 2, op, &sge(0, 8));
+    // A plain Write of one segment: nothing follows it.
+    let op = SendOp::RdmaWrite {
+        remote_addr: 1 << 19,
+        rkey: 2,
+    };
+    send(&mut p, 3, op, &sge(0, 8));
+    let mut done = 0;
+    p.run_until(trp::Instant(p.now.0 + 100_000_000), |p| {
+        done += drain(&mut p.a.conn).len();
+        done == 3
+    });
+    let flags: Vec<bool> = follows_flags(&p.ab.capture.take().unwrap())
+        .into_iter()
+        .map(|(_, f)| f)
+        .collect();
+    assert_eq!(flags, [true, true, false, true, false, false]);
+
+    // With room for one packet at a time, the next never follows at once.
+    let one = Config {
+        initial_cwnd: 1,
+        max_cwnd: 1,
+        ..Config::default()
+    };
+    let mut p = pair(one, Config::default());
+    post_recv(&mut p.b, 10, 0, 8192);
+    p.ab.capture = Some(Vec::new());
+    send(&mut p, 1, PLAIN_SEND, &sge(0, 2 * seg + 100));
+    p.run_until(trp::Instant(p.now.0 + 100_000_000), |p| {
+        !drain(&mut p.a.conn).is_empty()
+    });
+    let sent = follows_flags(&p.ab.capture.take().unwrap());
+    assert_eq!(sent.len(), 3);
+    assert!(sent.iter().all(|&(_, f)| !f), "{sent:?}");
+}
+
 #[test]
 fn receive_window_is_never_overrun() {
     let b_cfg = Config {

@@ -30,6 +30,7 @@ pub mod verdict {
     pub const NONE: u32 = abi::urdma_bell_verdict_URDMA_BELL_NONE;
     pub const RECV: u32 = abi::urdma_bell_verdict_URDMA_BELL_RECV;
     pub const RECV_SOLICITED: u32 = abi::urdma_bell_verdict_URDMA_BELL_RECV_SOLICITED;
+    pub const QUIET: u32 = abi::urdma_bell_verdict_URDMA_BELL_QUIET;
 }
 
 /// Where each port counter goes in an [`Op::Stats`] message (`enum urdma_stat`).

@@ -47,6 +47,7 @@ pub const MEM: u8 = 0x60;
 pub const K: u8 = 0x00;
 pub const X: u8 = 0x08;
 pub const ADD: u8 = 0x00;
+pub const OR: u8 = 0x40;
 pub const AND: u8 = 0x50;
 pub const LSH: u8 = 0x60;
 pub const RSH: u8 = 0x70;

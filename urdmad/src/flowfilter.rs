@@ -24,6 +24,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 const TRP_AT_X: u32 = direct::PORTS_AT_X + 8;
 const TRP_VERSION: u32 = TRP_AT_X;
 const TRP_OPCODE: u32 = TRP_AT_X + 1;
+const TRP_FLAGS: u32 = TRP_AT_X + 2;
 const TRP_SACKS: u32 = TRP_AT_X + 3;
 const TRP_PSN: u32 = TRP_AT_X + 8;
 /// A Data packet has no SACK ranges: its DDP segment follows the 20-byte header.
@@ -102,6 +103,7 @@ fn program(local: &SocketAddrV4, remote: &SocketAddrV4, word: RawFd, verdicts: R
     let recv = a.label();
     let solicited = a.label();
     let psn = a.label();
+    let follows = a.label();
     let store = a.label();
     let accept = a.label();
     let ip = |s: &SocketAddrV4| u32::from(*s.ip());
@@ -130,6 +132,8 @@ fn program(local: &SocketAddrV4, remote: &SocketAddrV4, word: RawFd, verdicts: R
         .jump(insn(JMP | JGT | X, R1, R0, 0, 0), none);
     a.ld_ind(B, R7, TRP_VERSION).jump_r0(JNE, 1, none);
     a.ld_ind(B, R7, TRP_OPCODE).jump_r0(JNE, 0, none);
+    a.ld_ind(B, R7, TRP_FLAGS)
+        .jump_r0(JSET, u32::from(trp::wire::trp::FLAG_FOLLOWS), follows);
     a.ld_ind(B, R7, TRP_SACKS).jump_r0(JNE, 0, none);
     a.ld_ind(B, R7, DDP_CONTROL)
         .op(insn(ALU64 | AND | K, R0, 0, 0, DDP_T_L_DV as i32))
@@ -167,6 +171,26 @@ fn program(local: &SocketAddrV4, remote: &SocketAddrV4, word: RawFd, verdicts: R
         // Its low half, zero-extended.
         .op(insn(ALU | MOV | X, R1, R1, 0, 0))
         .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
+        .jump(insn(JMP | JA, 0, 0, 0, 0), store);
+    // The PSN the process waits for, and its sender's next follows at once: wait for
+    // that one instead, and wake nobody for this one.
+    a.bind(follows);
+    a.ld_ind(W, R7, TRP_PSN)
+        .op(insn(ALU64 | MOV | X, R9, R0, 0, 0))
+        .lookup_entry0(word)
+        .if_null(none)
+        .op(insn(LDX | DW | MEM, R1, R0, 0, 0))
+        .op(insn(ALU64 | MOV | X, R2, R1, 0, 0))
+        .op(insn(ALU64 | RSH | K, R2, 0, 0, 32))
+        .jump(insn(JMP | JEQ | K, R2, 0, 0, 0), none)
+        .op(insn(ALU | MOV | X, R1, R1, 0, 0))
+        .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
+        // The next PSN, wrapping in 32 bits, with the word's high half as it was.
+        .op(insn(ALU | ADD | K, R1, 0, 0, 1))
+        .op(insn(ALU64 | LSH | K, R2, 0, 0, 32))
+        .op(insn(ALU64 | OR | X, R1, R2, 0, 0))
+        .op(insn(STX | DW | MEM, R0, R1, 0, 0))
+        .op(insn(ALU64 | MOV | K, R8, 0, 0, verdict::QUIET as i32))
         .jump(insn(JMP | JA, 0, 0, 0, 0), store);
     a.bind(none);
     a.op(insn(ALU64 | MOV | K, R8, 0, 0, verdict::NONE as i32));
@@ -236,6 +260,13 @@ mod tests {
                 0,
             )
             .unwrap();
+        }
+
+        /// The word as the filter left it.
+        fn word(&self) -> u64 {
+            let mut v = [0u8; 8];
+            ebpf::map_lookup(&self.f.word, &0u32.to_ne_bytes(), &mut v).unwrap();
+            u64::from_ne_bytes(v)
         }
 
         /// The filter's verdict on `frame` and the bell's: the one slot of the per-CPU
@@ -352,5 +383,43 @@ mod tests {
         assert_eq!(b.run(&udp(&full[..29])), (ACCEPT, verdict::NONE));
         assert_eq!(b.run(&udp(&full[..30])), (ACCEPT, verdict::RECV));
         assert_eq!(b.run(&udp(&[])), (ACCEPT, verdict::NONE));
+    }
+
+    #[test]
+    fn a_frame_followed_at_once_wakes_nobody_and_the_next_psn_is_awaited() {
+        let b = Bed::new();
+        let follows = |psn, ddp| {
+            let mut p = data(psn, ddp, 0x43, 0);
+            p[2] |= trp::wire::trp::FLAG_FOLLOWS;
+            udp(&p)
+        };
+        let send = |psn| udp(&data(psn, 0x41, 0x43, 0));
+        // Nothing published, or another PSN: woken as any frame, the word unchanged.
+        assert_eq!(b.run(&follows(9, 0x01)), (ACCEPT, verdict::NONE));
+        assert_eq!(b.word(), 0);
+        b.publish(Some(9));
+        assert_eq!(b.run(&follows(8, 0x01)), (ACCEPT, verdict::NONE));
+        assert_eq!(b.run(&follows(10, 0x01)), (ACCEPT, verdict::NONE));
+        assert_eq!(b.word(), bell::word(Some(9)));
+        // A Send's first two segments, then its last: one verdict that rings.
+        assert_eq!(b.run(&follows(9, 0x01)), (ACCEPT, verdict::QUIET));
+        assert_eq!(b.word(), bell::word(Some(10)));
+        assert_eq!(b.run(&follows(10, 0x01)), (ACCEPT, verdict::QUIET));
+        assert_eq!(b.run(&send(11)), (ACCEPT, verdict::RECV));
+        // A Write (tagged) whose Immediate Data follows; the PSN wraps.
+        b.publish(Some(0xffff_ffff));
+        assert_eq!(b.run(&follows(0xffff_ffff, 0x81)), (ACCEPT, verdict::QUIET));
+        assert_eq!(b.word(), bell::word(Some(0)));
+        assert_eq!(
+            b.run(&udp(&data(0, 0x41, 0x48, 0))),
+            (ACCEPT, verdict::RECV)
+        );
+        // Not a Data packet: an ACK with the flag is woken for.
+        b.publish(Some(9));
+        let mut ack = data(9, 0x41, 0x43, 0)[..20].to_vec();
+        ack[1] = 1;
+        ack[2] |= trp::wire::trp::FLAG_FOLLOWS;
+        assert_eq!(b.run(&udp(&ack)), (ACCEPT, verdict::NONE));
+        assert_eq!(b.word(), bell::word(Some(9)));
     }
 }

@@ -494,7 +494,11 @@ impl Connection {
             if self.tx.can_send_new() {
                 if let Some(kind) = self.next_new() {
                     let psn = self.tx.push(kind, now);
-                    return Some(self.emit(mem, buf, psn, kind, false));
+                    let len = self.emit(mem, buf, psn, kind, false);
+                    if self.follows(kind) {
+                        buf[trp::field::FLAGS] |= trp::FLAG_FOLLOWS;
+                    }
+                    return Some(len);
                 }
             }
         }
@@ -514,6 +518,24 @@ impl Connection {
             return Some(self.emit_header(buf, op, self.tx.nxt(), flags, sack));
         }
         None
+    }
+
+    /// Whether the new packet of `kind` just pushed is followed at once by the next one:
+    /// more of its message, or the Immediate Data after the Write of an RDMA Write with
+    /// Immediate, with room in the windows for it ([`trp::FLAG_FOLLOWS`]).
+    fn follows(&self, kind: TxKind) -> bool {
+        let TxKind::Seg { hdr, src, .. } = kind else {
+            return false;
+        };
+        let more = !hdr.last
+            || match src {
+                Src::Sq { seq, .. } => self
+                    .sq
+                    .get(seq)
+                    .is_some_and(|e| matches!(e.op, SendOp::RdmaWriteImm { .. }) && !e.issued),
+                _ => false,
+            };
+        more && self.tx.room() > 0
     }
 
     /// Whether nothing the general transmit path handles goes before new
@@ -605,13 +627,20 @@ impl Connection {
                 u64::from(off),
                 &mut buf[at..at + len as usize],
             );
+            // As `follows`: more of the message, or a Write's Immediate Data, and room.
+            let more = !hdr.last || matches!(e.op, SendOp::RdmaWriteImm { .. });
+            let follows = if more && room > sent + 1 {
+                trp::FLAG_FOLLOWS
+            } else {
+                0
+            };
             if e.issued {
                 e.last_psn = psn;
                 sq.cursor += 1;
                 issued_at = Some(psn);
             }
             let d = Datagram {
-                flags: if hdr.last { trp::FLAG_ACK_REQUEST } else { 0 },
+                flags: if hdr.last { trp::FLAG_ACK_REQUEST } else { 0 } | follows,
                 dst_conn: self.peer_conn,
                 psn,
                 ack_psn: self.rx.nxt(),

@@ -30,6 +30,10 @@ pub const MAX_HEADER_LEN: usize = HEADER_LEN + MAX_SACK_RANGES * SACK_RANGE_LEN;
 pub const FLAG_ACK_REQUEST: u8 = 0x01;
 /// The datagram ends with a CRC32C trailer (`wire::crc`).
 pub const FLAG_CRC: u8 = 0x02;
+/// The sender's next new packet (PSN + 1) leaves right after this one: the next segment of
+/// the same message, or the Immediate Data that ends an RDMA Write. Only a hint for whom to
+/// wake (urdma.ko's bell): a receiver processes the packet the same either way.
+pub const FLAG_FOLLOWS: u8 = 0x04;
 
 pub(crate) mod field {
     pub const VERSION: usize = 0;
