@@ -555,6 +555,35 @@ impl<K> Sender<K> {
     }
 }
 
+/// What a received packet asks of our acknowledgement.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AckAsk {
+    /// Acknowledge soon (`FLAG_ACK_REQUEST`).
+    pub request: bool,
+    /// It ends its message and its follower comes at once (`FLAG_FOLLOWS` on the Write of
+    /// an RDMA Write with Immediate): acknowledged with the follower, as one packet.
+    pub with_follower: bool,
+}
+
+impl AckAsk {
+    /// What the packet with TRP `flags` and DDP segment `last` asks.
+    #[inline(always)]
+    pub fn of(flags: u8, last: bool) -> AckAsk {
+        AckAsk {
+            request: flags & crate::wire::trp::FLAG_ACK_REQUEST != 0,
+            with_follower: last && flags & crate::wire::trp::FLAG_FOLLOWS != 0,
+        }
+    }
+
+    /// An ACK asked for (tests, probes), or not.
+    pub fn request(request: bool) -> AckAsk {
+        AckAsk {
+            request,
+            with_follower: false,
+        }
+    }
+}
+
 /// Receiver half: which PSNs in the window have arrived, and when to ACK.
 #[derive(Debug)]
 pub struct Receiver {
@@ -680,7 +709,7 @@ impl Receiver {
     /// in order with nothing held above it, in one step; returns false,
     /// changing nothing, for any other PSN.
     #[inline(always)]
-    pub fn accept_next(&mut self, now: Instant, psn: u32, ack_request: bool) -> bool {
+    pub fn accept_next(&mut self, now: Instant, psn: u32, ack: AckAsk) -> bool {
         // Without a gap `highest == nxt`, and every PSN marked in the
         // window lies above `nxt`: so `nxt` itself is unmarked, and new.
         if psn != self.nxt || self.highest != self.nxt {
@@ -689,16 +718,20 @@ impl Receiver {
         debug_assert!(!self.bit(psn));
         self.nxt = self.nxt.wrapping_add(1);
         self.highest = self.nxt;
-        self.schedule_in_order(now, ack_request);
+        self.schedule_in_order(now, ack);
         true
     }
 
     /// When to acknowledge an in-order packet with nothing held above it: at once for every
     /// second one, within the hold for one the sender asked about, within `ack_delay`
-    /// otherwise. Whatever we send first carries the ACK.
+    /// otherwise. Whatever we send first carries the ACK. A packet acknowledged with its
+    /// follower ([`AckAsk::with_follower`]) is not counted: the pair is one.
     #[inline(always)]
-    fn schedule_in_order(&mut self, now: Instant, ack_request: bool) {
-        self.unacked += 1;
+    fn schedule_in_order(&mut self, now: Instant, ack: AckAsk) {
+        let ack_request = ack.request;
+        if !ack.with_follower {
+            self.unacked += 1;
+        }
         if self.unacked >= 2 || (ack_request && self.hold_ns == 0) {
             self.ack_now = true;
             return;
@@ -763,11 +796,9 @@ impl Receiver {
 
     /// Schedules an acknowledgement after receiving a packet.
     #[inline(always)]
-    pub fn on_packet(&mut self, now: Instant, arrival: Arrival, ack_request: bool) {
+    pub fn on_packet(&mut self, now: Instant, arrival: Arrival, ack: AckAsk) {
         match arrival {
-            Arrival::New { in_order: true } if !self.has_gap() => {
-                self.schedule_in_order(now, ack_request)
-            }
+            Arrival::New { in_order: true } if !self.has_gap() => self.schedule_in_order(now, ack),
             _ => self.ack_now = true,
         }
     }
@@ -1025,7 +1056,7 @@ mod tests {
             Duration::from_micros(200),
             Duration::from_micros(100),
         );
-        assert!(r.accept_next(t0, 0, true));
+        assert!(r.accept_next(t0, 0, AckAsk::request(true)));
         assert_eq!(r.ack_deadline(), Some(us(100)), "the hold from the arrival");
         r.hold_until(us(1_000));
         assert_eq!(r.ack_deadline(), Some(us(1_000)), "waits for the reader");
@@ -1039,7 +1070,7 @@ mod tests {
         assert!(r.ack_due(), "an ACK due stays due");
         r.ack_sent();
         // Without a held ACK neither moves anything.
-        assert!(r.accept_next(us(500), 1, false));
+        assert!(r.accept_next(us(500), 1, AckAsk::request(false)));
         let d = r.ack_deadline();
         r.hold_until(us(5_000));
         r.hold_from(us(501));
@@ -1055,7 +1086,7 @@ mod tests {
             Duration::from_micros(200),
             Duration::from_micros(50),
         );
-        assert!(r.accept_next(us(0), 10, true));
+        assert!(r.accept_next(us(0), 10, AckAsk::request(true)));
         assert!(!r.ack_due(), "held");
         assert_eq!(r.ack_deadline(), Some(us(50)));
         r.on_timeout(us(49));
@@ -1065,37 +1096,64 @@ mod tests {
         r.ack_sent();
 
         // Data of ours went first: it carried the ACK, nothing is left to send.
-        assert!(r.accept_next(us(100), 11, true));
+        assert!(r.accept_next(us(100), 11, AckAsk::request(true)));
         r.ack_sent();
         assert_eq!(r.ack_deadline(), None);
         assert!(!r.ack_due());
 
         // A segment that did not ask sets the longer delay; a second one is acknowledged
         // at once, whether it asked or not.
-        assert!(r.accept_next(us(200), 12, false));
+        assert!(r.accept_next(us(200), 12, AckAsk::request(false)));
         assert_eq!(r.ack_deadline(), Some(us(400)));
         r.ack_sent();
-        r.on_packet(us(300), Arrival::New { in_order: true }, false);
+        r.on_packet(
+            us(300),
+            Arrival::New { in_order: true },
+            AckAsk::request(false),
+        );
         assert_eq!(r.ack_deadline(), Some(us(500)));
         // (on_packet after take_in_order: the second unacknowledged segment.)
-        r.on_packet(us(310), Arrival::New { in_order: true }, true);
+        r.on_packet(
+            us(310),
+            Arrival::New { in_order: true },
+            AckAsk::request(true),
+        );
         assert!(r.ack_due(), "every second segment at once");
         r.ack_sent();
 
         // Released: nobody will reply.
-        assert!(r.accept_next(us(400), 13, true));
+        assert!(r.accept_next(us(400), 13, AckAsk::request(true)));
         assert!(!r.ack_due());
         r.release_held();
         assert!(r.ack_due());
         r.ack_sent();
         // A release with nothing held sends nothing.
-        assert!(r.accept_next(us(500), 14, false));
+        assert!(r.accept_next(us(500), 14, AckAsk::request(false)));
         r.release_held();
         assert!(!r.ack_due());
 
+        // A Write whose Immediate Data follows at once and that Immediate: one packet to
+        // the every-second rule, held for the reply.
+        r.ack_sent();
+        let write = AckAsk::of(
+            crate::wire::trp::FLAG_ACK_REQUEST | crate::wire::trp::FLAG_FOLLOWS,
+            true,
+        );
+        assert!(r.accept_next(us(600), 15, write));
+        assert!(r.accept_next(us(601), 16, AckAsk::request(true)));
+        assert!(!r.ack_due(), "held for the reply");
+        assert_eq!(r.ack_deadline(), Some(us(650)));
+        // Segments in the middle of a message that follow at once count as any.
+        let middle = AckAsk::of(crate::wire::trp::FLAG_FOLLOWS, false);
+        assert_eq!(middle, AckAsk::request(false));
+        r.ack_sent();
+        assert!(r.accept_next(us(700), 17, middle));
+        assert!(r.accept_next(us(701), 18, middle));
+        assert!(r.ack_due());
+
         // Without a hold the ACK goes at once, as the sender asked.
         let mut r = Receiver::new(10, 64, Duration::from_micros(200), Duration::ZERO);
-        assert!(r.accept_next(us(0), 10, true));
+        assert!(r.accept_next(us(0), 10, AckAsk::request(true)));
         assert!(r.ack_due());
     }
 }

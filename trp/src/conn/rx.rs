@@ -7,7 +7,7 @@ use super::states::{Closing, Phase};
 use super::tx::{atomic_request_header, read_request_header, ReadJob, Reply};
 use super::{take_msn, Connection, Event, Msn};
 use crate::mr::{self, Access, Memory, Region};
-use crate::reliability::{psn_lt, Arrival};
+use crate::reliability::{psn_lt, AckAsk, Arrival};
 use crate::state;
 use crate::terminate::{Cause, Malformed, OperationCode, ProtectionCode, UntaggedCode};
 use crate::time::Instant;
@@ -223,9 +223,12 @@ impl Connection {
                         self.stats.rx_deferred += 1;
                         return Ok(());
                     };
+                    let last = h.opcode == trp::Opcode::Data
+                        && payload.first().is_some_and(|c| c & ddp::FLAG_LAST != 0);
+                    let ack = AckAsk::of(h.flags, last);
                     if self.rx.take_in_order(h.psn) {
                         // Nothing waits behind it: its effect applies now.
-                        self.rx.on_packet(now, arrival, ack_request);
+                        self.rx.on_packet(now, arrival, ack);
                         if !matches!(ev, RxEvent::None)
                             && matches!(self.state, Phase::Rts | Phase::Closing(_))
                         {
@@ -235,14 +238,14 @@ impl Connection {
                         self.rx.mark(h.psn);
                         let slot = self.rx.slot(h.psn);
                         self.recv.parked[slot] = ev;
-                        self.rx.on_packet(now, arrival, ack_request);
+                        self.rx.on_packet(now, arrival, ack);
                         self.deliver(mem);
                     }
                 }
                 Arrival::New { .. } => {}
                 _ => {
                     self.stats.rx_duplicates += 1;
-                    self.rx.on_packet(now, arrival, false);
+                    self.rx.on_packet(now, arrival, AckAsk::default());
                 }
             }
             if h.opcode == trp::Opcode::Fin {
@@ -334,8 +337,10 @@ impl Connection {
     /// path does for any packet of the connection.
     #[inline(always)]
     fn admit(&mut self, now: Instant, d: &Datagram<'_>) -> bool {
-        let ack_request = d.flags & trp::FLAG_ACK_REQUEST != 0;
-        if !self.rx.accept_next(now, d.psn, ack_request) {
+        if !self
+            .rx
+            .accept_next(now, d.psn, AckAsk::of(d.flags, d.seg.last))
+        {
             return false;
         }
         self.stats.rx_packets += 1;
