@@ -95,6 +95,23 @@ pub fn hush_map() -> io::Result<OwnedFd> {
 
 /// The program. Packet loads past the frame's end would end it with 0 (drop), so the
 /// classification checks the length first: a bare ACK is admitted all the same.
+/// Goes on only if the frame's PSN is the one the process waits for (the `word` map's),
+/// else to `none`. Leaves R0 = the word's address, R1 = its low half (the PSN), R2 = its
+/// high half (non-zero), R9 = the frame's PSN.
+fn awaited(a: &mut Asm, word: RawFd, none: Label) -> &mut Asm {
+    a.ld_ind(W, R7, TRP_PSN)
+        .op(insn(ALU64 | MOV | X, R9, R0, 0, 0))
+        .lookup_entry0(word)
+        .if_null(none)
+        .op(insn(LDX | DW | MEM, R1, R0, 0, 0))
+        .op(insn(ALU64 | MOV | X, R2, R1, 0, 0))
+        .op(insn(ALU64 | RSH | K, R2, 0, 0, 32))
+        .jump(insn(JMP | JEQ | K, R2, 0, 0, 0), none)
+        // Its low half, zero-extended.
+        .op(insn(ALU | MOV | X, R1, R1, 0, 0))
+        .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
+}
+
 fn program(local: &SocketAddrV4, remote: &SocketAddrV4, word: RawFd, verdicts: RawFd) -> Vec<Insn> {
     use direct::{DADDR_AT, ETHERTYPE_AT, FRAG_AT, IHL_AT, PORTS_AT_X, PROTO_AT, SADDR_AT};
     let mut a = Asm::default();
@@ -158,33 +175,12 @@ fn program(local: &SocketAddrV4, remote: &SocketAddrV4, word: RawFd, verdicts: R
         0,
         verdict::RECV_SOLICITED as i32,
     ));
-    // The PSN the process waits for?
     a.bind(psn);
-    a.ld_ind(W, R7, TRP_PSN)
-        .op(insn(ALU64 | MOV | X, R9, R0, 0, 0))
-        .lookup_entry0(word)
-        .if_null(none)
-        .op(insn(LDX | DW | MEM, R1, R0, 0, 0))
-        .op(insn(ALU64 | MOV | X, R2, R1, 0, 0))
-        .op(insn(ALU64 | RSH | K, R2, 0, 0, 32))
-        .jump(insn(JMP | JEQ | K, R2, 0, 0, 0), none)
-        // Its low half, zero-extended.
-        .op(insn(ALU | MOV | X, R1, R1, 0, 0))
-        .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
-        .jump(insn(JMP | JA, 0, 0, 0, 0), store);
+    awaited(&mut a, word, none).jump(insn(JMP | JA, 0, 0, 0, 0), store);
     // The PSN the process waits for, and its sender's next follows at once: wait for
     // that one instead, and wake nobody for this one.
     a.bind(follows);
-    a.ld_ind(W, R7, TRP_PSN)
-        .op(insn(ALU64 | MOV | X, R9, R0, 0, 0))
-        .lookup_entry0(word)
-        .if_null(none)
-        .op(insn(LDX | DW | MEM, R1, R0, 0, 0))
-        .op(insn(ALU64 | MOV | X, R2, R1, 0, 0))
-        .op(insn(ALU64 | RSH | K, R2, 0, 0, 32))
-        .jump(insn(JMP | JEQ | K, R2, 0, 0, 0), none)
-        .op(insn(ALU | MOV | X, R1, R1, 0, 0))
-        .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
+    awaited(&mut a, word, none)
         // The next PSN, wrapping in 32 bits, with the word's high half as it was.
         .op(insn(ALU | ADD | K, R1, 0, 0, 1))
         .op(insn(ALU64 | LSH | K, R2, 0, 0, 32))
