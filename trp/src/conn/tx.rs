@@ -140,6 +140,14 @@ impl SqEntry {
 }
 
 impl SqEntry {
+    /// Whether a packet of this request that was just made (`last`: it ends its DDP
+    /// message) has another of the same request right behind it: more of the message, or
+    /// the Immediate Data after the Write of a Write with Immediate.
+    #[inline(always)]
+    fn followed(&self, last: bool) -> bool {
+        !last || (matches!(self.op, SendOp::RdmaWriteImm { .. }) && !self.issued)
+    }
+
     /// The Atomic Request of an atomic entry, its MSN its identifier.
     fn atomic_request(&self) -> AtomicRequest {
         match self.op {
@@ -527,14 +535,10 @@ impl Connection {
         let TxKind::Seg { hdr, src, .. } = kind else {
             return false;
         };
-        let more = !hdr.last
-            || match src {
-                Src::Sq { seq, .. } => self
-                    .sq
-                    .get(seq)
-                    .is_some_and(|e| matches!(e.op, SendOp::RdmaWriteImm { .. }) && !e.issued),
-                _ => false,
-            };
+        let more = match src {
+            Src::Sq { seq, .. } => self.sq.get(seq).is_some_and(|e| e.followed(hdr.last)),
+            _ => !hdr.last,
+        };
         more && self.tx.room() > 0
     }
 
@@ -627,9 +631,8 @@ impl Connection {
                 u64::from(off),
                 &mut buf[at..at + len as usize],
             );
-            // As `follows`: more of the message, or a Write's Immediate Data, and room.
-            let more = !hdr.last || matches!(e.op, SendOp::RdmaWriteImm { .. });
-            let follows = if more && room > sent + 1 {
+            // As `follows`, with the room this run started with.
+            let follows = if e.followed(hdr.last) && room > sent + 1 {
                 trp::FLAG_FOLLOWS
             } else {
                 0
