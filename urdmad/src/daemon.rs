@@ -162,7 +162,7 @@ pub struct Daemon {
     /// Where processes keep their connected QPs' figures.
     qp_table: counters::QpTable,
     /// Makes the direct path's sockets ready and closes them (`socket_keeper`); why not.
-    keeper: Result<Arc<SocketKeeper>, String>,
+    keeper: Result<Arc<SocketKeeper<direct::Prepared>>, String>,
     /// When the ports' counters may next go to the kernel.
     next_push: Instant,
 }
@@ -305,12 +305,9 @@ impl Daemon {
             }
         }
         // The direct path's sockets are made ready and closed on a thread of their own.
-        let keeper = SocketKeeper::new(
-            cfg.daemon.direct_ready as usize,
-            Box::new(crate::direct::prepare_socket),
-        )
-        .map(Arc::new)
-        .map_err(|e| format!("cannot start the thread that keeps its sockets: {e}"));
+        let keeper = SocketKeeper::new(cfg.daemon.direct_ready as usize, Box::new(direct::prepare))
+            .map(Arc::new)
+            .map_err(|e| format!("cannot start the thread that keeps its sockets: {e}"));
         // Once the ports' sockets exist.
         for (p, pc) in ports.iter_mut().zip(&cfg.ports) {
             // Found once: the direct path filters them, the status reads their drops.

@@ -43,19 +43,35 @@ const UNTAGGED_LAST_V1: u32 = 0x41;
 const RECV_OPS: [u32; 3] = [0x43, 0x44, 0x48]; // Send, Send with Invalidate, Immediate Data
 const SOLICITED_OPS: [u32; 3] = [0x45, 0x46, 0x49]; // the same with SE
 
-/// A connection's filter and the two maps it uses: the process's [`bell`] word and the
-/// verdicts urdma.ko reads.
+/// The entry of a filter's `addrs` map: three words in the CPU's order, the values the
+/// program's packet loads give for the connection's frames.
+const ADDR_PORTS: i16 = 0;
+const ADDR_LOCAL: i16 = 4;
+const ADDR_REMOTE: i16 = 8;
+const ADDRS_SIZE: u32 = 12;
+
+/// A connection's filter and the maps it uses: the process's [`bell`] word, the verdicts
+/// urdma.ko reads, and the connection's addresses.
+///
+/// The program is loaded before the connection is known ([`FlowFilter::new`]), because the
+/// kernel's verifier takes milliseconds under emulation (3.2-3.4 ms per load in the
+/// emulated bed, on both ends of every connection's setup): urdmad's socket keeper makes
+/// filters ready with its sockets. [`FlowFilter::aim`] then gives it the connection's
+/// addresses; until then it admits nothing.
 pub struct FlowFilter {
     prog: OwnedFd,
     /// For the process, which maps it.
     pub word: OwnedFd,
     /// For urdma.ko (`BELL`).
     pub verdicts: OwnedFd,
+    /// urdmad's alone: a process that could write it could admit other connections'
+    /// frames to its socket.
+    addrs: OwnedFd,
 }
 
 impl FlowFilter {
-    /// Creates the maps and loads the program of the connection from `remote` to `local`.
-    pub fn new(local: &SocketAddrV4, remote: &SocketAddrV4) -> io::Result<FlowFilter> {
+    /// Creates the maps and loads the program, aimed at no connection yet.
+    pub fn new() -> io::Result<FlowFilter> {
         let word = ebpf::create_map(
             BPF_MAP_TYPE_ARRAY,
             4,
@@ -65,13 +81,30 @@ impl FlowFilter {
             "urdma_bell",
         )?;
         let verdicts = ebpf::create_map(BPF_MAP_TYPE_PERCPU_ARRAY, 4, 4, 1, 0, "urdma_verdict")?;
-        let insns = program(local, remote, word.as_raw_fd(), verdicts.as_raw_fd());
+        let addrs = ebpf::create_map(BPF_MAP_TYPE_ARRAY, 4, ADDRS_SIZE, 1, 0, "urdma_flow")?;
+        let insns = program(word.as_raw_fd(), verdicts.as_raw_fd(), addrs.as_raw_fd());
         let prog = ebpf::load_socket_filter(&insns, "urdma_flow")?;
         Ok(FlowFilter {
             prog,
             word,
             verdicts,
+            addrs,
         })
+    }
+
+    /// Makes the filter admit the frames of the connection from `remote` to `local`, before
+    /// it is attached. Once only: a filter that was ever attached is never aimed again.
+    pub fn aim(&self, local: &SocketAddrV4, remote: &SocketAddrV4) -> io::Result<()> {
+        let mut v = [0u8; ADDRS_SIZE as usize];
+        let words = [
+            direct::ports_word(remote.port(), local.port()),
+            u32::from(*local.ip()),
+            u32::from(*remote.ip()),
+        ];
+        for (chunk, w) in v.chunks_exact_mut(4).zip(words) {
+            chunk.copy_from_slice(&w.to_ne_bytes());
+        }
+        ebpf::map_update(&self.addrs, &0u32.to_ne_bytes(), &v, 0)
     }
 
     /// Puts the filter on socket `fd` (see [`direct::hand_over_with`]).
@@ -112,7 +145,7 @@ fn awaited(a: &mut Asm, word: RawFd, none: Label) -> &mut Asm {
         .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
 }
 
-fn program(local: &SocketAddrV4, remote: &SocketAddrV4, word: RawFd, verdicts: RawFd) -> Vec<Insn> {
+fn program(word: RawFd, verdicts: RawFd, addrs: RawFd) -> Vec<Insn> {
     use direct::{DADDR_AT, ETHERTYPE_AT, FRAG_AT, IHL_AT, PORTS_AT_X, PROTO_AT, SADDR_AT};
     let mut a = Asm::default();
     let drop = a.label();
@@ -123,7 +156,11 @@ fn program(local: &SocketAddrV4, remote: &SocketAddrV4, word: RawFd, verdicts: R
     let follows = a.label();
     let store = a.label();
     let accept = a.label();
-    let ip = |s: &SocketAddrV4| u32::from(*s.ip());
+    // R0 against the `addrs` entry's word at `at` (R9 points to the entry).
+    let differs = |a: &mut Asm, at: i16| {
+        a.op(insn(LDX | W | MEM, R1, R9, at, 0))
+            .jump(insn(JMP32 | JNE | X, R0, R1, 0, 0), drop);
+    };
     a.op(insn(ALU64 | MOV | X, R6, R1, 0, 0));
     // Admission, as the classic filter: ports first, which differ on most frames.
     a.op(insn(LDX | W | MEM, R0, R6, SKB_PKT_TYPE, 0)).jump_r0(
@@ -131,17 +168,26 @@ fn program(local: &SocketAddrV4, remote: &SocketAddrV4, word: RawFd, verdicts: R
         u32::from(libc::PACKET_OUTGOING),
         drop,
     );
+    // The connection's addresses; R9 keeps the entry through the packet loads, which
+    // clobber R0-R5. A filter not aimed yet (ports word 0) admits nothing.
+    a.lookup_entry0(addrs)
+        .if_null(drop)
+        .op(insn(ALU64 | MOV | X, R9, R0, 0, 0))
+        .op(insn(LDX | W | MEM, R0, R9, ADDR_PORTS, 0))
+        .jump_r0(JEQ, 0, drop);
     a.ld_abs(H, ETHERTYPE_AT).jump_r0(JNE, 0x0800, drop);
     a.ld_abs(B, IHL_AT)
         .op(insn(ALU64 | AND | K, R0, 0, 0, 0xf))
         .op(insn(ALU64 | LSH | K, R0, 0, 0, 2))
         .op(insn(ALU64 | MOV | X, R7, R0, 0, 0));
-    a.ld_ind(W, R7, PORTS_AT_X)
-        .jump_r0(JNE, direct::ports_word(remote.port(), local.port()), drop);
+    a.ld_ind(W, R7, PORTS_AT_X);
+    differs(&mut a, ADDR_PORTS);
     a.ld_abs(B, PROTO_AT).jump_r0(JNE, 17, drop);
     a.ld_abs(H, FRAG_AT).jump_r0(JSET, 0x3fff, drop);
-    a.ld_abs(W, DADDR_AT).jump_r0(JNE, ip(local), drop);
-    a.ld_abs(W, SADDR_AT).jump_r0(JNE, ip(remote), drop);
+    a.ld_abs(W, DADDR_AT);
+    differs(&mut a, ADDR_LOCAL);
+    a.ld_abs(W, SADDR_AT);
+    differs(&mut a, ADDR_REMOTE);
     // Admitted. Long enough to classify?
     a.op(insn(LDX | W | MEM, R0, R6, SKB_LEN, 0))
         .op(insn(ALU64 | MOV | X, R1, R7, 0, 0))
@@ -242,10 +288,9 @@ mod tests {
 
     impl Bed {
         fn new() -> Bed {
-            Bed {
-                f: FlowFilter::new(&sa(LOCAL), &sa(REMOTE))
-                    .expect("load the flow filter (needs CAP_BPF)"),
-            }
+            let f = FlowFilter::new().expect("load the flow filter (needs CAP_BPF)");
+            f.aim(&sa(LOCAL), &sa(REMOTE)).unwrap();
+            Bed { f }
         }
 
         fn publish(&self, next: Option<u32>) {
@@ -315,6 +360,23 @@ mod tests {
         opts.splice(34..34, [1u8, 1, 1, 1]);
         b.publish(Some(9));
         assert_eq!(b.run(&opts), (ACCEPT, verdict::RECV));
+    }
+
+    /// A filter the socket keeper made ready admits nothing before it is aimed, not even a
+    /// frame whose addresses and ports are all zero, the map's values before `aim`.
+    #[test]
+    fn admits_nothing_before_it_is_aimed() {
+        let b = Bed {
+            f: FlowFilter::new().expect("load the flow filter (needs CAP_BPF)"),
+        };
+        let send = data(9, 0x41, 0x43, 0);
+        b.publish(Some(9));
+        for (s, d) in [(REMOTE, LOCAL), ("0.0.0.0:0", "0.0.0.0:0")] {
+            let f = frame::udp_frame([2; 6], [4; 6], sa(s), sa(d), &send);
+            assert_eq!(b.run(&f), (0, 0), "{s} -> {d}");
+        }
+        b.f.aim(&sa(LOCAL), &sa(REMOTE)).unwrap();
+        assert_eq!(b.run(&udp(&send)), (ACCEPT, verdict::RECV));
     }
 
     #[test]

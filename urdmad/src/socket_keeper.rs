@@ -17,7 +17,8 @@
 //!   last one, which waits, is the keeper's.
 //!
 //! The threads make sockets through the function they are given, so the policy is tested here
-//! with descriptors of any kind.
+//! with descriptors of any kind; what they make may hold more than the socket ([`Ready`]:
+//! urdmad's also holds the connection's filter, loaded ahead too).
 
 use crate::direct::Geometry;
 use std::collections::VecDeque;
@@ -47,23 +48,34 @@ const MAKERS: usize = 8;
 const BURST_MAX: usize = 28;
 const BURST_HOLD: Duration = Duration::from_secs(2);
 
-/// How a ready socket is made (`direct::prepare_socket` outside tests).
-pub type Make = dyn Fn(Geometry) -> io::Result<OwnedFd> + Send + Sync;
+/// What the keeper makes ready: a socket, with whatever else a connection takes with it.
+pub trait Ready: Send + 'static {
+    /// The socket, to close after [`LINGER`] when the rest is no longer wanted.
+    fn into_socket(self) -> OwnedFd;
+}
 
-pub struct SocketKeeper {
-    shared: Arc<Shared>,
+impl Ready for OwnedFd {
+    fn into_socket(self) -> OwnedFd {
+        self
+    }
+}
+
+/// How a ready socket is made (`daemon::direct::prepare` outside tests).
+pub type Make<T> = dyn Fn(Geometry) -> io::Result<T> + Send + Sync;
+
+pub struct SocketKeeper<T: Ready = OwnedFd> {
+    shared: Arc<Shared<T>>,
     threads: Vec<JoinHandle<()>>,
 }
 
-struct Shared {
-    state: Mutex<State>,
+struct Shared<T> {
+    state: Mutex<State<T>>,
     changed: Condvar,
 }
 
-#[derive(Default)]
-struct State {
+struct State<T> {
     /// Ready sockets, each with the geometry of its rings.
-    ready: Vec<(Geometry, OwnedFd)>,
+    ready: Vec<(Geometry, T)>,
     /// The geometries of the sockets being made.
     making: Vec<Geometry>,
     /// The geometries asked for, most recent first, at most [`KINDS`].
@@ -82,6 +94,23 @@ struct State {
     stop: bool,
 }
 
+impl<T> Default for State<T> {
+    fn default() -> State<T> {
+        State {
+            ready: Vec::new(),
+            making: Vec::new(),
+            wanted: VecDeque::new(),
+            target: 0,
+            burst: 0,
+            burst_until: None,
+            closing: VecDeque::new(),
+            pause_until: None,
+            failures: 0,
+            stop: false,
+        }
+    }
+}
+
 /// What the keeper's figures say, for `urdmad status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Figures {
@@ -98,7 +127,7 @@ enum Step {
     Stop,
 }
 
-impl State {
+impl<T: Ready> State<T> {
     /// Sockets of `geo` ready or being made.
     fn count(&self, geo: Geometry) -> usize {
         self.ready.iter().filter(|(g, _)| *g == geo).count()
@@ -137,7 +166,7 @@ impl State {
                     let Some(i) = self.ready.iter().position(|(g, _)| *g == geo) else {
                         break;
                     };
-                    surplus.push(self.ready.swap_remove(i).1);
+                    surplus.push(self.ready.swap_remove(i).1.into_socket());
                     extra -= 1;
                 }
             }
@@ -177,9 +206,9 @@ impl State {
     }
 }
 
-impl SocketKeeper {
+impl<T: Ready> SocketKeeper<T> {
     /// A keeper holding `target` ready sockets of each geometry asked for, made by `make`.
-    pub fn new(target: usize, make: Box<Make>) -> io::Result<SocketKeeper> {
+    pub fn new(target: usize, make: Box<Make<T>>) -> io::Result<SocketKeeper<T>> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 target,
@@ -187,7 +216,7 @@ impl SocketKeeper {
             }),
             changed: Condvar::new(),
         });
-        let make: Arc<Make> = Arc::from(make);
+        let make: Arc<Make<T>> = Arc::from(make);
         let mut keeper = SocketKeeper {
             shared,
             threads: Vec::with_capacity(MAKERS),
@@ -204,13 +233,13 @@ impl SocketKeeper {
         Ok(keeper)
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
         self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A ready socket with rings of `geo`, if one is; either way the keeper keeps some of
     /// that geometry ready from now on.
-    pub fn take(&self, geo: Geometry) -> Option<OwnedFd> {
+    pub fn take(&self, geo: Geometry) -> Option<T> {
         let mut s = self.lock();
         if let Some(i) = s.wanted.iter().position(|&g| g == geo) {
             s.wanted.remove(i);
@@ -249,7 +278,7 @@ impl SocketKeeper {
     }
 }
 
-impl Drop for SocketKeeper {
+impl<T: Ready> Drop for SocketKeeper<T> {
     /// Closes what the keeper holds and ends its threads (urdmad is stopping: the waits no
     /// longer hold anyone up).
     fn drop(&mut self) {
@@ -261,7 +290,7 @@ impl Drop for SocketKeeper {
     }
 }
 
-fn run(shared: &Shared, make: &Make) {
+fn run<T: Ready>(shared: &Shared<T>, make: &Make<T>) {
     // The keeper's work is waiting for grace periods. At the idle policy its wake-ups (a
     // socket taken, one given back) never take the CPU from urdmad's forwarding thread,
     // which is in the middle of a hand-over when it takes a socket.
@@ -406,7 +435,7 @@ mod tests {
     fn a_failure_to_make_one_pauses_the_keeper_rather_than_spinning() {
         let tries = Arc::new(AtomicUsize::new(0));
         let t = Arc::clone(&tries);
-        let k = SocketKeeper::new(
+        let k = SocketKeeper::<OwnedFd>::new(
             3,
             Box::new(move |_| {
                 t.fetch_add(1, Ordering::SeqCst);
@@ -515,7 +544,7 @@ mod tests {
         assert_eq!(s.ready.len(), 2);
         assert_eq!(s.goal(now + BURST_HOLD), 2);
         // With no sockets to keep ready, a miss changes nothing.
-        let mut off = State::default();
+        let mut off = State::<OwnedFd>::default();
         off.missed(now);
         assert_eq!(off.goal(now), 0);
     }

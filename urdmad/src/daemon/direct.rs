@@ -7,7 +7,7 @@ use crate::direct::{self, Geometry};
 use crate::flowfilter::FlowFilter;
 use crate::portfilter::{PortFilter, MAX_DIRECT};
 use crate::proto::FlowSpec;
-use crate::socket_keeper::SocketKeeper;
+use crate::socket_keeper::{Ready, SocketKeeper};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::net::SocketAddrV4;
@@ -24,7 +24,30 @@ pub(super) struct DirectPort {
     /// Most connections on the direct path at once (the port's `direct_max`).
     max: usize,
     /// Makes the sockets ready and closes them (urdmad's one keeper, shared by its ports).
-    keeper: Arc<SocketKeeper>,
+    keeper: Arc<SocketKeeper<Prepared>>,
+}
+
+/// What urdmad's socket keeper makes ready for a connection: the socket with its rings and
+/// the filter with its program loaded, the two parts of a hand-over that wait (grace
+/// periods; the verifier).
+pub(super) struct Prepared {
+    sock: OwnedFd,
+    /// Why there is none: the connection then has the classic filter and no bell.
+    filter: std::io::Result<FlowFilter>,
+}
+
+impl Ready for Prepared {
+    fn into_socket(self) -> OwnedFd {
+        self.sock
+    }
+}
+
+/// Makes a socket with rings of `geo` and a filter ready (the socket keeper's threads).
+pub(super) fn prepare(geo: Geometry) -> std::io::Result<Prepared> {
+    Ok(Prepared {
+        sock: direct::prepare_socket(geo)?,
+        filter: FlowFilter::new(),
+    })
 }
 
 /// Why a connection does not take the direct path.
@@ -86,7 +109,7 @@ impl DirectPort {
         sockets: &Result<(i32, Vec<RawFd>), String>,
         enabled: bool,
         max: u32,
-        keeper: &Result<Arc<SocketKeeper>, String>,
+        keeper: &Result<Arc<SocketKeeper<Prepared>>, String>,
     ) -> Result<DirectPort, String> {
         if !enabled {
             return Err("direct = false".into());
@@ -124,14 +147,14 @@ impl DirectPort {
         if self.flows.len() >= self.max {
             return Err(NotDirect::Full(self.max));
         }
-        let fd = match self.keeper.take(geo) {
-            Some(fd) => fd,
+        let Prepared { sock: fd, filter } = match self.keeper.take(geo) {
+            Some(p) => p,
             // None ready (the first connection, or more at once than the keeper holds):
-            // made here, waiting for the grace periods.
-            None => direct::prepare_socket(geo)
+            // made here, waiting for the grace periods and the verifier.
+            None => prepare(geo)
                 .map_err(|e| NotDirect::Failed(format!("cannot open its socket: {e}")))?,
         };
-        let bell = match FlowFilter::new(&local, &remote) {
+        let bell = match filter.and_then(|f| f.aim(&local, &remote).map(|()| f)) {
             Ok(f) => Some(f),
             Err(e) => {
                 tracing::warn!(flow, "no bell for this connection: {e}");
@@ -235,7 +258,7 @@ mod tests {
         assert_eq!(af_packet_iface("net_af_packet1,qdisc_bypass=0"), None);
         assert_eq!(af_packet_iface("net_tap0,iface=dtap0"), None);
         assert_eq!(af_packet_iface("0000:03:00.0"), None);
-        let keeper = SocketKeeper::new(0, Box::new(direct::prepare_socket)).map(Arc::new);
+        let keeper = SocketKeeper::new(0, Box::new(prepare)).map(Arc::new);
         let keeper = keeper.map_err(|e| e.to_string());
         assert!(DirectPort::new(&Ok((1, vec![3])), false, 16, &keeper).is_err());
     }
