@@ -22,7 +22,11 @@
  * The client prints one line at the end:
  *   lat pattern=P size=S iters=N typical_us=X p99_us=Y avg_us=Z
  * one-way times (half a round trip) for the ping-pongs, the whole operation for
- * the Reads and Writes, the whole cycle for connect; typical is the median.
+ * the Reads and Writes, the whole cycle for connect; typical is the median. For
+ * connect a second line gives each part of the cycle's median:
+ *   phases resolve_us= qp_us= established_us= message_us= disconnected_us= destroy_us=
+ * (rdma_resolve_addr and _route; the PD, CQ and QP; rdma_connect to ESTABLISHED;
+ * the Send and its reply; rdma_disconnect to DISCONNECTED; destroying the QP and id).
  * A few warm-up iterations come first, untimed. The server prints "lat server
  * done". Bad arguments: a usage line, exit 2; any failure, a completion in
  * error, an unexpected rdma_cm event or the -t bound (default 60 s) reached:
@@ -454,6 +458,26 @@ static void report(double *t)
 	fflush(stdout);
 }
 
+/* The phases of a connection cycle, in order, as the connect pattern's client times them. */
+#define CYCLE_PHASES 6
+static const char *const phase_names[CYCLE_PHASES] = {
+	"resolve", "qp", "established", "message", "disconnected", "destroy",
+};
+
+/* One line of each phase's median (ph: CYCLE_PHASES runs of iters times). */
+static void report_phases(double *ph)
+{
+	unsigned k;
+
+	printf("phases");
+	for (k = 0; k < CYCLE_PHASES; k++) {
+		qsort(ph + (size_t)k * iters, iters, sizeof(*ph), cmp_double);
+		printf(" %s_us=%.1f", phase_names[k], ph[(size_t)k * iters + iters / 2]);
+	}
+	printf("\n");
+	fflush(stdout);
+}
+
 static int is_remote(void)
 {
 	return pat == SLEEP_READ || pat == SLEEP_WRITE || pat == BUSY_READ;
@@ -862,9 +886,10 @@ static void connect_client(const char *addr, const char *port)
 					 .retry_count = 7, .rnr_retry_count = 7 };
 	struct shared s = { 0 };
 	double *t = calloc(iters, sizeof(*t)), t0;
-	unsigned i, total = warm + iters, spins;
+	double *ph = calloc((size_t)iters * CYCLE_PHASES, sizeof(*ph)), tp[CYCLE_PHASES + 1];
+	unsigned i, total = warm + iters, spins, k;
 
-	if (!ev || !t)
+	if (!ev || !t || !ph)
 		fail("rdma_create_event_channel: %s", strerror(errno));
 	nonblock(ev->fd);
 	for (i = 0; i < total; i++) {
@@ -873,12 +898,16 @@ static void connect_client(const char *addr, const char *port)
 		int recvd = 0, sent = 0, n;
 
 		t0 = now_us();
+		tp[0] = t0;
 		id = resolve(ev, addr, port);
+		tp[1] = now_us();
 		shared_setup(&s, id->verbs, 0);
 		shared_qp(&s, id);
+		tp[2] = now_us();
 		if (rdma_connect(id, &param))
 			fail("rdma_connect: %s", strerror(errno));
 		expect_cm(ev, RDMA_CM_EVENT_ESTABLISHED, 0);
+		tp[3] = now_us();
 		shared_send(&s, id);
 		waiting_for = "the Send's completion and the reply";
 		spins = 0;
@@ -896,17 +925,25 @@ static void connect_client(const char *addr, const char *port)
 			else
 				sent = 1;
 		}
+		tp[4] = now_us();
 		if (rdma_disconnect(id))
 			fail("rdma_disconnect: %s", strerror(errno));
 		expect_cm(ev, RDMA_CM_EVENT_DISCONNECTED, 0);
+		tp[5] = now_us();
 		rdma_destroy_qp(id);
 		rdma_destroy_id(id);
-		if (i >= warm)
-			t[i - warm] = now_us() - t0;
+		tp[6] = now_us();
+		if (i >= warm) {
+			t[i - warm] = tp[6] - t0;
+			for (k = 0; k < CYCLE_PHASES; k++)
+				ph[(size_t)k * iters + i - warm] = tp[k + 1] - tp[k];
+		}
 	}
 	shared_free(&s);
 	rdma_destroy_event_channel(ev);
 	report(t);
+	report_phases(ph);
+	free(ph);
 	free(t);
 }
 
