@@ -370,6 +370,23 @@ pub const MAX_SEND_FDS: usize = 3;
 /// Writes all of `data` to `sock`, with `fds` (at most [`MAX_SEND_FDS`]) attached to its
 /// first byte, in order.
 pub fn send_with_fds(sock: &UnixStream, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let n = send_with_fds_flags(sock, data, fds, 0)?;
+    let rest = &data[n..];
+    if !rest.is_empty() {
+        use std::io::Write;
+        (&*sock).write_all(rest)?;
+    }
+    Ok(())
+}
+
+/// One `sendmsg` of `data` with `fds` and `flags` (`MSG_DONTWAIT`: without waiting): the bytes
+/// it took, the descriptors with the first of them.
+pub fn send_with_fds_flags(
+    sock: &UnixStream,
+    data: &[u8],
+    fds: &[RawFd],
+    flags: i32,
+) -> io::Result<usize> {
     if fds.is_empty() || fds.len() > MAX_SEND_FDS {
         return Err(io::ErrorKind::InvalidInput.into());
     }
@@ -399,16 +416,11 @@ pub fn send_with_fds(sock: &UnixStream, data: &[u8], fds: &[RawFd]) -> io::Resul
         }
     }
     // SAFETY: a valid msghdr; MSG_NOSIGNAL: a gone peer is an error, not SIGPIPE.
-    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | flags) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let rest = &data[n as usize..];
-    if !rest.is_empty() {
-        use std::io::Write;
-        (&*sock).write_all(rest)?;
-    }
-    Ok(())
+    Ok(n as usize)
 }
 
 /// Reads what `sock` has into `buf` like `read`, and queues the descriptors that came with

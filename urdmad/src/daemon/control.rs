@@ -36,6 +36,24 @@ pub(super) fn runs(pid: u32) -> bool {
 }
 
 /// Frees the TX rings of an `ATTACH` that failed half-way.
+/// One send of `bytes` (with `fds` if any) that does not wait: the bytes it took.
+fn send_nowait(
+    s: &std::os::unix::net::UnixStream,
+    bytes: &[u8],
+    fds: &[std::os::fd::RawFd],
+) -> std::io::Result<usize> {
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    if !fds.is_empty() {
+        return crate::direct::send_with_fds_flags(s, bytes, fds, flags);
+    }
+    // SAFETY: a valid buffer of that length.
+    let n = unsafe { libc::send(s.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), flags) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 pub(super) fn free_new_rings(tx: Vec<TxRing>) {
     for t in tx {
         // SAFETY: just created, never handed out.
@@ -215,14 +233,27 @@ impl Daemon {
         fds: &[std::os::fd::RawFd],
     ) -> std::io::Result<()> {
         let s = &mut self.clients[i].stream;
-        // A reply is small except a status report; a client that does not read it within
-        // the timeout is dropped rather than stalling the data path longer.
+        let bytes = text.as_bytes();
+        // First without waiting, in one system call: a reply or an event almost always fits
+        // in the socket's buffer, and switching the socket to blocking mode and back cost
+        // three more calls for each of urdmad's writes.
+        let sent = match send_nowait(s, bytes, fds) {
+            Ok(n) if n == bytes.len() => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(e),
+        };
+        // The rest (the descriptors went with the first byte, when it went): a status
+        // report, or a client slow to read. One that does not read it within the timeout
+        // is dropped rather than stalling the data path longer.
+        let fds = if sent == 0 { fds } else { &[] };
+        let rest = &bytes[sent..];
         let _ = s.set_nonblocking(false);
         let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
         let r = if fds.is_empty() {
-            s.write_all(text.as_bytes())
+            s.write_all(rest)
         } else {
-            crate::direct::send_with_fds(s, text.as_bytes(), fds)
+            crate::direct::send_with_fds(s, rest, fds)
         };
         let _ = s.set_nonblocking(true);
         r
