@@ -24,7 +24,6 @@ use trp::Instant;
 use urdma_shared::bell::Hush;
 use urdma_shared::client::Connection as Control;
 
-pub use attach::urdmad_socket;
 pub use control::{register_qp, unregister_qp};
 
 use crate::dpdk::Rings;
@@ -175,6 +174,9 @@ pub fn now() -> Instant {
 struct Attached {
     /// The control socket path it was found at.
     path: PathBuf,
+    /// The devices (their sysfs paths) found served by it: a QP of one of them is created
+    /// without reading sysfs again (four system calls).
+    devices: Vec<PathBuf>,
     /// None once urdmad has closed the connection.
     ctl: Option<Control>,
     rings: Rings,

@@ -435,11 +435,7 @@ pub(crate) unsafe extern "C" fn create_qp(
         // The first QP of the process attaches it to urdmad; every QP is
         // registered with it (not under the lock: see runtime::ask).
         let registered = runtime::with(|sh, _| {
-            let socket = runtime::urdmad_socket(&ibdev_path).map_err(|e| {
-                log::error(format_args!("create_qp: {e}"));
-                libc::ENODEV
-            })?;
-            sh.ensure_attached(&socket)?;
+            sh.ensure_attached_for(&ibdev_path)?;
             sh.engine.create_qp((dev, qpn), init);
             Ok(())
         })

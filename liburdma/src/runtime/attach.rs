@@ -56,6 +56,28 @@ pub fn urdmad_socket(ibdev_path: &Path) -> Result<PathBuf, String> {
 }
 
 impl Shared {
+    /// Attaches the process to the urdmad serving the device at `ibdev_path` unless it is
+    /// attached already (to the same one).
+    pub fn ensure_attached_for(&mut self, ibdev_path: &Path) -> Result<(), i32> {
+        let known = self
+            .attached
+            .as_ref()
+            .filter(|a| a.devices.iter().any(|d| d == ibdev_path))
+            .map(|a| a.path.clone());
+        if let Some(path) = known {
+            return self.ensure_attached(&path);
+        }
+        let socket = urdmad_socket(ibdev_path).map_err(|e| {
+            log::error(format_args!("create_qp: {e}"));
+            libc::ENODEV
+        })?;
+        self.ensure_attached(&socket)?;
+        if let Some(a) = self.attached.as_mut() {
+            a.devices.push(ibdev_path.to_owned());
+        }
+        Ok(())
+    }
+
     /// Attaches the process to the urdmad at `path` unless it is attached
     /// already (to the same one).
     pub fn ensure_attached(&mut self, path: &Path) -> Result<(), i32> {
@@ -195,6 +217,7 @@ fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
     ));
     Ok(Attached {
         path: path.to_owned(),
+        devices: Vec::new(),
         ctl: Some(ctl),
         rings,
     })

@@ -447,6 +447,7 @@ mod tests {
             engine: Engine::new(),
             attached: Some(Attached {
                 path: dir.join("urdmad.sock"),
+                devices: Vec::new(),
                 ctl: Some(ctl),
                 rings: Rings::none(),
             }),
@@ -457,6 +458,27 @@ mod tests {
             event_look: Instant::ZERO,
         };
         (Mutex::new(sh), daemon)
+    }
+
+    #[test]
+    fn a_device_found_served_by_the_attached_urdmad_is_not_looked_up_again() {
+        let dir = std::env::temp_dir().join(format!("urdma-dev-{}", std::process::id()));
+        let (dev, other) = (dir.join("urdma0"), dir.join("urdma1"));
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        let (state, _daemon) = attached_to_fake(&dir);
+        let mut sh = state.into_inner().unwrap();
+        let socket = dir.join("urdmad.sock");
+        std::fs::write(dev.join("urdmad"), format!("{}\n", socket.display())).unwrap();
+        std::fs::write(other.join("urdmad"), "/elsewhere/urdmad.sock\n").unwrap();
+        assert_eq!(sh.ensure_attached_for(&dev), Ok(()));
+        // sysfs is not read again for it...
+        std::fs::remove_file(dev.join("urdmad")).unwrap();
+        assert_eq!(sh.ensure_attached_for(&dev), Ok(()));
+        // ...but is for a device not seen yet, which another urdmad serves.
+        assert_eq!(sh.ensure_attached_for(&other), Err(libc::EINVAL));
+        assert_eq!(sh.ensure_attached_for(&dir), Err(libc::ENODEV));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
