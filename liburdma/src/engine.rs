@@ -190,6 +190,11 @@ struct Qp {
     init: QpInit,
     conn: Option<Connection>,
     flow: Option<Box<dyn Flow>>,
+    /// The flow of a connection that ended, kept until urdmad has been told
+    /// ([`Engine::release_closed_flow`]): dropping it unmaps its rings and gives its socket
+    /// back, which need not come before `QPCLOSED` on the way to the application's
+    /// `DISCONNECTED` (0.29 ms of `munmap` in the emulated bed).
+    closed_flow: Option<Box<dyn Flow>>,
     /// Receives posted before the connection exists.
     early_recv: VecDeque<(u64, Vec<Sge>)>,
     inline: Option<InlineBuf>,
@@ -337,6 +342,7 @@ impl Engine {
                 init,
                 conn: None,
                 flow: None,
+                closed_flow: None,
                 early_recv: VecDeque::new(),
                 inline: None,
                 errored: false,
@@ -399,6 +405,14 @@ impl Engine {
 
     pub fn take_notices(&mut self) -> Vec<Notice> {
         std::mem::take(&mut self.notices)
+    }
+
+    /// Drops the flow of QP `key`'s ended connection, once its [`Notice::Closed`] is
+    /// delivered.
+    pub fn release_closed_flow(&mut self, key: QpKey) {
+        if let Some(qp) = self.qps.get_mut(&key) {
+            qp.closed_flow = None;
+        }
     }
 
     pub fn post_send(&mut self, key: QpKey, wr: &SendReq<'_>) -> Result<(), PostFail> {

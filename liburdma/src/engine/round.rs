@@ -184,7 +184,7 @@ fn progress_qp(
         // datagrams; a flow that took them all has nothing left (see FINAL_SEND_LIMIT).
         if !qp.flow.as_ref().is_some_and(|f| f.backlogged()) || now >= until {
             qp.end = End::Told;
-            qp.flow = None;
+            qp.closed_flow = qp.flow.take();
             notices.push(Notice::Closed(key, status));
         }
     }

@@ -270,6 +270,16 @@ impl Shared {
     /// process (`UNQP`) finds them done.
     pub fn deliver_notices(&mut self) {
         crate::srq::report_limits(self.engine.take_srq_limits());
+        for n in self.engine.take_notices() {
+            self.post(&match n {
+                Notice::PeerClosed((dev, qpn)) => Request::PeerClosed { dev, qpn },
+                Notice::Closed((dev, qpn), status) => Request::QpClosed { dev, qpn, status },
+            });
+            // Told: its flow goes now, and its socket back below.
+            if let Notice::Closed(key, _) = n {
+                self.engine.release_closed_flow(key);
+            }
+        }
         for sock in crate::direct::take_returned() {
             // Without urdmad the socket is closed here: its copy is gone too.
             if let Some(ctl) = self.control() {
@@ -277,12 +287,6 @@ impl Shared {
                     log::error(format_args!("GIVEBACK: {e}"));
                 }
             }
-        }
-        for n in self.engine.take_notices() {
-            self.post(&match n {
-                Notice::PeerClosed((dev, qpn)) => Request::PeerClosed { dev, qpn },
-                Notice::Closed((dev, qpn), status) => Request::QpClosed { dev, qpn, status },
-            });
         }
     }
 

@@ -676,3 +676,31 @@ fn a_qps_figures_follow_its_traffic_and_losses_and_its_last_word_is_its_end() {
     assert!(t.e.destroy_qp(A));
     assert_eq!(slot.read(), last);
 }
+
+#[test]
+fn a_closed_connection_s_flow_is_dropped_only_once_urdmad_is_told() {
+    // Dropping it unmaps its rings: that waits until QPCLOSED is on its way.
+    let mut t = Bed::new();
+    t.connect();
+    let dropped = Arc::new(AtomicBool::new(false));
+    t.e.qps.get_mut(&A).unwrap().flow = Some(Box::new(Watched {
+        inner: MemFlow {
+            rx: t.ba.clone(),
+            tx: t.ab.clone(),
+        },
+        dropped: dropped.clone(),
+        forked: Arc::new(AtomicBool::new(false)),
+        slot: None,
+    }));
+    t.e.close(A);
+    t.run(20);
+    let n = t.e.take_notices();
+    assert!(n.contains(&Notice::Closed(A, 0)), "{n:?}");
+    assert!(t.e.qps.get(&A).unwrap().flow.is_none());
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "dropped before urdmad was told"
+    );
+    t.e.release_closed_flow(A);
+    assert!(dropped.load(Ordering::SeqCst));
+}
