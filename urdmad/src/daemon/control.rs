@@ -35,7 +35,6 @@ pub(super) fn runs(pid: u32) -> bool {
     !matches!(state, Some('Z') | Some('X') | None)
 }
 
-/// Frees the TX rings of an `ATTACH` that failed half-way.
 /// One send of `bytes` (with `fds` if any) that does not wait: the bytes it took.
 fn send_nowait(
     s: &std::os::unix::net::UnixStream,
@@ -54,6 +53,7 @@ fn send_nowait(
     Ok(n as usize)
 }
 
+/// Frees the TX rings of an `ATTACH` that failed half-way.
 pub(super) fn free_new_rings(tx: Vec<TxRing>) {
     for t in tx {
         // SAFETY: just created, never handed out.
