@@ -24,7 +24,7 @@ use crate::direct::Geometry;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -63,9 +63,16 @@ impl Ready for OwnedFd {
 /// How a ready socket is made (`daemon::direct::prepare` outside tests).
 pub type Make<T> = dyn Fn(Geometry) -> io::Result<T> + Send + Sync;
 
+/// Its methods are urdmad's thread's, which never waits for the keeper's threads: they run at
+/// the idle policy, and on a host whose CPUs are busy one can sit runnable for seconds while
+/// it holds their lock (10–20 s in the overload test, which then lost connections). A call
+/// that finds the lock taken does without it (see each).
 pub struct SocketKeeper<T: Ready = OwnedFd> {
     shared: Arc<Shared<T>>,
     threads: Vec<JoinHandle<()>>,
+    /// Sockets to close that found the lock taken, passed on by the next call that finds it
+    /// free. Only urdmad's thread takes this lock.
+    deferred: Mutex<Vec<(Instant, OwnedFd)>>,
 }
 
 struct Shared<T> {
@@ -220,6 +227,7 @@ impl<T: Ready> SocketKeeper<T> {
         let mut keeper = SocketKeeper {
             shared,
             threads: Vec::with_capacity(MAKERS),
+            deferred: Mutex::new(Vec::new()),
         };
         for _ in 0..MAKERS {
             let (s, m) = (Arc::clone(&keeper.shared), Arc::clone(&make));
@@ -237,10 +245,26 @@ impl<T: Ready> SocketKeeper<T> {
         self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The lock if it is free, with the deferred closes passed on.
+    fn try_lock(&self) -> Option<MutexGuard<'_, State<T>>> {
+        let mut s = match self.shared.state.try_lock() {
+            Ok(s) => s,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+        if !d.is_empty() {
+            s.closing.extend(d.drain(..));
+            self.shared.changed.notify_one();
+        }
+        Some(s)
+    }
+
     /// A ready socket with rings of `geo`, if one is; either way the keeper keeps some of
-    /// that geometry ready from now on.
+    /// that geometry ready from now on. None too while a keeper's thread holds the lock
+    /// (the geometry is then asked for at the next call).
     pub fn take(&self, geo: Geometry) -> Option<T> {
-        let mut s = self.lock();
+        let mut s = self.try_lock()?;
         if let Some(i) = s.wanted.iter().position(|&g| g == geo) {
             s.wanted.remove(i);
         }
@@ -262,19 +286,29 @@ impl<T: Ready> SocketKeeper<T> {
         got
     }
 
-    /// Closes `fd` [`LINGER`] from now, on the keeper's thread.
+    /// Closes `fd` [`LINGER`] from now, on the keeper's thread; if a keeper's thread holds
+    /// the lock, once the next call has passed it on.
     pub fn close(&self, fd: OwnedFd) {
-        self.lock().closing.push_back((Instant::now(), fd));
+        let at = (Instant::now(), fd);
+        match self.try_lock() {
+            Some(mut s) => s.closing.push_back(at),
+            None => self
+                .deferred
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(at),
+        }
         self.shared.changed.notify_one();
     }
 
-    pub fn figures(&self) -> Figures {
-        let s = self.lock();
-        Figures {
+    /// What the keeper holds; None while a keeper's thread holds the lock.
+    pub fn figures(&self) -> Option<Figures> {
+        let s = self.try_lock()?;
+        Some(Figures {
             ready: s.ready.len(),
             closing: s.closing.len(),
             failures: s.failures,
-        }
+        })
     }
 }
 
@@ -380,6 +414,16 @@ mod tests {
         p.revents & libc::POLLERR != 0
     }
 
+    /// The figures, once no keeper's thread holds the lock.
+    fn figures<T: Ready>(k: &SocketKeeper<T>) -> Figures {
+        loop {
+            if let Some(f) = k.figures() {
+                return f;
+            }
+            std::thread::yield_now();
+        }
+    }
+
     fn wait_for(what: impl Fn() -> bool) {
         let until = Instant::now() + Duration::from_secs(10);
         while !what() {
@@ -407,11 +451,11 @@ mod tests {
         assert_eq!(made_of(geo), 0);
         // A miss: the keeper keeps 2 ready, and as many again while the burst lasts.
         assert!(k.take(geo).is_none());
-        wait_for(|| k.figures().ready >= 2);
+        wait_for(|| figures(&k).ready >= 2);
         let a = k.take(geo).unwrap();
         let b = k.take(geo).unwrap();
         assert_ne!(a.as_raw_fd(), b.as_raw_fd());
-        wait_for(|| k.figures().ready >= 2);
+        wait_for(|| figures(&k).ready >= 2);
         assert!(made_of(geo) <= 2 + 2 + 2, "{} made", made_of(geo));
         // Another geometry gets its own.
         let other = Geometry::new(8972, 64);
@@ -425,10 +469,39 @@ mod tests {
         let (r, w) = pipe();
         let t = Instant::now();
         k.close(r);
-        assert_eq!(k.figures().closing, 1);
+        assert_eq!(figures(&k).closing, 1);
         wait_for(|| reader_gone(&w));
         assert!(t.elapsed() >= LINGER, "closed after {:?}", t.elapsed());
-        assert_eq!(k.figures().closing, 0);
+        assert_eq!(figures(&k).closing, 0);
+    }
+
+    #[test]
+    fn urdmad_s_thread_never_waits_for_a_keeper_s_thread_holding_the_lock() {
+        let k = SocketKeeper::new(1, Box::new(|_| pipe_end())).unwrap();
+        let geo = Geometry::new(1472, 64);
+        assert!(k.take(geo).is_none());
+        wait_for(|| figures(&k).ready >= 1);
+        let (r, w) = pipe();
+        {
+            // As a keeper's thread left without the CPU while it holds the lock.
+            let _held = k.shared.state.lock().unwrap();
+            let t = Instant::now();
+            assert!(
+                k.take(geo).is_none(),
+                "a socket came out of a locked keeper"
+            );
+            k.close(r);
+            assert_eq!(k.figures(), None);
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "waited {:?}",
+                t.elapsed()
+            );
+        }
+        // The next call passes the close on, and the ready socket is still there.
+        assert_eq!(figures(&k).closing, 1);
+        wait_for(|| reader_gone(&w));
+        assert!(k.take(geo).is_some());
     }
 
     #[test]
@@ -444,7 +517,7 @@ mod tests {
         )
         .unwrap();
         assert!(k.take(Geometry::new(1472, 64)).is_none());
-        wait_for(|| k.figures().failures >= 1);
+        wait_for(|| figures(&k).failures >= 1);
         // The makers that had started fail too; none starts again within RETRY.
         std::thread::sleep(Duration::from_millis(50));
         let first = tries.load(Ordering::SeqCst);
@@ -455,7 +528,7 @@ mod tests {
             first,
             "retried within {RETRY:?}"
         );
-        assert_eq!(k.figures().ready, 0);
+        assert_eq!(figures(&k).ready, 0);
     }
 
     #[test]
@@ -481,7 +554,7 @@ mod tests {
         .unwrap();
         let t = Instant::now();
         assert!(k.take(Geometry::new(1472, 64)).is_none());
-        wait_for(|| k.figures().ready >= MAKERS);
+        wait_for(|| figures(&k).ready >= MAKERS);
         assert!(most.load(Ordering::SeqCst) >= 2);
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     }

@@ -18,7 +18,7 @@ impl Daemon {
             .flat_map(|p| &p.queues)
             .filter(|q| q.rule.is_some())
             .count();
-        let keeper = self.keeper.as_ref().ok().map(|k| k.figures());
+        let keeper = self.keeper.as_ref().ok().and_then(|k| k.figures());
         out.push(Record::Daemon(status::Daemon {
             version: env!("CARGO_PKG_VERSION").into(),
             pid: std::process::id(),
