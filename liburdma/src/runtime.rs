@@ -14,7 +14,7 @@ mod attach;
 mod control;
 mod helper;
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -198,6 +198,9 @@ pub struct Shared {
     armed: bool,
     /// When an application's round next reads urdmad's socket ([`EVENT_LOOK`]).
     event_look: Instant,
+    /// The eventfds of the threads waiting for urdmad's answer (`control::ask`), rung by
+    /// whichever thread reads an answer.
+    ask_bells: Vec<RawFd>,
 }
 
 struct Runtime {
@@ -223,6 +226,7 @@ fn rt() -> &'static Runtime {
                 helper_direct: false,
                 armed: false,
                 event_look: Instant::ZERO,
+                ask_bells: Vec::new(),
             }),
             kick: OnceLock::new(),
             alarm: OnceLock::new(),

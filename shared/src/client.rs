@@ -337,6 +337,11 @@ impl Connection {
         )
     }
 
+    /// Whether a reply read waits for [`Connection::answer`].
+    pub fn has_answers(&self) -> bool {
+        !self.answers.is_empty()
+    }
+
     /// Gives up waiting for `ticket`'s reply: it is dropped when it comes.
     pub fn abandon(&mut self, ticket: Ticket) {
         self.answers.remove(&ticket.0);

@@ -15,7 +15,7 @@
 //! for with the lock released ([`ask`]), and `PEERCLOSED` and `QPCLOSED` are
 //! posted.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 
 use trp::Instant;
@@ -35,13 +35,18 @@ use crate::log;
 /// (urdmad answers between its forwarding rounds, and when it is short of CPU that takes
 /// a second or more; a process whose threads each created a QP under the lock stood still
 /// for all of their waits in a row, long enough for its peers to give its connections up.)
-/// The reply is read by whichever thread reads the socket first.
+/// The reply is read by whichever thread reads the socket first; one that is not the asker
+/// rings the asker's bell (an eventfd of this call's), so the asker wakes at once either way.
 fn ask(req: &Request) -> Result<(), String> {
     ask_on(&rt().state, req)
 }
 
 fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
     let asked = now();
+    // SAFETY: plain flags; the result is checked.
+    let bell = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    // SAFETY: a descriptor just made, ours alone (none: waits end by the timeout below).
+    let bell = (bell >= 0).then(|| unsafe { OwnedFd::from_raw_fd(bell) });
     let (ticket, fd) = {
         let mut g = lock_of(state);
         let Some(ctl) = g.control() else {
@@ -62,6 +67,9 @@ fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
             let now = now();
             lock_wait_ns += now.as_nanos().saturating_sub(before.as_nanos());
             g.pump(now);
+            if let Some(b) = &bell {
+                g.ask_bells.retain(|&f| f != b.as_raw_fd());
+            }
             let Some(ctl) = g.control() else {
                 return Err("urdmad closed the connection".into());
             };
@@ -83,24 +91,44 @@ fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
                 ctl.abandon(ticket);
                 return Err(format!("urdmad did not answer within {CONTROL_TIMEOUT:?}"));
             }
+            if let Some(b) = &bell {
+                g.ask_bells.push(b.as_raw_fd());
+            }
         }
-        // Woken by the reply, or by anything else on the socket; a reply another thread read
-        // first (between the look above and this poll) is found at the next look.
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
+        // Woken by the reply, by anything else on the socket, or by the bell of a thread
+        // that read the reply first.
+        let mut p = [libc::POLLIN, libc::POLLIN].map(|events| libc::pollfd {
+            fd: -1,
+            events,
             revents: 0,
-        };
-        // SAFETY: one valid pollfd. The descriptor stays open while the control connection
-        // does, which the look above checks after every wait.
-        unsafe { libc::poll(&mut p, 1, wait_ms) };
+        });
+        p[0].fd = fd;
+        p[1].fd = bell.as_ref().map_or(-1, |b| b.as_raw_fd());
+        // SAFETY: two valid pollfds (a negative fd is skipped). The socket stays open while
+        // the control connection does, which the look above checks after every wait.
+        unsafe { libc::poll(p.as_mut_ptr(), 2, wait_ms) };
+        if let Some(b) = bell.as_ref().filter(|_| p[1].revents != 0) {
+            let mut n = 0u64;
+            // SAFETY: an 8-byte read into a u64 (it empties the counter).
+            unsafe { libc::read(b.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
+        }
         wait_ms = (wait_ms * 2).min(ASK_POLL_MAX_MS);
     }
 }
 
-/// How long [`ask`] first waits on the socket before looking again (milliseconds). The
-/// wait ends early when anything comes on the socket; its timeout is for the reply that
-/// another thread read first.
+/// Rings each asker's bell (`ask`).
+fn ring_askers(bells: &[RawFd]) {
+    for &b in bells {
+        let one = 1u64;
+        // SAFETY: an 8-byte write from a u64 to an eventfd its asker keeps open while the
+        // lock holds it in `bells`. A full counter (EAGAIN) is a rung bell all the same.
+        unsafe { libc::write(b, (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// How long [`ask`] first waits before looking again (milliseconds) when nothing wakes it:
+/// a reply another thread read wakes it by the asker's bell, so this is for a bell that
+/// could not be made.
 const ASK_POLL_MS: i32 = 2;
 /// ... doubling up to this. Every look takes the lock: in the overload test each of a
 /// process's 32 threads waited seconds in `rdma_create_qp` for urdmad's answer; looking
@@ -190,6 +218,10 @@ impl Shared {
         let polled = ctl.poll_events();
         for r in ctl.take_refusals() {
             log::error(format_args!("{r}"));
+        }
+        // An answer read here, or the connection gone, ends the waits of `ask`.
+        if ctl.has_answers() || polled.is_err() {
+            ring_askers(&self.ask_bells);
         }
         match polled {
             Ok(events) => {
@@ -460,6 +492,7 @@ mod tests {
             helper_direct: false,
             armed: false,
             event_look: Instant::ZERO,
+            ask_bells: Vec::new(),
         };
         (Mutex::new(sh), daemon)
     }
@@ -508,6 +541,43 @@ mod tests {
         assert!(sh.armed, "a poll within EVENT_LOOK reads nothing");
         sh.full_round(t + EVENT_LOOK);
         assert!(!sh.armed);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_thread_that_reads_an_answer_rings_the_waiting_askers_bells() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("urdma-bell-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (state, daemon) = attached_to_fake(&dir);
+        let mut sh = state.into_inner().unwrap();
+        // SAFETY: plain flags.
+        let bell = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        assert!(bell >= 0);
+        // SAFETY: just made, ours.
+        let bell = unsafe { OwnedFd::from_raw_fd(bell) };
+        let rung = || {
+            let mut n = 0u64;
+            // SAFETY: an 8-byte read into a u64.
+            let r = unsafe { libc::read(bell.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
+            r == 8 && n > 0
+        };
+        let ticket = sh.control().unwrap().send(&Request::Sync).unwrap();
+        sh.ask_bells.push(bell.as_raw_fd());
+        // An event is no answer: no bell.
+        (&daemon).write_all(b"EVENT WAKE\n").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        sh.pump(now());
+        assert!(!rung());
+        (&daemon).write_all(b"OK\n").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        sh.pump(now());
+        assert!(rung(), "the answer's reader did not ring the asker's bell");
+        assert!(sh.control().unwrap().answer(ticket).is_some());
+        // urdmad gone: the askers are woken to see it.
+        drop(daemon);
+        sh.pump(now());
+        assert!(rung());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
