@@ -189,7 +189,7 @@ struct urdma_cm_msg {
 	__u8 remote_mac[6];		/* next hop's MAC (CONNECT) */
 	__u16 pdata_len;
 	__u8 pdata[URDMA_CM_MAX_PDATA + 1];
-	char ifname[URDMA_CM_IFNAMSIZ];		/* REGISTER, LISTEN: NUL-terminated */
+	char ifname[URDMA_CM_IFNAMSIZ];		/* REGISTER, LISTEN, CONNECT: NUL-terminated */
 	char socket_path[URDMA_CM_PATHSIZ];	/* REGISTER: urdmad's control socket */
 	__u32 reserved;
 };

@@ -724,6 +724,8 @@ int urdma_connect(struct iw_cm_id *id, struct iw_cm_conn_param *param)
 	m->msg.local_port = (__force u16)local.sin_port;
 	m->msg.remote_port = (__force u16)remote.sin_port;
 	ether_addr_copy(m->msg.remote_mac, mac);
+	/* The daemon's port, without its looking the local address up. */
+	strscpy(m->msg.ifname, udev->netdev->name, sizeof(m->msg.ifname));
 	m->msg.ird = urdma_clamp16(param->ird);
 	m->msg.ord = urdma_clamp16(param->ord);
 	urdma_set_pdata(&m->msg, param->private_data, param->private_data_len);
