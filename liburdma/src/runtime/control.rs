@@ -66,10 +66,11 @@ fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
             let mut g = lock_of(state);
             let now = now();
             lock_wait_ns += now.as_nanos().saturating_sub(before.as_nanos());
-            g.pump(now);
+            // Off the list before this thread reads: its own bell need not ring.
             if let Some(b) = &bell {
                 g.ask_bells.retain(|&f| f != b.as_raw_fd());
             }
+            g.pump(now);
             let Some(ctl) = g.control() else {
                 return Err("urdmad closed the connection".into());
             };
