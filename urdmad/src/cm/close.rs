@@ -43,8 +43,8 @@ impl Cm {
         self.abort_conn((dev, qpn), ECONNRESET);
     }
 
-    /// Ends a connection urdmad has to end itself: Abort to the peer, flow closed,
-    /// `CLOSED status` to the kernel.
+    /// Ends a connection urdmad has to end itself: Abort to the peer, `CLOSED status` to the
+    /// kernel, flow closed.
     pub(super) fn abort_conn(&mut self, key: (u32, u32), status: i32) {
         let Some(c) = self.conns.remove(&key) else {
             return;
@@ -53,10 +53,8 @@ impl Cm {
         tracing::info!(dev = key.0, qpn = key.1, remote = %c.remote, "connection aborted");
         self.send(c.port, c.mac, c.local, c.remote, abort_packet(c.peer_conn));
         self.counters.aborts_sent += 1;
-        self.actions.push_back(Action::CloseFlow {
-            client: c.client,
-            flow: c.flow,
-        });
+        // The kernel first: the application waits for its DISCONNECTED, and closing the
+        // flow (its rings, its filter) is urdmad's own business.
         self.actions.push_back(kernel_msg(Op::Closed, |r| {
             r.dev = key.0;
             r.qpn = key.1;
@@ -64,6 +62,10 @@ impl Cm {
             r.local = c.local;
             r.remote = c.remote;
         }));
+        self.actions.push_back(Action::CloseFlow {
+            client: c.client,
+            flow: c.flow,
+        });
     }
 
     /// A connection line of the control protocol (`QP`, `UNQP`, `QPCLOSED`, `PEERCLOSED`,
@@ -102,10 +104,7 @@ impl Cm {
             {
                 let c = self.conns.remove(&(dev, qpn)).expect("present");
                 self.refresh_udp_ports();
-                self.actions.push_back(Action::CloseFlow {
-                    client,
-                    flow: c.flow,
-                });
+                // The kernel first, as in `abort_conn`.
                 if !c.peer_closed_sent {
                     self.actions.push_back(kernel_msg(Op::PeerClosed, |r| {
                         r.dev = dev;
@@ -119,6 +118,10 @@ impl Cm {
                     r.local = c.local;
                     r.remote = c.remote;
                 }));
+                self.actions.push_back(Action::CloseFlow {
+                    client,
+                    flow: c.flow,
+                });
             }
             Request::PeerClosed { dev, qpn } => {
                 if let Some(c) = self.conns.get_mut(&(dev, qpn)) {
