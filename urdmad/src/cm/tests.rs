@@ -638,6 +638,17 @@ fn a_connect_needs_a_port_and_a_free_four_tuple() {
     m.ifname = "p1-tap".into();
     a.kernel(t, m, None);
     assert_eq!(only_kernel(&drain(&mut a)).status, EADDRINUSE);
+    // An interface no port has: refused, not looked up by address.
+    let mut m = connect_msg();
+    m.id = 1002;
+    m.local = addr(1, 40003);
+    m.ifname = "nowhere".into();
+    a.kernel(t, m, Some(0));
+    let out = drain(&mut a);
+    assert_eq!(
+        (only_kernel(&out).op, only_kernel(&out).status),
+        (Op::ConnectFailed, ECONNRESET)
+    );
     // Private data too long for a ConnectRequest: invalid.
     let mut m = connect_msg();
     m.id = 1001;
