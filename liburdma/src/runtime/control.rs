@@ -98,13 +98,11 @@ fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
         }
         // Woken by the reply, by anything else on the socket, or by the bell of a thread
         // that read the reply first.
-        let mut p = [libc::POLLIN, libc::POLLIN].map(|events| libc::pollfd {
-            fd: -1,
-            events,
+        let mut p = [fd, bell.as_ref().map_or(-1, |b| b.as_raw_fd())].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
             revents: 0,
         });
-        p[0].fd = fd;
-        p[1].fd = bell.as_ref().map_or(-1, |b| b.as_raw_fd());
         // SAFETY: two valid pollfds (a negative fd is skipped). The socket stays open while
         // the control connection does, which the look above checks after every wait.
         unsafe { libc::poll(p.as_mut_ptr(), 2, wait_ms) };
