@@ -10,7 +10,7 @@
 //! `poll_events`; after any request it calls `poll_events` too (a request may have queued
 //! events that the socket no longer shows as readable), or checks [`Connection::has_events`].
 //!
-//! An `EVENT CONNECTED` whose connection takes the direct path (`direct=` frames, not 0)
+//! An `EVENT CONNECTED` whose connection takes the direct path (`direct` frames, not 0)
 //! comes with the connection's packet socket attached (`SCM_RIGHTS`, [`crate::direct`]):
 //! [`Connection::take_socket`] hands it over.
 //!
@@ -99,6 +99,9 @@ pub enum Error {
     /// urdmad greeted with another protocol version than this client's.
     #[error("urdmad speaks protocol version {daemon}, this client {client}")]
     Version { daemon: u32, client: u32 },
+    /// urdmad answered in the text protocol of versions before 11 (`proto::legacy`).
+    #[error("urdmad speaks an older control protocol than this client's version {client} (update urdmad or use the provider it came with); it answered: {answer}")]
+    OldDaemon { client: u32, answer: String },
     /// urdmad answered with `ERROR` (a refusal of the protocol version is `code` `EVERSION`).
     #[error("urdmad refused ({}): {message}", code.as_str())]
     Refused { code: ErrorCode, message: String },
@@ -331,10 +334,7 @@ impl Connection {
     /// The reply to `ticket`'s request, once it has been read.
     pub fn answer(&mut self, ticket: Ticket) -> Option<Result<Response, Error>> {
         let line = self.answers.remove(&ticket.0)?;
-        Some(
-            Response::decode(&line, || None)
-                .map_err(|e| Error::Malformed(format!("bad reply from urdmad: {e}"))),
-        )
+        Some(Response::decode(&line).map_err(|e| bad_reply(&line, e)))
     }
 
     /// Whether a reply read waits for [`Connection::answer`].
@@ -372,7 +372,7 @@ impl Connection {
                 self.answers.insert(t, line);
             }
             Some(Awaiting::Posted(req)) => {
-                if let Ok(r @ Response::Error { .. }) = Response::decode(&line, || None) {
+                if let Ok(r @ Response::Error { .. }) = Response::decode(&line) {
                     self.refusals.push(format!("{req}: {}", refusal(r)));
                 }
             }
@@ -400,18 +400,7 @@ impl Connection {
                 break line;
             }
         };
-        let mut extra_err = None;
-        let resp = Response::decode(&first, || match self.read_reply_line(deadline) {
-            Ok(l) => Some(l),
-            Err(e) => {
-                extra_err = Some(e);
-                None
-            }
-        });
-        if let Some(e) = extra_err {
-            return Err(e);
-        }
-        resp.map_err(|e| Error::Malformed(format!("bad reply from urdmad: {e}")))
+        Response::decode(&first).map_err(|e| bad_reply(&first, e))
     }
 
     /// The queued events and every event that has arrived since, without blocking. An error
@@ -462,7 +451,6 @@ impl Connection {
     }
 
     /// The status report, its records in the order urdmad sent them.
-    #[cfg(feature = "status")]
     pub fn status(&mut self) -> Result<Vec<crate::status::Record>, Error> {
         match self.request(&Request::Status)? {
             Response::Status { lines } => {
@@ -478,6 +466,20 @@ impl Connection {
                     .collect()
             }
             other => Err(refusal(other)),
+        }
+    }
+}
+
+/// The error for a reply line that could not be decoded: a line that is not a JSON object
+/// comes from an urdmad of the text protocol (versions before 11), which refuses this
+/// client's `HELLO` with one.
+fn bad_reply(line: &str, e: proto::ProtoError) -> Error {
+    if line.starts_with('{') {
+        Error::Malformed(format!("bad reply from urdmad: {e}"))
+    } else {
+        Error::OldDaemon {
+            client: proto::VERSION,
+            answer: proto::legacy::answer_text(line),
         }
     }
 }
@@ -524,7 +526,7 @@ mod tests {
         let mut buf = [0u8; 64];
         let mut fds = VecDeque::new();
         let n = direct::recv_with_fds(&d, &mut buf, &mut fds).unwrap();
-        assert_eq!(&buf[..n], b"GIVEBACK\n");
+        assert_eq!(&buf[..n], b"{\"req\":\"GIVEBACK\"}\n");
         assert_eq!(fds.len(), 1);
         // Still open through the copy that came over: the peer sees no end of file.
         (&peer).write_all(b"x").unwrap();
@@ -532,18 +534,21 @@ mod tests {
         let mut one = [0u8; 1];
         let got = UnixStream::from(fds.pop_front().unwrap()).read(&mut one);
         assert_eq!(got.unwrap(), 1);
-        assert!(matches!(c.pending.front(), Some(Awaiting::Posted(l)) if l == "GIVEBACK"));
+        assert!(
+            matches!(c.pending.front(), Some(Awaiting::Posted(l)) if l == "{\"req\":\"GIVEBACK\"}")
+        );
     }
 
     #[test]
     fn a_posted_requests_reply_is_dropped_where_it_comes() {
         let (mut c, mut d) = pair();
-        let mut line = [0u8; 4];
+        let mut line = [0u8; 14];
         // Read by poll_events, between events.
         c.post(&Request::Arm).unwrap();
         d.read_exact(&mut line).unwrap();
-        assert_eq!(&line, b"ARM\n");
-        d.write_all(b"EVENT WAKE\nOK\nEVENT WAKE\n").unwrap();
+        assert_eq!(&line, b"{\"req\":\"ARM\"}\n");
+        d.write_all(b"{\"event\":\"WAKE\"}\n{\"reply\":\"OK\"}\n{\"event\":\"WAKE\"}\n")
+            .unwrap();
         assert_eq!(c.poll_events().unwrap(), vec![Event::Wake, Event::Wake]);
         assert!(c.pending.is_empty());
         // Not come yet when the next request is sent: not taken for that one's reply, even
@@ -551,7 +556,7 @@ mod tests {
         c.post(&Request::Arm).unwrap();
         c.post(&Request::Arm).unwrap();
         d.write_all(
-            b"OK\nEVENT WAKE\nERROR code=EINVAL message=no\nERROR code=EEXIST message=taken\n",
+            b"{\"reply\":\"OK\"}\n{\"event\":\"WAKE\"}\n{\"reply\":\"ERROR\",\"code\":\"EINVAL\",\"message\":\"no\"}\n{\"reply\":\"ERROR\",\"code\":\"EEXIST\",\"message\":\"taken\"}\n",
         )
         .unwrap();
         let r = c.request(&Request::Qp { dev: 1, qpn: 2 }).unwrap();
@@ -562,11 +567,11 @@ mod tests {
         assert!(c.pending.is_empty());
         assert_eq!(
             c.take_refusals(),
-            vec!["ARM: urdmad refused (EINVAL): no".to_owned()]
+            vec!["{\"req\":\"ARM\"}: urdmad refused (EINVAL): no".to_owned()]
         );
         assert!(c.take_refusals().is_empty());
         assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
-        d.write_all(b"OK\n").unwrap();
+        d.write_all(b"{\"reply\":\"OK\"}\n").unwrap();
         assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
     }
 
@@ -578,10 +583,11 @@ mod tests {
         let b = c.send(&Request::Qp { dev: 0, qpn: 2 }).unwrap();
         assert_eq!(c.answer(a), None);
         // a's reply read by poll_events, the posted ARM's and b's by a request.
-        d.write_all(b"ERROR code=EEXIST message=taken\nEVENT WAKE\n")
+        d.write_all(b"{\"reply\":\"ERROR\",\"code\":\"EEXIST\",\"message\":\"taken\"}\n{\"event\":\"WAKE\"}\n")
             .unwrap();
         assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
-        d.write_all(b"OK\nOK\nOK\n").unwrap();
+        d.write_all(b"{\"reply\":\"OK\"}\n{\"reply\":\"OK\"}\n{\"reply\":\"OK\"}\n")
+            .unwrap();
         assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
         assert_eq!(c.answer(b), Some(Ok(Response::Ok)));
         assert_eq!(c.answer(b), None);
@@ -595,8 +601,10 @@ mod tests {
         let gone = c.send(&Request::Qp { dev: 0, qpn: 3 }).unwrap();
         let next = c.send(&Request::Qp { dev: 0, qpn: 4 }).unwrap();
         c.abandon(gone);
-        d.write_all(b"ERROR code=EEXIST message=late\nOK\n")
-            .unwrap();
+        d.write_all(
+            b"{\"reply\":\"ERROR\",\"code\":\"EEXIST\",\"message\":\"late\"}\n{\"reply\":\"OK\"}\n",
+        )
+        .unwrap();
         assert!(c.poll_events().unwrap().is_empty());
         assert_eq!(c.answer(gone), None);
         assert_eq!(c.answer(next), Some(Ok(Response::Ok)));
@@ -608,8 +616,10 @@ mod tests {
         let (mut c, mut d) = pair();
         c.timeout = Duration::from_millis(50);
         assert!(c.request(&Request::Sync).is_err());
-        d.write_all(b"ERROR code=EINVAL message=late\nOK\n")
-            .unwrap();
+        d.write_all(
+            b"{\"reply\":\"ERROR\",\"code\":\"EINVAL\",\"message\":\"late\"}\n{\"reply\":\"OK\"}\n",
+        )
+        .unwrap();
         assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
     }
 
@@ -617,14 +627,14 @@ mod tests {
     fn events_between_replies_are_queued_and_polled() {
         let (mut c, mut d) = pair();
         assert!(c.poll_events().unwrap().is_empty());
-        d.write_all(b"EVENT WAKE\nEVENT DISCONNECT dev=1 qpn=2 status=0\nOK\n")
+        d.write_all(b"{\"event\":\"WAKE\"}\n{\"event\":\"DISCONNECT\",\"dev\":1,\"qpn\":2,\"status\":0}\n{\"reply\":\"OK\"}\n")
             .unwrap();
         assert_eq!(c.request(&Request::Arm).unwrap(), Response::Ok);
-        let mut line = [0u8; 4];
+        let mut line = [0u8; 14];
         d.read_exact(&mut line).unwrap();
-        assert_eq!(&line, b"ARM\n");
+        assert_eq!(&line, b"{\"req\":\"ARM\"}\n");
         assert!(c.has_events());
-        d.write_all(b"EVENT WA").unwrap();
+        d.write_all(b"{\"event\":\"WA").unwrap();
         assert_eq!(
             c.poll_events().unwrap(),
             vec![
@@ -637,13 +647,39 @@ mod tests {
             ]
         );
         assert!(c.poll_events().unwrap().is_empty());
-        d.write_all(b"KE\nEVENT NEWFANGLED x=1\n").unwrap();
+        d.write_all(b"KE\"}\n{\"event\":\"NEWFANGLED\",\"x\":1}\n")
+            .unwrap();
         assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
-        d.write_all(b"EVENT WAKE\n").unwrap();
+        d.write_all(b"{\"event\":\"WAKE\"}\n").unwrap();
         drop(d);
         assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
         assert!(c.poll_events().is_err());
         assert!(c.request(&Request::Sync).is_err());
+    }
+
+    #[test]
+    fn an_urdmad_of_the_text_protocol_is_named_in_one_line() {
+        let (mut c, mut d) = pair();
+        d.write_all(b"ERROR code=EINVAL message=unknown_message\n")
+            .unwrap();
+        let e = c
+            .request(&Request::Hello {
+                version: proto::VERSION,
+                pid: 1,
+            })
+            .unwrap_err();
+        assert_eq!(
+            e,
+            Error::OldDaemon {
+                client: proto::VERSION,
+                answer: "EINVAL unknown message".into()
+            }
+        );
+        let text = e.to_string();
+        assert!(
+            !text.contains('\n') && text.contains("older control protocol"),
+            "{text}"
+        );
     }
 
     #[test]

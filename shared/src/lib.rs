@@ -12,10 +12,9 @@
 //! | [`qpstats`] | each connected QP's transport figures, kept by its process for urdmad |
 //! | [`lending`] | the two rings through which a process borrows the mbufs it sends (`secondary`) |
 //! | [`secondary`] | attaching as a DPDK secondary process (`secondary`) |
-//! | [`status`] | urdmad's status report, typed (`status`) |
+//! | [`status`] | urdmad's status report, typed |
 //!
-//! `lending` and `secondary` need DPDK, behind the `secondary` feature; `status` needs serde,
-//! behind the `status` feature.
+//! `lending` and `secondary` need DPDK, behind the `secondary` feature.
 
 pub mod bell;
 pub mod client;
@@ -29,5 +28,4 @@ pub mod qpstats;
 pub mod lending;
 #[cfg(feature = "secondary")]
 pub mod secondary;
-#[cfg(feature = "status")]
 pub mod status;

@@ -4,7 +4,7 @@
 //! `hw_counters` (`rdma statistic show`).
 //!
 //! urdmad reserves the table ([`MEMZONE`], [`SLOTS`] slots) at start and gives each
-//! connection's flow a slot of its own, zeroed, in `EVENT CONNECTED ... stats=N`. Only the
+//! connection's flow a slot of its own, zeroed, in `EVENT CONNECTED` (`stats`). Only the
 //! owning process writes a slot, and only while it has the flow; urdmad reads it when asked
 //! for status or counters, and a last time when the flow closes, when it adds the slot's
 //! counts to its port's totals and the slot becomes free again. Each value is written and read

@@ -407,6 +407,38 @@ fn a_process_of_another_protocol_version_gets_one_line_and_the_end_not_a_hang() 
 }
 
 #[test]
+fn a_process_of_a_newer_protocol_version_gets_one_error_and_the_end() {
+    use std::io::{Read, Write};
+    use urdmad::proto::{ErrorCode, Request, Response};
+    let bed = Bed::new("pn");
+    let mut d = bed.start();
+    let newer = urdmad::proto::VERSION + 1;
+    let mut s = std::os::unix::net::UnixStream::connect(bed.socket()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let hello = Request::Hello {
+        version: newer,
+        pid: 1,
+    };
+    s.write_all(hello.encode().as_bytes()).unwrap();
+    let mut got = String::new();
+    s.read_to_string(&mut got)
+        .expect("urdmad answers and closes the connection");
+    assert_eq!(got.lines().count(), 1, "{got:?}");
+    match Response::decode(&got) {
+        Ok(Response::Error {
+            code: ErrorCode::Version,
+            message,
+        }) => assert!(
+            message.contains(&format!("version {newer}"))
+                && message.contains(&format!("speaks {}", urdmad::proto::VERSION)),
+            "{message}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    stop_cleanly(&bed, &mut d);
+}
+
+#[test]
 fn second_urdmad_on_the_same_prefix_is_refused_and_the_first_keeps_serving() {
     let bed = Bed::new("sp");
     let mut first = bed.start();

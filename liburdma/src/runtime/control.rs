@@ -413,7 +413,10 @@ mod tests {
             let (s, _) = listener.accept().unwrap();
             let mut line = String::new();
             std::io::BufReader::new(&s).read_line(&mut line).unwrap();
-            assert!(line.starts_with("HELLO "), "{line}");
+            assert!(
+                matches!(Request::decode(&line), Ok(Request::Hello { .. })),
+                "{line}"
+            );
             let hello = Response::Hello {
                 version: urdma_shared::proto::VERSION,
                 daemon: "fake".into(),
@@ -527,7 +530,9 @@ mod tests {
         // What urdmad wrote waits until a round looks: the helper may not get the lock.
         let wake = |sh: &mut Shared| {
             sh.armed = true;
-            (&daemon).write_all(b"EVENT WAKE\n").unwrap();
+            (&daemon)
+                .write_all(Event::Wake.encode().as_bytes())
+                .unwrap();
             std::thread::sleep(Duration::from_millis(20));
         };
         let t = now();
@@ -564,11 +569,15 @@ mod tests {
         let ticket = sh.control().unwrap().send(&Request::Sync).unwrap();
         sh.ask_bells.push(bell.as_raw_fd());
         // An event is no answer: no bell.
-        (&daemon).write_all(b"EVENT WAKE\n").unwrap();
+        (&daemon)
+            .write_all(Event::Wake.encode().as_bytes())
+            .unwrap();
         std::thread::sleep(Duration::from_millis(20));
         sh.pump(now());
         assert!(!rung());
-        (&daemon).write_all(b"OK\n").unwrap();
+        (&daemon)
+            .write_all(Response::Ok.encode().as_bytes())
+            .unwrap();
         std::thread::sleep(Duration::from_millis(20));
         sh.pump(now());
         assert!(rung(), "the answer's reader did not ring the asker's bell");
@@ -591,7 +600,7 @@ mod tests {
             let asking = s.spawn(|| ask_on(&state, &Request::Qp { dev: 0, qpn: 5 }));
             let mut line = String::new();
             from.read_line(&mut line).unwrap();
-            assert_eq!(line, "QP dev=0 qpn=5\n");
+            assert_eq!(line, Request::Qp { dev: 0, qpn: 5 }.encode());
             // While urdmad has not answered, the lock is free for the process's other
             // threads, which post and read what comes meanwhile.
             {
@@ -605,21 +614,32 @@ mod tests {
                     })
                     .expect("the lock is free while urdmad has not answered");
                 g.post(&Request::Arm);
-                (&daemon).write_all(b"EVENT WAKE\n").unwrap();
+                (&daemon)
+                    .write_all(Event::Wake.encode().as_bytes())
+                    .unwrap();
                 std::thread::sleep(Duration::from_millis(20));
                 assert!(g.pump(now()), "the event is read by the thread that looks");
             }
             std::thread::sleep(Duration::from_millis(20));
             assert!(!asking.is_finished());
             // The QP's reply, read by another thread first, still reaches its asker.
-            (&daemon).write_all(b"OK\nOK\n").unwrap();
+            (&daemon)
+                .write_all(Response::Ok.encode().repeat(2).as_bytes())
+                .unwrap();
             std::thread::sleep(Duration::from_millis(20));
             lock_of(&state).pump(now());
             assert_eq!(asking.join().unwrap(), Ok(()));
             // A refusal is the asker's error.
             let asking = s.spawn(|| ask_on(&state, &Request::Unqp { dev: 0, qpn: 5 }));
             (&daemon)
-                .write_all(b"ERROR code=EEXIST message=taken\n")
+                .write_all(
+                    Response::Error {
+                        code: urdma_shared::proto::ErrorCode::Exists,
+                        message: "taken".into(),
+                    }
+                    .encode()
+                    .as_bytes(),
+                )
                 .unwrap();
             let e = asking.join().unwrap().unwrap_err();
             assert!(e.contains("taken"), "{e}");

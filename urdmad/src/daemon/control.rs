@@ -266,21 +266,20 @@ impl Daemon {
         }
         let req = match Request::decode(line) {
             Ok(r) => r,
-            Err(e) => return (error(ErrorCode::Invalid, &e.to_string()).encode(), true),
+            Err(e) => match proto::legacy::hello_version(line) {
+                // A process of the text protocol: refused in the words it reads.
+                Some(version) => {
+                    return (proto::legacy::version_refusal(&unsupported(version)), false)
+                }
+                None => return (error(ErrorCode::Invalid, &e.to_string()).encode(), true),
+            },
         };
         let c = &self.clients[i];
         match req {
             Request::Hello { version, .. } => {
                 if version != proto::VERSION {
                     return (
-                        error(
-                            ErrorCode::Version,
-                            &format!(
-                                "protocol version {version} is not supported, urdmad speaks {}",
-                                proto::VERSION
-                            ),
-                        )
-                        .encode(),
+                        error(ErrorCode::Version, &unsupported(version)).encode(),
                         false,
                     );
                 }
@@ -491,4 +490,12 @@ impl Daemon {
             false
         });
     }
+}
+
+/// The refusal of a process that speaks another protocol version.
+fn unsupported(version: u32) -> String {
+    format!(
+        "protocol version {version} is not supported, urdmad speaks {}",
+        proto::VERSION
+    )
 }
