@@ -46,6 +46,9 @@ pub struct Daemon {
     /// sockets waiting to be closed (`socket_keeper`); `None` without the keeper.
     pub sockets_ready: Option<usize>,
     pub sockets_closing: Option<usize>,
+    /// Direct-path filters used again for a new connection (`filter_pool`), since start.
+    #[serde(default)]
+    pub filters_reused: u64,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

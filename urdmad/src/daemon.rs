@@ -163,6 +163,8 @@ pub struct Daemon {
     qp_table: counters::QpTable,
     /// Makes the direct path's sockets ready and closes them (`socket_keeper`); why not.
     keeper: Result<Arc<SocketKeeper<direct::Prepared>>, String>,
+    /// The direct path's filters of closed connections, for the keeper to use again.
+    filters: Arc<direct::Filters>,
     /// When the ports' counters may next go to the kernel.
     next_push: Instant,
 }
@@ -304,8 +306,14 @@ impl Daemon {
                 return Err(e.into());
             }
         }
-        // The direct path's sockets are made ready and closed on a thread of their own.
-        let keeper = SocketKeeper::new(cfg.daemon.direct_ready as usize, Box::new(direct::prepare))
+        // The direct path's sockets are made ready and closed on a thread of their own, which
+        // also uses the filters of closed connections again.
+        let filters = Arc::new(direct::Filters::default());
+        let make = {
+            let filters = Arc::clone(&filters);
+            Box::new(move |geo| direct::prepare(geo, Some(&filters)))
+        };
+        let keeper = SocketKeeper::new(cfg.daemon.direct_ready as usize, make)
             .map(Arc::new)
             .map_err(|e| format!("cannot start the thread that keeps its sockets: {e}"));
         // Once the ports' sockets exist.
@@ -315,7 +323,7 @@ impl Daemon {
             if let Ok((_, fds)) = &sockets {
                 p.sockets = fds.clone();
             }
-            match direct::DirectPort::new(&sockets, pc.direct, pc.direct_max, &keeper) {
+            match direct::DirectPort::new(&sockets, pc.direct, pc.direct_max, &keeper, &filters) {
                 Ok(d) => {
                     tracing::info!(port = %pc.name, "connections take the direct path");
                     p.direct = Some(d);
@@ -393,6 +401,7 @@ impl Daemon {
             swept_at: Instant::now(),
             qp_table,
             keeper,
+            filters,
             next_push: Instant::now(),
         };
         d.cm = connections::new_cm((0..d.ports.len()).map(|pi| d.port_view(pi)).collect());

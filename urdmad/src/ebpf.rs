@@ -138,6 +138,16 @@ impl Asm {
         self.op(insn(0, 0, 0, 0, 0))
     }
 
+    /// `R0` = the address of entry 0 of the array map that register `map` points to (an
+    /// entry of a map of maps, checked not null), or 0. Uses the word at the stack's top.
+    pub fn lookup_entry0_of(&mut self, map: u8) -> &mut Asm {
+        self.op(insn(ST | W | MEM, R10, 0, -4, 0));
+        self.op(insn(ALU64 | MOV | X, R1, map, 0, 0));
+        self.op(insn(ALU64 | MOV | X, R2, R10, 0, 0));
+        self.op(insn(ALU64 | ADD | K, R2, 0, 0, -4));
+        self.op(insn(JMP | CALL, 0, 0, 0, FN_MAP_LOOKUP_ELEM))
+    }
+
     /// `R0` = the address of entry 0 of the map `fd`'s array, or 0. Uses the word at the
     /// stack's top.
     pub fn lookup_entry0(&mut self, fd: RawFd) -> &mut Asm {
@@ -183,6 +193,7 @@ const BPF_PROG_TEST_RUN: i32 = 10;
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
 pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
 pub const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+pub const BPF_MAP_TYPE_ARRAY_OF_MAPS: u32 = 12;
 /// A map the process that holds it may `mmap` (arrays only).
 pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
@@ -238,6 +249,21 @@ fn bpf_fd(cmd: i32, attr: &mut Attr) -> io::Result<OwnedFd> {
     let fd = bpf(cmd, attr)? as RawFd;
     // SAFETY: the kernel just gave us this descriptor.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A new array of `entries` maps, each like `template` (its kind, sizes and flags): the
+/// program that uses it reads the maps put in it later.
+pub fn create_map_of_maps(entries: u32, template: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+    bpf_fd(
+        BPF_MAP_CREATE,
+        Attr::new()
+            .u32(0, BPF_MAP_TYPE_ARRAY_OF_MAPS)
+            .u32(4, 4)
+            .u32(8, 4)
+            .u32(12, entries)
+            .u32(20, template.as_raw_fd() as u32)
+            .name(28, name),
+    )
 }
 
 /// A new map (`BPF_MAP_CREATE`).

@@ -50,51 +50,68 @@ const ADDR_LOCAL: i16 = 4;
 const ADDR_REMOTE: i16 = 8;
 const ADDRS_SIZE: u32 = 12;
 
-/// A connection's filter and the maps it uses: the process's [`bell`] word, the verdicts
-/// urdma.ko reads, and the connection's addresses.
+/// A connection's filter and the maps it uses: the verdicts urdma.ko reads, the
+/// connection's addresses, and the slot that holds the process's [`bell`] word.
 ///
 /// The program is loaded before the connection is known ([`FlowFilter::new`]), because the
 /// kernel's verifier takes milliseconds under emulation (3.2-3.4 ms per load in the
 /// emulated bed, on both ends of every connection's setup): urdmad's socket keeper makes
 /// filters ready with its sockets. [`FlowFilter::aim`] then gives it the connection's
-/// addresses; until then it admits nothing.
+/// addresses and word; until then it admits nothing.
+///
+/// A filter serves one socket at a time and, once that socket is gone, another
+/// ([`crate::filter_pool`]): nothing of it reaches a process but the word, which is the
+/// connection's own ([`word_map`]), so a process that kept its word mapped can never touch
+/// a later connection's.
 pub struct FlowFilter {
     prog: OwnedFd,
-    /// For the process, which maps it.
-    pub word: OwnedFd,
     /// For urdma.ko (`BELL`).
     pub verdicts: OwnedFd,
     /// urdmad's alone: a process that could write it could admit other connections'
     /// frames to its socket.
     addrs: OwnedFd,
+    /// Slot 0: the word of the connection the filter is aimed at, none before.
+    words: OwnedFd,
+}
+
+/// A connection's [`bell`] word: a map of its own, which the process maps.
+pub fn word_map() -> io::Result<OwnedFd> {
+    ebpf::create_map(
+        BPF_MAP_TYPE_ARRAY,
+        4,
+        bell::WORD_SIZE,
+        1,
+        BPF_F_MMAPABLE,
+        "urdma_bell",
+    )
 }
 
 impl FlowFilter {
     /// Creates the maps and loads the program, aimed at no connection yet.
     pub fn new() -> io::Result<FlowFilter> {
-        let word = ebpf::create_map(
-            BPF_MAP_TYPE_ARRAY,
-            4,
-            bell::WORD_SIZE,
-            1,
-            BPF_F_MMAPABLE,
-            "urdma_bell",
-        )?;
+        let words = ebpf::create_map_of_maps(1, &word_map()?, "urdma_words")?;
         let verdicts = ebpf::create_map(BPF_MAP_TYPE_PERCPU_ARRAY, 4, 4, 1, 0, "urdma_verdict")?;
         let addrs = ebpf::create_map(BPF_MAP_TYPE_ARRAY, 4, ADDRS_SIZE, 1, 0, "urdma_flow")?;
-        let insns = program(word.as_raw_fd(), verdicts.as_raw_fd(), addrs.as_raw_fd());
+        let insns = program(words.as_raw_fd(), verdicts.as_raw_fd(), addrs.as_raw_fd());
         let prog = ebpf::load_socket_filter(&insns, "urdma_flow")?;
         Ok(FlowFilter {
             prog,
-            word,
             verdicts,
             addrs,
+            words,
         })
     }
 
-    /// Makes the filter admit the frames of the connection from `remote` to `local`, before
-    /// it is attached. Once only: a filter that was ever attached is never aimed again.
-    pub fn aim(&self, local: &SocketAddrV4, remote: &SocketAddrV4) -> io::Result<()> {
+    /// Makes the filter admit the frames of the connection from `remote` to `local` and
+    /// read `word` ([`word_map`]), before it is attached to the connection's socket.
+    pub fn aim(
+        &self,
+        local: &SocketAddrV4,
+        remote: &SocketAddrV4,
+        word: &OwnedFd,
+    ) -> io::Result<()> {
+        let slot = 0u32.to_ne_bytes();
+        ebpf::map_update(&self.words, &slot, &word.as_raw_fd().to_ne_bytes(), 0)?;
         let mut v = [0u8; ADDRS_SIZE as usize];
         let words = [
             direct::ports_word(remote.port(), local.port()),
@@ -105,6 +122,17 @@ impl FlowFilter {
             chunk.copy_from_slice(&w.to_ne_bytes());
         }
         ebpf::map_update(&self.addrs, &0u32.to_ne_bytes(), &v, 0)
+    }
+
+    /// Back to admitting nothing, with no word: for a filter whose socket is gone, before it
+    /// is aimed again.
+    pub fn disarm(&self) -> io::Result<()> {
+        let slot = 0u32.to_ne_bytes();
+        ebpf::map_update(&self.addrs, &slot, &[0u8; ADDRS_SIZE as usize], 0)?;
+        match ebpf::map_delete(&self.words, &slot) {
+            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Puts the filter on socket `fd` (see [`direct::hand_over_with`]).
@@ -128,13 +156,15 @@ pub fn hush_map() -> io::Result<OwnedFd> {
 
 /// The program. Packet loads past the frame's end would end it with 0 (drop), so the
 /// classification checks the length first: a bare ACK is admitted all the same.
-/// Goes on only if the frame's PSN is the one the process waits for (the `word` map's),
-/// else to `none`. Leaves R0 = the word's address, R1 = its low half (the PSN), R2 = its
-/// high half (non-zero), R9 = the frame's PSN.
-fn awaited(a: &mut Asm, word: RawFd, none: Label) -> &mut Asm {
+/// Goes on only if the frame's PSN is the one the process waits for (the word in slot 0 of
+/// the `words` map), else to `none`. Leaves R0 = the word's address, R1 = its low half
+/// (the PSN), R2 = its high half (non-zero), R9 = the frame's PSN.
+fn awaited(a: &mut Asm, words: RawFd, none: Label) -> &mut Asm {
     a.ld_ind(W, R7, TRP_PSN)
         .op(insn(ALU64 | MOV | X, R9, R0, 0, 0))
-        .lookup_entry0(word)
+        .lookup_entry0(words)
+        .if_null(none)
+        .lookup_entry0_of(R0)
         .if_null(none)
         .op(insn(LDX | DW | MEM, R1, R0, 0, 0))
         .op(insn(ALU64 | MOV | X, R2, R1, 0, 0))
@@ -145,7 +175,7 @@ fn awaited(a: &mut Asm, word: RawFd, none: Label) -> &mut Asm {
         .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
 }
 
-fn program(word: RawFd, verdicts: RawFd, addrs: RawFd) -> Vec<Insn> {
+fn program(words: RawFd, verdicts: RawFd, addrs: RawFd) -> Vec<Insn> {
     use direct::{DADDR_AT, ETHERTYPE_AT, FRAG_AT, IHL_AT, PORTS_AT_X, PROTO_AT, SADDR_AT};
     let mut a = Asm::default();
     let drop = a.label();
@@ -222,11 +252,11 @@ fn program(word: RawFd, verdicts: RawFd, addrs: RawFd) -> Vec<Insn> {
         verdict::RECV_SOLICITED as i32,
     ));
     a.bind(psn);
-    awaited(&mut a, word, none).jump(insn(JMP | JA, 0, 0, 0, 0), store);
+    awaited(&mut a, words, none).jump(insn(JMP | JA, 0, 0, 0, 0), store);
     // The PSN the process waits for, and its sender's next follows at once: wait for
     // that one instead, and wake nobody for this one.
     a.bind(follows);
-    awaited(&mut a, word, none)
+    awaited(&mut a, words, none)
         // The next PSN, wrapping in 32 bits, with the word's high half as it was.
         .op(insn(ALU | ADD | K, R1, 0, 0, 1))
         .op(insn(ALU64 | LSH | K, R2, 0, 0, 32))
@@ -284,18 +314,20 @@ mod tests {
 
     struct Bed {
         f: FlowFilter,
+        word: OwnedFd,
     }
 
     impl Bed {
         fn new() -> Bed {
             let f = FlowFilter::new().expect("load the flow filter (needs CAP_BPF)");
-            f.aim(&sa(LOCAL), &sa(REMOTE)).unwrap();
-            Bed { f }
+            let word = word_map().unwrap();
+            f.aim(&sa(LOCAL), &sa(REMOTE), &word).unwrap();
+            Bed { f, word }
         }
 
         fn publish(&self, next: Option<u32>) {
             ebpf::map_update(
-                &self.f.word,
+                &self.word,
                 &0u32.to_ne_bytes(),
                 &bell::word(next).to_ne_bytes(),
                 0,
@@ -306,7 +338,7 @@ mod tests {
         /// The word as the filter left it.
         fn word(&self) -> u64 {
             let mut v = [0u8; 8];
-            ebpf::map_lookup(&self.f.word, &0u32.to_ne_bytes(), &mut v).unwrap();
+            ebpf::map_lookup(&self.word, &0u32.to_ne_bytes(), &mut v).unwrap();
             u64::from_ne_bytes(v)
         }
 
@@ -368,6 +400,7 @@ mod tests {
     fn admits_nothing_before_it_is_aimed() {
         let b = Bed {
             f: FlowFilter::new().expect("load the flow filter (needs CAP_BPF)"),
+            word: word_map().unwrap(),
         };
         let send = data(9, 0x41, 0x43, 0);
         b.publish(Some(9));
@@ -375,8 +408,45 @@ mod tests {
             let f = frame::udp_frame([2; 6], [4; 6], sa(s), sa(d), &send);
             assert_eq!(b.run(&f), (0, 0), "{s} -> {d}");
         }
-        b.f.aim(&sa(LOCAL), &sa(REMOTE)).unwrap();
+        b.f.aim(&sa(LOCAL), &sa(REMOTE), &b.word).unwrap();
         assert_eq!(b.run(&udp(&send)), (ACCEPT, verdict::RECV));
+    }
+
+    /// A filter aimed again, after its socket is gone, serves the new connection only and
+    /// reads only its word: the last connection's process may still have its word mapped.
+    #[test]
+    fn a_filter_aimed_again_admits_and_reads_only_the_new_connection_s() {
+        let mut b = Bed::new();
+        let send = |psn| udp(&data(psn, 0x41, 0x43, 0));
+        b.publish(Some(9));
+        assert_eq!(b.run(&send(9)), (ACCEPT, verdict::RECV));
+        b.f.disarm().unwrap();
+        b.f.disarm().unwrap();
+        assert_eq!(b.run(&send(9)), (0, 0), "disarmed: nothing admitted");
+        let old = std::mem::replace(&mut b.word, word_map().unwrap());
+        const NEW: &str = "10.0.0.3:45000";
+        b.f.aim(&sa(LOCAL), &sa(NEW), &b.word).unwrap();
+        assert_eq!(b.run(&send(9)), (0, 0), "the last connection's frame");
+        let new = |psn| {
+            frame::udp_frame(
+                [2; 6],
+                [4; 6],
+                sa(NEW),
+                sa(LOCAL),
+                &data(psn, 0x41, 0x43, 0),
+            )
+        };
+        // The old word, written by the old process, is not read; the new one is.
+        ebpf::map_update(
+            &old,
+            &0u32.to_ne_bytes(),
+            &bell::word(Some(9)).to_ne_bytes(),
+            0,
+        )
+        .unwrap();
+        assert_eq!(b.run(&new(9)), (ACCEPT, verdict::NONE));
+        b.publish(Some(9));
+        assert_eq!(b.run(&new(9)), (ACCEPT, verdict::RECV));
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod daemon;
 pub mod demux;
 pub mod eal;
 pub mod ebpf;
+pub mod filter_pool;
 pub mod flowfilter;
 pub mod holder;
 pub mod hwflow;

@@ -1,6 +1,7 @@
 //! The netlink requests that make a port's exception interface usable: its addresses and its
 //! state (rtnetlink, as `ip addr add` and `ip link set up` send them) and the urdma device on
-//! it (RDMA netlink, as `rdma link add` and `rdma link delete` send them).
+//! it (RDMA netlink, as `rdma link add` and `rdma link delete` send them); and the packet
+//! sockets that still exist (sock_diag, as `ss -0` asks), for the direct path's filters.
 //!
 //! Requests are built and answers read by pure functions, tested byte for byte; [`Netlink`]
 //! only sends a request and reads its answer, each bounded by [`ANSWER_TIMEOUT`]. Netlink
@@ -39,6 +40,11 @@ const ATTR_DEV_INDEX: u16 = 1;
 const ATTR_DEV_NAME: u16 = 2;
 const ATTR_NDEV_NAME: u16 = 51;
 const ATTR_LINK_TYPE: u16 = 65;
+const NETLINK_SOCK_DIAG: i32 = 4;
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+/// `struct packet_diag_msg` of `<linux/packet_diag.h>`: family, type, protocol, inode, then
+/// the socket's cookie as two 32-bit halves, low first.
+const PACKET_DIAG_MSG_LEN: usize = 16;
 /// The flag bits of an attribute's type (nested, byte order).
 const ATTR_TYPE_MASK: u16 = 0x3fff;
 
@@ -185,6 +191,24 @@ fn rdma_list_request(seq: u32) -> Vec<u8> {
     Request::new(NLDEV_GET, NLM_F_DUMP, seq).done()
 }
 
+/// A dump of the packet sockets of this network namespace (`struct packet_diag_req`: the
+/// family, then zeros: no details asked for).
+fn packet_list_request(seq: u32) -> Vec<u8> {
+    let mut req = [0u8; 20];
+    req[0] = libc::AF_PACKET as u8;
+    Request::new(SOCK_DIAG_BY_FAMILY, NLM_F_DUMP, seq)
+        .raw(&req)
+        .done()
+}
+
+/// The cookie of a packet socket of a dump.
+fn packet_cookie(body: &[u8]) -> Option<u64> {
+    let msg = body.get(..PACKET_DIAG_MSG_LEN)?;
+    let low = u32::from_ne_bytes(msg[8..12].try_into().unwrap());
+    let high = u32::from_ne_bytes(msg[12..16].try_into().unwrap());
+    Some(u64::from(high) << 32 | u64::from(low))
+}
+
 /// One message of an answer.
 #[derive(Debug, PartialEq, Eq)]
 enum Answer<'a> {
@@ -266,6 +290,11 @@ impl Netlink {
     /// RDMA netlink: devices.
     pub fn rdma() -> io::Result<Netlink> {
         Netlink::open(NETLINK_RDMA)
+    }
+
+    /// sock_diag: the sockets that exist.
+    pub fn sock_diag() -> io::Result<Netlink> {
+        Netlink::open(NETLINK_SOCK_DIAG)
     }
 
     fn open(family: i32) -> io::Result<Netlink> {
@@ -391,6 +420,19 @@ impl Netlink {
         Ok(found)
     }
 
+    /// The cookies ([`socket_cookie`]) of the packet sockets of this network namespace: a
+    /// socket is listed until its last descriptor is closed.
+    pub fn packet_cookies(&mut self) -> io::Result<std::collections::HashSet<u64>> {
+        let seq = self.next_seq();
+        let mut out = std::collections::HashSet::new();
+        self.exchange(seq, &packet_list_request(seq), |kind, body| {
+            if kind == SOCK_DIAG_BY_FAMILY {
+                out.extend(packet_cookie(body));
+            }
+        })?;
+        Ok(out)
+    }
+
     /// Deletes the RDMA device with this index.
     pub fn rdma_delete(&mut self, index: u32) -> io::Result<()> {
         let seq = self.next_seq();
@@ -406,6 +448,27 @@ pub fn ifindex(name: &str) -> io::Result<u32> {
         0 => Err(io::Error::last_os_error()),
         i => Ok(i),
     }
+}
+
+/// The cookie the kernel gives socket `fd`: unique among the sockets of this boot, never
+/// reused.
+pub fn socket_cookie(fd: std::os::fd::RawFd) -> io::Result<u64> {
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: cookie and len outlive the call, and len is cookie's size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
 }
 
 #[cfg(test)]
@@ -609,5 +672,41 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn a_packet_socket_is_listed_until_its_last_descriptor_is_closed() {
+        // The request as `ss -0` sends it, and a dump's message read.
+        let req = packet_list_request(7);
+        assert_eq!(req.len(), HEADER + 20);
+        assert_eq!(&req[4..6], &u16s(SOCK_DIAG_BY_FAMILY));
+        assert_eq!(req[HEADER], libc::AF_PACKET as u8);
+        let msg = [
+            [17u8, 3, 0, 3],
+            u32s(99),
+            u32s(0x89ab_cdef),
+            u32s(0x0123_4567),
+        ]
+        .concat();
+        assert_eq!(packet_cookie(&msg), Some(0x0123_4567_89ab_cdef));
+        assert_eq!(packet_cookie(&msg[..15]), None);
+        // The kernel's (needs CAP_NET_RAW, as urdmad has, for the socket).
+        // SAFETY: plain system call; owned from here on.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        assert!(fd >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: just made, ours alone.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let cookie = socket_cookie(sock.as_raw_fd()).unwrap();
+        // SAFETY: a plain dup; the copy is owned.
+        let copy = unsafe { OwnedFd::from_raw_fd(libc::dup(sock.as_raw_fd())) };
+        let mut nl = Netlink::sock_diag().unwrap();
+        assert!(nl.packet_cookies().unwrap().contains(&cookie));
+        drop(sock);
+        assert!(
+            nl.packet_cookies().unwrap().contains(&cookie),
+            "a copy is open"
+        );
+        drop(copy);
+        assert!(!nl.packet_cookies().unwrap().contains(&cookie));
     }
 }

@@ -400,7 +400,7 @@ impl Daemon {
         connected.rx_ring = opened.rx_ring;
         // The rings are sized for the datagram the event announces.
         let direct = self.direct_open(opened.flow, &spec, connected.datagram);
-        connected.direct = direct.as_ref().map_or(0, |&(_, frames, _)| frames);
+        connected.direct = direct.as_ref().map_or(0, |d| d.frames);
         connected.stats = self.qp_table.take();
         if let Some(rec) = self.flows.get_mut(&opened.flow) {
             rec.stats = connected.stats;
@@ -412,15 +412,15 @@ impl Daemon {
             );
         }
         let (dev, qpn) = (connected.dev, connected.qpn);
-        // The bell's word goes to the process after the socket; the filter and the maps
-        // live on in the socket, urdma.ko and the process.
+        // The bell's word goes to the process after the socket; the filter and its maps
+        // live on in the socket and urdma.ko, and with the connection's flow in urdmad.
         let mut fds = Vec::new();
-        if let Some((fd, _, bell)) = &direct {
-            fds.push(*fd);
-            if let Some(f) = bell {
+        if let Some(d) = &direct {
+            fds.push(d.socket);
+            if let Some((verdicts, word)) = &d.bell {
                 let hush = self.client_hush(i);
-                if self.bell(dev, qpn, *fd, f.verdicts.as_raw_fd(), hush) {
-                    fds.push(f.word.as_raw_fd());
+                if self.bell(dev, qpn, d.socket, *verdicts, hush) {
+                    fds.push(word.as_raw_fd());
                     fds.extend(hush);
                 }
             }

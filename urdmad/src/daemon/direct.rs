@@ -4,7 +4,9 @@
 
 use super::Daemon;
 use crate::direct::{self, Geometry};
-use crate::flowfilter::FlowFilter;
+use crate::filter_pool::{self, FilterPool};
+use crate::flowfilter::{self, FlowFilter};
+use crate::netlink::{self, Netlink};
 use crate::portfilter::{PortFilter, MAX_DIRECT};
 use crate::proto::FlowSpec;
 use crate::socket_keeper::{Ready, SocketKeeper};
@@ -25,6 +27,17 @@ pub(super) struct DirectPort {
     max: usize,
     /// Makes the sockets ready and closes them (urdmad's one keeper, shared by its ports).
     keeper: Arc<SocketKeeper<Prepared>>,
+    /// The filters of closed connections, until the keeper uses them again.
+    filters: Arc<Filters>,
+}
+
+/// The filters of connections that ended, used again once their sockets are gone.
+pub(super) type Filters = FilterPool<FlowFilter>;
+
+/// A connection's filter with its own bell word.
+pub(super) struct Bell {
+    pub(super) filter: FlowFilter,
+    pub(super) word: OwnedFd,
 }
 
 /// What urdmad's socket keeper makes ready for a connection: the socket with its rings and
@@ -33,7 +46,7 @@ pub(super) struct DirectPort {
 pub(super) struct Prepared {
     sock: OwnedFd,
     /// Why there is none: the connection then has the classic filter and no bell.
-    filter: std::io::Result<FlowFilter>,
+    bell: std::io::Result<Bell>,
 }
 
 impl Ready for Prepared {
@@ -42,12 +55,43 @@ impl Ready for Prepared {
     }
 }
 
-/// Makes a socket with rings of `geo` and a filter ready (the socket keeper's threads).
-pub(super) fn prepare(geo: Geometry) -> std::io::Result<Prepared> {
+/// Makes a socket with rings of `geo` and a bell ready: its filter one of `filters` whose
+/// socket is gone if there is one (the socket keeper's threads), else loaded.
+pub(super) fn prepare(geo: Geometry, filters: Option<&Filters>) -> std::io::Result<Prepared> {
     Ok(Prepared {
         sock: direct::prepare_socket(geo)?,
-        filter: FlowFilter::new(),
+        bell: bell(filters),
     })
+}
+
+fn bell(filters: Option<&Filters>) -> std::io::Result<Bell> {
+    let used = filters.and_then(|f| {
+        f.take(
+            || Netlink::sock_diag()?.packet_cookies(),
+            filter_pool::grace_period,
+        )
+    });
+    let filter = match used {
+        Some(f) => {
+            f.disarm()?;
+            f
+        }
+        None => FlowFilter::new()?,
+    };
+    Ok(Bell {
+        filter,
+        word: flowfilter::word_map()?,
+    })
+}
+
+/// A connection put on the direct path, for its hand-over.
+pub(super) struct OnDirect {
+    /// Its socket, for the process (urdmad keeps it with the flow).
+    pub(super) socket: RawFd,
+    /// Frames of each of its rings.
+    pub(super) frames: u32,
+    /// With a bell: its verdicts map, for urdma.ko, and its word, for the process.
+    pub(super) bell: Option<(RawFd, OwnedFd)>,
 }
 
 /// Why a connection does not take the direct path.
@@ -60,6 +104,10 @@ enum NotDirect {
 /// A direct connection's socket, as urdmad keeps it (for its counters).
 pub(super) struct DirectSock {
     fd: OwnedFd,
+    /// Its filter (and maps) while the connection lasts; with the socket's cookie, to use
+    /// the filter again once the socket is gone.
+    filter: Option<FlowFilter>,
+    cookie: Option<u64>,
     /// Frames it received and frames its receive ring had no room for, so far.
     rx_packets: Cell<u64>,
     rx_drops: Cell<u64>,
@@ -110,6 +158,7 @@ impl DirectPort {
         enabled: bool,
         max: u32,
         keeper: &Result<Arc<SocketKeeper<Prepared>>, String>,
+        filters: &Arc<Filters>,
     ) -> Result<DirectPort, String> {
         if !enabled {
             return Err("direct = false".into());
@@ -129,6 +178,7 @@ impl DirectPort {
             flows: BTreeMap::new(),
             max: max.min(MAX_DIRECT) as usize,
             keeper: Arc::clone(keeper),
+            filters: Arc::clone(filters),
         })
     }
 
@@ -143,26 +193,27 @@ impl DirectPort {
         local: SocketAddrV4,
         remote: SocketAddrV4,
         geo: Geometry,
-    ) -> Result<(OwnedFd, Option<FlowFilter>), NotDirect> {
+    ) -> Result<(OwnedFd, Option<Bell>), NotDirect> {
         if self.flows.len() >= self.max {
             return Err(NotDirect::Full(self.max));
         }
-        let Prepared { sock: fd, filter } = match self.keeper.take(geo) {
+        let Prepared { sock: fd, bell } = match self.keeper.take(geo) {
             Some(p) => p,
             // None ready (the first connection, or more at once than the keeper holds):
-            // made here, waiting for the grace periods and the verifier.
-            None => prepare(geo)
+            // made here, waiting for the grace periods and the verifier, and not for the
+            // keeper's threads, which may hold the filters.
+            None => prepare(geo, None)
                 .map_err(|e| NotDirect::Failed(format!("cannot open its socket: {e}")))?,
         };
-        let bell = match filter.and_then(|f| f.aim(&local, &remote).map(|()| f)) {
-            Ok(f) => Some(f),
+        let bell = match bell.and_then(|b| b.filter.aim(&local, &remote, &b.word).map(|()| b)) {
+            Ok(b) => Some(b),
             Err(e) => {
                 tracing::warn!(flow, "no bell for this connection: {e}");
                 None
             }
         };
         match &bell {
-            Some(f) => direct::hand_over_with(&fd, self.ifindex, |fd| f.attach(fd)),
+            Some(b) => direct::hand_over_with(&fd, self.ifindex, |fd| b.filter.attach(fd)),
             None => direct::hand_over(&fd, self.ifindex, &local, &remote),
         }
         .map_err(|e| NotDirect::Failed(format!("cannot bind its socket: {e}")))?;
@@ -179,6 +230,9 @@ impl DirectPort {
                 tracing::warn!(flow, "cannot filter the port's sockets: {e}");
             }
         }
+        if let (Some(filter), Some(cookie)) = (sock.filter, sock.cookie) {
+            self.filters.retire(cookie, filter);
+        }
         self.keeper.close(sock.fd);
     }
 
@@ -193,14 +247,14 @@ impl DirectPort {
 
 impl Daemon {
     /// Puts the connection of the just opened `flow` on the direct path if its port offers
-    /// it and the peer is on the wire (not this node): the socket to pass to its process,
-    /// the frames of each ring and the bell's filter. None: the process uses the flow's ring.
+    /// it and the peer is on the wire (not this node). None: the process uses the flow's
+    /// ring.
     pub(super) fn direct_open(
         &mut self,
         flow: u32,
         spec: &FlowSpec,
         datagram: u16,
-    ) -> Option<(RawFd, u32, Option<FlowFilter>)> {
+    ) -> Option<OnDirect> {
         let frames = self.cfg.daemon.direct_frames;
         let p = self.ports.get_mut(usize::from(spec.port))?;
         let dp = p.direct.as_mut()?;
@@ -213,12 +267,27 @@ impl Daemon {
         match dp.open(flow, spec.local, remote, geo) {
             Ok((fd, bell)) => {
                 let raw = fd.as_raw_fd();
+                let (filter, maps) = match bell {
+                    Some(Bell { filter, word }) => {
+                        let verdicts = filter.verdicts.as_raw_fd();
+                        (Some(filter), Some((verdicts, word)))
+                    }
+                    None => (None, None),
+                };
+                // Without it, the filter is not used again.
+                let cookie = netlink::socket_cookie(raw).ok();
                 rec.direct = Some(DirectSock {
                     fd,
+                    filter,
+                    cookie,
                     rx_packets: Cell::new(0),
                     rx_drops: Cell::new(0),
                 });
-                Some((raw, geo.frames, bell))
+                Some(OnDirect {
+                    socket: raw,
+                    frames: geo.frames,
+                    bell: maps,
+                })
             }
             Err(NotDirect::Full(max)) => {
                 tracing::debug!(flow, local = %spec.local, %remote, "through urdmad: {max} connections on the direct path already (direct_max)");
@@ -258,8 +327,9 @@ mod tests {
         assert_eq!(af_packet_iface("net_af_packet1,qdisc_bypass=0"), None);
         assert_eq!(af_packet_iface("net_tap0,iface=dtap0"), None);
         assert_eq!(af_packet_iface("0000:03:00.0"), None);
-        let keeper = SocketKeeper::new(0, Box::new(prepare)).map(Arc::new);
+        let keeper = SocketKeeper::new(0, Box::new(|geo| prepare(geo, None))).map(Arc::new);
         let keeper = keeper.map_err(|e| e.to_string());
-        assert!(DirectPort::new(&Ok((1, vec![3])), false, 16, &keeper).is_err());
+        let filters = Arc::new(Filters::default());
+        assert!(DirectPort::new(&Ok((1, vec![3])), false, 16, &keeper, &filters).is_err());
     }
 }

@@ -32,6 +32,7 @@ impl Daemon {
             spurious_wakes: self.idle.spurious_wakes,
             sockets_ready: keeper.map(|k| k.ready),
             sockets_closing: keeper.map(|k| k.closing),
+            filters_reused: self.filters.reused(),
         }));
         // SAFETY: the pool lives as long as the daemon.
         let (available, size) =
