@@ -4,6 +4,7 @@
 use crate::access::{self, Peer};
 use crate::config::Config;
 use crate::demux::FlowTable;
+use crate::flowfilter::FlowFilter;
 use crate::holder;
 use crate::hwflow::{self, FlowQueue};
 use crate::lending::Lender;
@@ -309,6 +310,11 @@ impl Daemon {
         // The direct path's sockets are made ready and closed on a thread of their own, which
         // also uses the filters of closed connections again.
         let filters = Arc::new(direct::Filters::default());
+        if cfg.ports.iter().any(|p| p.direct) {
+            if let Err(e) = filters.stock(direct::FILTER_STOCK, FlowFilter::new) {
+                tracing::debug!("no stock of filters: {e}");
+            }
+        }
         let make = {
             let filters = Arc::clone(&filters);
             Box::new(move |geo| direct::prepare(geo, Some(&filters)))

@@ -13,13 +13,15 @@
 //!
 //! urdmad's thread only hands filters in ([`FilterPool::retire`], which never waits); the
 //! keeper's threads take them ([`FilterPool::take`]), and do the checks, which wait. The
-//! checks come in as functions, so that the policy is tested here without a kernel.
+//! checks come in as functions, so that the policy is tested here without a kernel. At
+//! start, a thread of its own loads a stock of filters ([`FilterPool::stock`]), so that a
+//! burst of connections loads none before the first ones come back.
 
 use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Most filters kept waiting for their sockets to go. One that a newer one pushes out is
 /// dropped: the kernel frees it with its socket. Each holds four descriptors in urdmad.
@@ -75,6 +77,39 @@ impl<F> FilterPool<F> {
             self.reused.fetch_add(1, Ordering::Relaxed);
         }
         f
+    }
+
+    /// Loads `count` filters with `load` into the free ones, on a thread of its own at the
+    /// idle policy; the first that fails to load ends it.
+    pub fn stock(
+        self: &Arc<Self>,
+        count: usize,
+        load: impl Fn() -> io::Result<F> + Send + 'static,
+    ) -> io::Result<()>
+    where
+        F: Send + 'static,
+    {
+        let pool = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("urdmad-filters".into())
+            .spawn(move || {
+                crate::socket_keeper::idle_policy("the filters' stock");
+                for _ in 0..count {
+                    match load() {
+                        Ok(f) => pool
+                            .state
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .free
+                            .push(f),
+                        Err(e) => {
+                            tracing::debug!("no more filters in stock: {e}");
+                            break;
+                        }
+                    }
+                }
+            })
+            .map(drop)
     }
 
     /// Filters taken again so far (read without the lock).
@@ -178,6 +213,34 @@ mod tests {
         );
         assert_eq!(pool.counts(), (0, 0));
         assert_eq!(pool.reused(), 3);
+    }
+
+    #[test]
+    fn a_stock_is_taken_first_without_a_check() {
+        let pool = Arc::new(FilterPool::default());
+        let n = std::sync::atomic::AtomicU32::new(0);
+        let n = Arc::new(n);
+        let m = Arc::clone(&n);
+        pool.stock(3, move || {
+            let i = m.fetch_add(1, Ordering::Relaxed);
+            if i < 2 {
+                Ok(i)
+            } else {
+                Err(io::Error::from_raw_os_error(libc::EPERM))
+            }
+        })
+        .unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while pool.counts().1 < 2 {
+            assert!(std::time::Instant::now() < until, "not stocked within 10 s");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let never = || -> io::Result<HashSet<u64>> { panic!("no check for a stocked filter") };
+        let mut got = [pool.take(never, fine), pool.take(never, fine)];
+        got.sort();
+        assert_eq!(got, [Some(0), Some(1)]);
+        assert_eq!(pool.take(live(&[]), fine), None);
+        assert_eq!(n.load(Ordering::Relaxed), 3, "stopped at the first failure");
     }
 
     #[test]

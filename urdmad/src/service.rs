@@ -163,10 +163,34 @@ fn notify(state: &[sd_notify::NotifyState]) {
     }
 }
 
+/// Lets urdmad open as many descriptors as its hard limit allows: each direct connection
+/// holds five (its socket, its filter's program and maps), and a service manager's soft
+/// limit (1,024) is below what `direct_max` allows.
+fn raise_open_files() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: l is a valid rlimit, read then written back.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            let was = l.rlim_cur;
+            l.rlim_cur = l.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                tracing::debug!(
+                    "open files stay at {was}: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+    }
+}
+
 /// Runs the daemon until SIGTERM/SIGINT. `Err` is one line naming what went wrong; by then
 /// everything that was created has been removed again.
 pub fn run(cfg: Config) -> Result<(), ServiceError> {
     install_signal_handlers();
+    raise_open_files();
     eal::check_hugepages(cfg.daemon.memory_mb)?;
     let prefix = cfg.daemon.file_prefix.clone();
     eal::check_no_other_primary(&prefix)?;

@@ -324,18 +324,24 @@ impl<T: Ready> Drop for SocketKeeper<T> {
     }
 }
 
-fn run<T: Ready>(shared: &Shared<T>, make: &Make<T>) {
-    // The keeper's work is waiting for grace periods. At the idle policy its wake-ups (a
-    // socket taken, one given back) never take the CPU from urdmad's forwarding thread,
-    // which is in the middle of a hand-over when it takes a socket.
+/// Puts the calling thread at the idle policy, where the work done ahead of need (the
+/// keeper's, the filters' stock) never takes the CPU from urdmad's forwarding thread.
+pub fn idle_policy(who: &str) {
     let idle = libc::sched_param { sched_priority: 0 };
     // SAFETY: a valid sched_param; 0 is the calling thread.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) } != 0 {
         tracing::debug!(
-            "socket keeper stays at the normal policy: {}",
+            "{who} stays at the normal policy: {}",
             io::Error::last_os_error()
         );
     }
+}
+
+fn run<T: Ready>(shared: &Shared<T>, make: &Make<T>) {
+    // The keeper's work is waiting for grace periods. At the idle policy its wake-ups (a
+    // socket taken, one given back) never take the CPU from urdmad's forwarding thread,
+    // which is in the middle of a hand-over when it takes a socket.
+    idle_policy("socket keeper");
     let mut s = shared.state.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         match s.next(Instant::now()) {

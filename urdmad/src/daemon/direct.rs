@@ -34,6 +34,10 @@ pub(super) struct DirectPort {
 /// The filters of connections that ended, used again once their sockets are gone.
 pub(super) type Filters = FilterPool<FlowFilter>;
 
+/// Filters loaded at start, so that the first connections of a burst load none. Each holds
+/// four descriptors.
+pub(super) const FILTER_STOCK: usize = 32;
+
 /// A connection's filter with its own bell word.
 pub(super) struct Bell {
     pub(super) filter: FlowFilter,
