@@ -311,7 +311,7 @@ impl Daemon {
         // also uses the filters of closed connections again.
         let filters = Arc::new(direct::Filters::default());
         if cfg.ports.iter().any(|p| p.direct) {
-            if let Err(e) = filters.stock(direct::FILTER_STOCK, FlowFilter::new) {
+            if let Err(e) = filters.stock(direct::FILTER_STOCK, || FlowFilter::new(true)) {
                 tracing::debug!("no stock of filters: {e}");
             }
         }

@@ -8,8 +8,8 @@
 //! only when its socket has left the kernel's list of packet sockets (sock_diag: its last
 //! descriptor closed, wherever it was), and after one RCU grace period more, by when no
 //! frame that the socket's receive path had begun to take can still be inside the filter.
-//! Only then is it disarmed and aimed at another connection, with that connection's own
-//! word ([`crate::flowfilter::word_map`]).
+//! Only then is it renewed (admitting nothing, with a new word) and aimed at another
+//! connection ([`crate::flowfilter::FlowFilter::renew`]).
 //!
 //! urdmad's thread only hands filters in ([`FilterPool::retire`], which never waits); the
 //! keeper's threads take them ([`FilterPool::take`]), and do the checks, which wait. The
@@ -30,7 +30,7 @@ pub const MAX_WAITING: usize = 64;
 pub struct FilterPool<F> {
     retired: Sender<(u64, F)>,
     state: Mutex<State<F>>,
-    /// Filters taken again, since urdmad started.
+    /// Filters freed for use again, since urdmad started.
     reused: AtomicU64,
 }
 
@@ -72,11 +72,30 @@ impl<F> FilterPool<F> {
         live: impl FnOnce() -> io::Result<HashSet<u64>>,
         grace: impl FnOnce() -> io::Result<()>,
     ) -> Option<F> {
-        let f = self.take_gone(live, grace);
-        if f.is_some() {
-            self.reused.fetch_add(1, Ordering::Relaxed);
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(f) = s.free.pop() {
+            return Some(f);
         }
-        f
+        while let Ok(r) = s.retired.try_recv() {
+            s.waiting.push_back(r);
+        }
+        while s.waiting.len() > MAX_WAITING {
+            s.waiting.pop_front();
+        }
+        if s.waiting.is_empty() {
+            return None;
+        }
+        let live = live().ok()?;
+        let (gone, waiting): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut s.waiting)
+            .into_iter()
+            .partition(|(cookie, _)| !live.contains(cookie));
+        s.waiting = waiting;
+        if gone.is_empty() || grace().is_err() {
+            return None;
+        }
+        self.reused.fetch_add(gone.len() as u64, Ordering::Relaxed);
+        s.free = gone.into_iter().map(|(_, f)| f).collect();
+        s.free.pop()
     }
 
     /// Loads `count` filters with `load` into the free ones, on a thread of its own at the
@@ -112,39 +131,9 @@ impl<F> FilterPool<F> {
             .map(drop)
     }
 
-    /// Filters taken again so far (read without the lock).
+    /// Filters freed for use again so far, their sockets gone (read without the lock).
     pub fn reused(&self) -> u64 {
         self.reused.load(Ordering::Relaxed)
-    }
-
-    fn take_gone(
-        &self,
-        live: impl FnOnce() -> io::Result<HashSet<u64>>,
-        grace: impl FnOnce() -> io::Result<()>,
-    ) -> Option<F> {
-        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(f) = s.free.pop() {
-            return Some(f);
-        }
-        while let Ok(r) = s.retired.try_recv() {
-            s.waiting.push_back(r);
-        }
-        while s.waiting.len() > MAX_WAITING {
-            s.waiting.pop_front();
-        }
-        if s.waiting.is_empty() {
-            return None;
-        }
-        let live = live().ok()?;
-        let (gone, waiting): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut s.waiting)
-            .into_iter()
-            .partition(|(cookie, _)| !live.contains(cookie));
-        s.waiting = waiting;
-        if gone.is_empty() || grace().is_err() {
-            return None;
-        }
-        s.free = gone.into_iter().map(|(_, f)| f).collect();
-        s.free.pop()
     }
 
     /// (waiting for their sockets to go, free): for the status.

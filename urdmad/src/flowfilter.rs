@@ -51,18 +51,21 @@ const ADDR_REMOTE: i16 = 8;
 const ADDRS_SIZE: u32 = 12;
 
 /// A connection's filter and the maps it uses: the verdicts urdma.ko reads, the
-/// connection's addresses, and the slot that holds the process's [`bell`] word.
+/// connection's addresses, and the process's [`bell`] word.
 ///
 /// The program is loaded before the connection is known ([`FlowFilter::new`]), because the
 /// kernel's verifier takes milliseconds under emulation (3.2-3.4 ms per load in the
 /// emulated bed, on both ends of every connection's setup): urdmad's socket keeper makes
 /// filters ready with its sockets. [`FlowFilter::aim`] then gives it the connection's
-/// addresses and word; until then it admits nothing.
+/// addresses; until then it admits nothing.
 ///
-/// A filter serves one socket at a time and, once that socket is gone, another
-/// ([`crate::filter_pool`]): nothing of it reaches a process but the word, which is the
-/// connection's own ([`word_map`]), so a process that kept its word mapped can never touch
-/// a later connection's.
+/// A filter made to be used again ([`crate::filter_pool`]) serves one socket at a time
+/// and, once that socket is gone, another. Nothing of it reaches a process but the word,
+/// which is each connection's own ([`FlowFilter::renew`]), so a process that kept its word
+/// mapped can never touch a later connection's. Its program reads the word through a
+/// one-slot map of maps; putting a word there makes the kernel wait for an RCU grace period
+/// (tens of milliseconds under emulation), which the keeper's threads do, never a
+/// connection's path.
 pub struct FlowFilter {
     prog: OwnedFd,
     /// For urdma.ko (`BELL`).
@@ -70,12 +73,16 @@ pub struct FlowFilter {
     /// urdmad's alone: a process that could write it could admit other connections'
     /// frames to its socket.
     addrs: OwnedFd,
-    /// Slot 0: the word of the connection the filter is aimed at, none before.
-    words: OwnedFd,
+    /// The connection's word, for the process.
+    word: OwnedFd,
+    /// The one-slot map of maps that holds `word`, for a filter made to be used again.
+    slot: Option<OwnedFd>,
+    /// Aimed at a connection since its word was made.
+    aimed: bool,
 }
 
 /// A connection's [`bell`] word: a map of its own, which the process maps.
-pub fn word_map() -> io::Result<OwnedFd> {
+fn word_map() -> io::Result<OwnedFd> {
     ebpf::create_map(
         BPF_MAP_TYPE_ARRAY,
         4,
@@ -86,32 +93,60 @@ pub fn word_map() -> io::Result<OwnedFd> {
     )
 }
 
+/// Puts `word` in `slot`; waits for an RCU grace period (the kernel does, for a map of maps).
+fn put_word(slot: &OwnedFd, word: &OwnedFd) -> io::Result<()> {
+    ebpf::map_update(
+        slot,
+        &0u32.to_ne_bytes(),
+        &word.as_raw_fd().to_ne_bytes(),
+        0,
+    )
+}
+
 impl FlowFilter {
-    /// Creates the maps and loads the program, aimed at no connection yet.
-    pub fn new() -> io::Result<FlowFilter> {
-        let words = ebpf::create_map_of_maps(1, &word_map()?, "urdma_words")?;
+    /// Creates the maps and loads the program, with a word and aimed at no connection yet.
+    /// `again`: made to be used again ([`FlowFilter::renew`]), which costs a grace period
+    /// here; otherwise it reads its word directly and serves one connection only.
+    pub fn new(again: bool) -> io::Result<FlowFilter> {
+        let word = word_map()?;
+        let slot = if again {
+            let slot = ebpf::create_map_of_maps(1, &word, "urdma_words")?;
+            put_word(&slot, &word)?;
+            Some(slot)
+        } else {
+            None
+        };
         let verdicts = ebpf::create_map(BPF_MAP_TYPE_PERCPU_ARRAY, 4, 4, 1, 0, "urdma_verdict")?;
         let addrs = ebpf::create_map(BPF_MAP_TYPE_ARRAY, 4, ADDRS_SIZE, 1, 0, "urdma_flow")?;
-        let insns = program(words.as_raw_fd(), verdicts.as_raw_fd(), addrs.as_raw_fd());
+        let source = match &slot {
+            Some(s) => Word::Slot(s.as_raw_fd()),
+            None => Word::Map(word.as_raw_fd()),
+        };
+        let insns = program(source, verdicts.as_raw_fd(), addrs.as_raw_fd());
         let prog = ebpf::load_socket_filter(&insns, "urdma_flow")?;
         Ok(FlowFilter {
             prog,
             verdicts,
             addrs,
-            words,
+            word,
+            slot,
+            aimed: false,
         })
     }
 
-    /// Makes the filter admit the frames of the connection from `remote` to `local` and
-    /// read `word` ([`word_map`]), before it is attached to the connection's socket.
-    pub fn aim(
-        &self,
-        local: &SocketAddrV4,
-        remote: &SocketAddrV4,
-        word: &OwnedFd,
-    ) -> io::Result<()> {
-        let slot = 0u32.to_ne_bytes();
-        ebpf::map_update(&self.words, &slot, &word.as_raw_fd().to_ne_bytes(), 0)?;
+    /// The connection's word, which the process maps.
+    pub fn word(&self) -> &OwnedFd {
+        &self.word
+    }
+
+    /// Whether the filter can serve another connection once its socket is gone.
+    pub fn can_renew(&self) -> bool {
+        self.slot.is_some()
+    }
+
+    /// Makes the filter admit the frames of the connection from `remote` to `local`, before
+    /// it is attached to the connection's socket. Waits for nothing.
+    pub fn aim(&mut self, local: &SocketAddrV4, remote: &SocketAddrV4) -> io::Result<()> {
         let mut v = [0u8; ADDRS_SIZE as usize];
         let words = [
             direct::ports_word(remote.port(), local.port()),
@@ -121,18 +156,34 @@ impl FlowFilter {
         for (chunk, w) in v.chunks_exact_mut(4).zip(words) {
             chunk.copy_from_slice(&w.to_ne_bytes());
         }
+        self.aimed = true;
         ebpf::map_update(&self.addrs, &0u32.to_ne_bytes(), &v, 0)
     }
 
-    /// Back to admitting nothing, with no word: for a filter whose socket is gone, before it
-    /// is aimed again.
-    pub fn disarm(&self) -> io::Result<()> {
-        let slot = 0u32.to_ne_bytes();
-        ebpf::map_update(&self.addrs, &slot, &[0u8; ADDRS_SIZE as usize], 0)?;
-        match ebpf::map_delete(&self.words, &slot) {
-            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
-            _ => Ok(()),
+    /// For a filter whose socket is gone, before it is aimed again: it admits nothing, and
+    /// reads a new word. Waits for an RCU grace period; nothing to do for a filter never
+    /// aimed.
+    pub fn renew(&mut self) -> io::Result<()> {
+        if !self.aimed {
+            return Ok(());
         }
+        let Some(slot) = &self.slot else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a filter that reads its word directly serves one connection",
+            ));
+        };
+        ebpf::map_update(
+            &self.addrs,
+            &0u32.to_ne_bytes(),
+            &[0u8; ADDRS_SIZE as usize],
+            0,
+        )?;
+        let word = word_map()?;
+        put_word(slot, &word)?;
+        self.word = word;
+        self.aimed = false;
+        Ok(())
     }
 
     /// Puts the filter on socket `fd` (see [`direct::hand_over_with`]).
@@ -156,26 +207,36 @@ pub fn hush_map() -> io::Result<OwnedFd> {
 
 /// The program. Packet loads past the frame's end would end it with 0 (drop), so the
 /// classification checks the length first: a bare ACK is admitted all the same.
-/// Goes on only if the frame's PSN is the one the process waits for (the word in slot 0 of
-/// the `words` map), else to `none`. Leaves R0 = the word's address, R1 = its low half
-/// (the PSN), R2 = its high half (non-zero), R9 = the frame's PSN.
-fn awaited(a: &mut Asm, words: RawFd, none: Label) -> &mut Asm {
-    a.ld_ind(W, R7, TRP_PSN)
-        .op(insn(ALU64 | MOV | X, R9, R0, 0, 0))
-        .lookup_entry0(words)
-        .if_null(none)
-        .lookup_entry0_of(R0)
-        .if_null(none)
-        .op(insn(LDX | DW | MEM, R1, R0, 0, 0))
-        .op(insn(ALU64 | MOV | X, R2, R1, 0, 0))
-        .op(insn(ALU64 | RSH | K, R2, 0, 0, 32))
-        .jump(insn(JMP | JEQ | K, R2, 0, 0, 0), none)
-        // Its low half, zero-extended.
-        .op(insn(ALU | MOV | X, R1, R1, 0, 0))
-        .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
+/// Where a program finds the word.
+#[derive(Clone, Copy)]
+enum Word {
+    /// In this map.
+    Map(RawFd),
+    /// In the map in slot 0 of this map of maps.
+    Slot(RawFd),
 }
 
-fn program(words: RawFd, verdicts: RawFd, addrs: RawFd) -> Vec<Insn> {
+/// Goes on only if the frame's PSN is the one the process waits for (the word's), else to
+/// `none`. Leaves R0 = the word's address, R1 = its low half (the PSN), R2 = its high half
+/// (non-zero), R9 = the frame's PSN.
+fn awaited(a: &mut Asm, word: Word, none: Label) -> &mut Asm {
+    a.ld_ind(W, R7, TRP_PSN)
+        .op(insn(ALU64 | MOV | X, R9, R0, 0, 0));
+    match word {
+        Word::Map(fd) => a.lookup_entry0(fd),
+        Word::Slot(fd) => a.lookup_entry0(fd).if_null(none).lookup_entry0_of(R0),
+    }
+    .if_null(none)
+    .op(insn(LDX | DW | MEM, R1, R0, 0, 0))
+    .op(insn(ALU64 | MOV | X, R2, R1, 0, 0))
+    .op(insn(ALU64 | RSH | K, R2, 0, 0, 32))
+    .jump(insn(JMP | JEQ | K, R2, 0, 0, 0), none)
+    // Its low half, zero-extended.
+    .op(insn(ALU | MOV | X, R1, R1, 0, 0))
+    .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
+}
+
+fn program(word: Word, verdicts: RawFd, addrs: RawFd) -> Vec<Insn> {
     use direct::{DADDR_AT, ETHERTYPE_AT, FRAG_AT, IHL_AT, PORTS_AT_X, PROTO_AT, SADDR_AT};
     let mut a = Asm::default();
     let drop = a.label();
@@ -252,11 +313,11 @@ fn program(words: RawFd, verdicts: RawFd, addrs: RawFd) -> Vec<Insn> {
         verdict::RECV_SOLICITED as i32,
     ));
     a.bind(psn);
-    awaited(&mut a, words, none).jump(insn(JMP | JA, 0, 0, 0, 0), store);
+    awaited(&mut a, word, none).jump(insn(JMP | JA, 0, 0, 0, 0), store);
     // The PSN the process waits for, and its sender's next follows at once: wait for
     // that one instead, and wake nobody for this one.
     a.bind(follows);
-    awaited(&mut a, words, none)
+    awaited(&mut a, word, none)
         // The next PSN, wrapping in 32 bits, with the word's high half as it was.
         .op(insn(ALU | ADD | K, R1, 0, 0, 1))
         .op(insn(ALU64 | LSH | K, R2, 0, 0, 32))
@@ -314,20 +375,24 @@ mod tests {
 
     struct Bed {
         f: FlowFilter,
-        word: OwnedFd,
     }
 
     impl Bed {
+        /// A filter aimed at the connection: one to be used again (its word through a
+        /// slot) with `again`.
+        fn of(again: bool) -> Bed {
+            let mut f = FlowFilter::new(again).expect("load the flow filter (needs CAP_BPF)");
+            f.aim(&sa(LOCAL), &sa(REMOTE)).unwrap();
+            Bed { f }
+        }
+
         fn new() -> Bed {
-            let f = FlowFilter::new().expect("load the flow filter (needs CAP_BPF)");
-            let word = word_map().unwrap();
-            f.aim(&sa(LOCAL), &sa(REMOTE), &word).unwrap();
-            Bed { f, word }
+            Bed::of(true)
         }
 
         fn publish(&self, next: Option<u32>) {
             ebpf::map_update(
-                &self.word,
+                self.f.word(),
                 &0u32.to_ne_bytes(),
                 &bell::word(next).to_ne_bytes(),
                 0,
@@ -338,7 +403,7 @@ mod tests {
         /// The word as the filter left it.
         fn word(&self) -> u64 {
             let mut v = [0u8; 8];
-            ebpf::map_lookup(&self.word, &0u32.to_ne_bytes(), &mut v).unwrap();
+            ebpf::map_lookup(self.f.word(), &0u32.to_ne_bytes(), &mut v).unwrap();
             u64::from_ne_bytes(v)
         }
 
@@ -365,7 +430,12 @@ mod tests {
     /// Runs in the kernel: needs `CAP_BPF`, as urdmad does.
     #[test]
     fn admits_the_connection_s_frames_only() {
-        let b = Bed::new();
+        for again in [false, true] {
+            admits_only(&Bed::of(again));
+        }
+    }
+
+    fn admits_only(b: &Bed) {
         let send = data(9, 0x41, 0x43, 0);
         assert_eq!(b.run(&udp(&send)).0, ACCEPT);
         for (s, d) in [
@@ -398,18 +468,19 @@ mod tests {
     /// frame whose addresses and ports are all zero, the map's values before `aim`.
     #[test]
     fn admits_nothing_before_it_is_aimed() {
-        let b = Bed {
-            f: FlowFilter::new().expect("load the flow filter (needs CAP_BPF)"),
-            word: word_map().unwrap(),
-        };
-        let send = data(9, 0x41, 0x43, 0);
-        b.publish(Some(9));
-        for (s, d) in [(REMOTE, LOCAL), ("0.0.0.0:0", "0.0.0.0:0")] {
-            let f = frame::udp_frame([2; 6], [4; 6], sa(s), sa(d), &send);
-            assert_eq!(b.run(&f), (0, 0), "{s} -> {d}");
+        for again in [false, true] {
+            let mut b = Bed {
+                f: FlowFilter::new(again).expect("load the flow filter (needs CAP_BPF)"),
+            };
+            let send = data(9, 0x41, 0x43, 0);
+            b.publish(Some(9));
+            for (s, d) in [(REMOTE, LOCAL), ("0.0.0.0:0", "0.0.0.0:0")] {
+                let f = frame::udp_frame([2; 6], [4; 6], sa(s), sa(d), &send);
+                assert_eq!(b.run(&f), (0, 0), "{s} -> {d}");
+            }
+            b.f.aim(&sa(LOCAL), &sa(REMOTE)).unwrap();
+            assert_eq!(b.run(&udp(&send)), (ACCEPT, verdict::RECV));
         }
-        b.f.aim(&sa(LOCAL), &sa(REMOTE), &b.word).unwrap();
-        assert_eq!(b.run(&udp(&send)), (ACCEPT, verdict::RECV));
     }
 
     /// A filter aimed again, after its socket is gone, serves the new connection only and
@@ -420,12 +491,12 @@ mod tests {
         let send = |psn| udp(&data(psn, 0x41, 0x43, 0));
         b.publish(Some(9));
         assert_eq!(b.run(&send(9)), (ACCEPT, verdict::RECV));
-        b.f.disarm().unwrap();
-        b.f.disarm().unwrap();
-        assert_eq!(b.run(&send(9)), (0, 0), "disarmed: nothing admitted");
-        let old = std::mem::replace(&mut b.word, word_map().unwrap());
+        let old = b.f.word().try_clone().unwrap();
+        b.f.renew().unwrap();
+        assert_eq!(b.run(&send(9)), (0, 0), "renewed: nothing admitted");
+        b.f.renew().unwrap();
         const NEW: &str = "10.0.0.3:45000";
-        b.f.aim(&sa(LOCAL), &sa(NEW), &b.word).unwrap();
+        b.f.aim(&sa(LOCAL), &sa(NEW)).unwrap();
         assert_eq!(b.run(&send(9)), (0, 0), "the last connection's frame");
         let new = |psn| {
             frame::udp_frame(
@@ -447,6 +518,9 @@ mod tests {
         assert_eq!(b.run(&new(9)), (ACCEPT, verdict::NONE));
         b.publish(Some(9));
         assert_eq!(b.run(&new(9)), (ACCEPT, verdict::RECV));
+        // One that reads its word directly serves one connection.
+        let mut once = Bed::of(false);
+        assert!(!once.f.can_renew() && once.f.renew().is_err());
     }
 
     #[test]

@@ -420,7 +420,7 @@ impl Daemon {
             if let Some((verdicts, word)) = &d.bell {
                 let hush = self.client_hush(i);
                 if self.bell(dev, qpn, d.socket, *verdicts, hush) {
-                    fds.push(word.as_raw_fd());
+                    fds.push(*word);
                     fds.extend(hush);
                 }
             }

@@ -5,7 +5,7 @@
 use super::Daemon;
 use crate::direct::{self, Geometry};
 use crate::filter_pool::{self, FilterPool};
-use crate::flowfilter::{self, FlowFilter};
+use crate::flowfilter::FlowFilter;
 use crate::netlink::{self, Netlink};
 use crate::portfilter::{PortFilter, MAX_DIRECT};
 use crate::proto::FlowSpec;
@@ -38,19 +38,14 @@ pub(super) type Filters = FilterPool<FlowFilter>;
 /// four descriptors.
 pub(super) const FILTER_STOCK: usize = 32;
 
-/// A connection's filter with its own bell word.
-pub(super) struct Bell {
-    pub(super) filter: FlowFilter,
-    pub(super) word: OwnedFd,
-}
-
 /// What urdmad's socket keeper makes ready for a connection: the socket with its rings and
 /// the filter with its program loaded, the two parts of a hand-over that wait (grace
 /// periods; the verifier).
 pub(super) struct Prepared {
     sock: OwnedFd,
-    /// Why there is none: the connection then has the classic filter and no bell.
-    bell: std::io::Result<Bell>,
+    /// The filter, with the connection's bell word; why there is none: the connection then
+    /// has the classic filter and no bell.
+    filter: std::io::Result<FlowFilter>,
 }
 
 impl Ready for Prepared {
@@ -59,33 +54,32 @@ impl Ready for Prepared {
     }
 }
 
-/// Makes a socket with rings of `geo` and a bell ready: its filter one of `filters` whose
-/// socket is gone if there is one (the socket keeper's threads), else loaded.
+/// Makes a socket with rings of `geo` and a filter ready. The socket keeper's threads
+/// (`filters` given) take a filter of `filters` if one is free, renewed, else load one to
+/// be used again; both wait for a grace period. urdmad's thread loads one that serves one
+/// connection, without that wait.
 pub(super) fn prepare(geo: Geometry, filters: Option<&Filters>) -> std::io::Result<Prepared> {
     Ok(Prepared {
         sock: direct::prepare_socket(geo)?,
-        bell: bell(filters),
+        filter: filter(filters),
     })
 }
 
-fn bell(filters: Option<&Filters>) -> std::io::Result<Bell> {
-    let used = filters.and_then(|f| {
-        f.take(
-            || Netlink::sock_diag()?.packet_cookies(),
-            filter_pool::grace_period,
-        )
-    });
-    let filter = match used {
-        Some(f) => {
-            f.disarm()?;
-            f
-        }
-        None => FlowFilter::new()?,
+fn filter(filters: Option<&Filters>) -> std::io::Result<FlowFilter> {
+    let Some(filters) = filters else {
+        return FlowFilter::new(false);
     };
-    Ok(Bell {
-        filter,
-        word: flowfilter::word_map()?,
-    })
+    let taken = filters.take(
+        || Netlink::sock_diag()?.packet_cookies(),
+        filter_pool::grace_period,
+    );
+    match taken {
+        Some(mut f) => {
+            f.renew()?;
+            Ok(f)
+        }
+        None => FlowFilter::new(true),
+    }
 }
 
 /// A connection put on the direct path, for its hand-over.
@@ -94,8 +88,9 @@ pub(super) struct OnDirect {
     pub(super) socket: RawFd,
     /// Frames of each of its rings.
     pub(super) frames: u32,
-    /// With a bell: its verdicts map, for urdma.ko, and its word, for the process.
-    pub(super) bell: Option<(RawFd, OwnedFd)>,
+    /// With a bell: its verdicts map, for urdma.ko, and its word, for the process (urdmad
+    /// keeps both with the flow).
+    pub(super) bell: Option<(RawFd, RawFd)>,
 }
 
 /// Why a connection does not take the direct path.
@@ -197,11 +192,11 @@ impl DirectPort {
         local: SocketAddrV4,
         remote: SocketAddrV4,
         geo: Geometry,
-    ) -> Result<(OwnedFd, Option<Bell>), NotDirect> {
+    ) -> Result<(OwnedFd, Option<FlowFilter>), NotDirect> {
         if self.flows.len() >= self.max {
             return Err(NotDirect::Full(self.max));
         }
-        let Prepared { sock: fd, bell } = match self.keeper.take(geo) {
+        let Prepared { sock: fd, filter } = match self.keeper.take(geo) {
             Some(p) => p,
             // None ready (the first connection, or more at once than the keeper holds):
             // made here, waiting for the grace periods and the verifier, and not for the
@@ -209,15 +204,15 @@ impl DirectPort {
             None => prepare(geo, None)
                 .map_err(|e| NotDirect::Failed(format!("cannot open its socket: {e}")))?,
         };
-        let bell = match bell.and_then(|b| b.filter.aim(&local, &remote, &b.word).map(|()| b)) {
-            Ok(b) => Some(b),
+        let bell = match filter.and_then(|mut f| f.aim(&local, &remote).map(|()| f)) {
+            Ok(f) => Some(f),
             Err(e) => {
                 tracing::warn!(flow, "no bell for this connection: {e}");
                 None
             }
         };
         match &bell {
-            Some(b) => direct::hand_over_with(&fd, self.ifindex, |fd| b.filter.attach(fd)),
+            Some(f) => direct::hand_over_with(&fd, self.ifindex, |fd| f.attach(fd)),
             None => direct::hand_over(&fd, self.ifindex, &local, &remote),
         }
         .map_err(|e| NotDirect::Failed(format!("cannot bind its socket: {e}")))?;
@@ -235,7 +230,9 @@ impl DirectPort {
             }
         }
         if let (Some(filter), Some(cookie)) = (sock.filter, sock.cookie) {
-            self.filters.retire(cookie, filter);
+            if filter.can_renew() {
+                self.filters.retire(cookie, filter);
+            }
         }
         self.keeper.close(sock.fd);
     }
@@ -271,18 +268,14 @@ impl Daemon {
         match dp.open(flow, spec.local, remote, geo) {
             Ok((fd, bell)) => {
                 let raw = fd.as_raw_fd();
-                let (filter, maps) = match bell {
-                    Some(Bell { filter, word }) => {
-                        let verdicts = filter.verdicts.as_raw_fd();
-                        (Some(filter), Some((verdicts, word)))
-                    }
-                    None => (None, None),
-                };
+                let maps = bell
+                    .as_ref()
+                    .map(|f| (f.verdicts.as_raw_fd(), f.word().as_raw_fd()));
                 // Without it, the filter is not used again.
                 let cookie = netlink::socket_cookie(raw).ok();
                 rec.direct = Some(DirectSock {
                     fd,
-                    filter,
+                    filter: bell,
                     cookie,
                     rx_packets: Cell::new(0),
                     rx_drops: Cell::new(0),
