@@ -24,7 +24,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Most filters kept waiting for their sockets to go. One that a newer one pushes out is
-/// dropped: the kernel frees it with its socket. Each holds four descriptors in urdmad.
+/// dropped: the kernel frees it with its socket. Each holds five descriptors in urdmad.
 pub const MAX_WAITING: usize = 64;
 
 pub struct FilterPool<F> {

@@ -164,7 +164,7 @@ fn notify(state: &[sd_notify::NotifyState]) {
 }
 
 /// Lets urdmad open as many descriptors as its hard limit allows: each direct connection
-/// holds five (its socket, its filter's program and maps), and a service manager's soft
+/// holds six (its socket, its filter's program and four maps), and a service manager's soft
 /// limit (1,024) is below what `direct_max` allows.
 fn raise_open_files() {
     let mut l = libc::rlimit {

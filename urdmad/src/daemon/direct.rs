@@ -35,7 +35,7 @@ pub(super) struct DirectPort {
 pub(super) type Filters = FilterPool<FlowFilter>;
 
 /// Filters loaded at start, so that the first connections of a burst load none. Each holds
-/// four descriptors.
+/// five descriptors (its program and four maps).
 pub(super) const FILTER_STOCK: usize = 32;
 
 /// What urdmad's socket keeper makes ready for a connection: the socket with its rings and
