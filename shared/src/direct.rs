@@ -220,21 +220,35 @@ pub fn bound_ifindex(fd: RawFd) -> i32 {
     }
 }
 
-/// The address family of the socket `fd` (`SO_DOMAIN`); None for what is not a socket.
-pub fn socket_domain(fd: RawFd) -> Option<i32> {
-    let mut v: i32 = 0;
-    let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+/// A `SOL_SOCKET` option of socket `fd` whose value is a plain number `T`.
+fn socket_option<T: Copy + Default>(fd: RawFd, name: libc::c_int) -> io::Result<T> {
+    let mut v = T::default();
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
     // SAFETY: valid out-pointers of the given size.
     let r = unsafe {
         libc::getsockopt(
             fd,
             libc::SOL_SOCKET,
-            libc::SO_DOMAIN,
-            (&mut v as *mut i32).cast(),
+            name,
+            (&mut v as *mut T).cast(),
             &mut len,
         )
     };
-    (r == 0).then_some(v)
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v)
+}
+
+/// The address family of the socket `fd` (`SO_DOMAIN`); None for what is not a socket.
+pub fn socket_domain(fd: RawFd) -> Option<i32> {
+    socket_option(fd, libc::SO_DOMAIN).ok()
+}
+
+/// The cookie the kernel gives socket `fd` (`SO_COOKIE`): unique among the sockets of this
+/// boot, never reused.
+pub fn socket_cookie(fd: RawFd) -> io::Result<u64> {
+    socket_option(fd, libc::SO_COOKIE)
 }
 
 /// The index of the interface `name` in the calling thread's network namespace.

@@ -420,7 +420,7 @@ impl Netlink {
         Ok(found)
     }
 
-    /// The cookies ([`socket_cookie`]) of the packet sockets of this network namespace: a
+    /// The cookies ([`crate::direct::socket_cookie`]) of the packet sockets of this network namespace: a
     /// socket is listed until its last descriptor is closed.
     pub fn packet_cookies(&mut self) -> io::Result<std::collections::HashSet<u64>> {
         let seq = self.next_seq();
@@ -448,27 +448,6 @@ pub fn ifindex(name: &str) -> io::Result<u32> {
         0 => Err(io::Error::last_os_error()),
         i => Ok(i),
     }
-}
-
-/// The cookie the kernel gives socket `fd`: unique among the sockets of this boot, never
-/// reused.
-pub fn socket_cookie(fd: std::os::fd::RawFd) -> io::Result<u64> {
-    let mut cookie = 0u64;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: cookie and len outlive the call, and len is cookie's size.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cookie)
 }
 
 #[cfg(test)]
@@ -696,7 +675,7 @@ mod tests {
         assert!(fd >= 0, "{}", io::Error::last_os_error());
         // SAFETY: just made, ours alone.
         let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-        let cookie = socket_cookie(sock.as_raw_fd()).unwrap();
+        let cookie = crate::direct::socket_cookie(sock.as_raw_fd()).unwrap();
         // SAFETY: a plain dup; the copy is owned.
         let copy = unsafe { OwnedFd::from_raw_fd(libc::dup(sock.as_raw_fd())) };
         let mut nl = Netlink::sock_diag().unwrap();

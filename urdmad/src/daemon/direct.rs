@@ -6,7 +6,7 @@ use super::Daemon;
 use crate::direct::{self, Geometry};
 use crate::filter_pool::{self, FilterPool};
 use crate::flowfilter::FlowFilter;
-use crate::netlink::{self, Netlink};
+use crate::netlink::Netlink;
 use crate::portfilter::{PortFilter, MAX_DIRECT};
 use crate::proto::FlowSpec;
 use crate::socket_keeper::{Ready, SocketKeeper};
@@ -272,7 +272,7 @@ impl Daemon {
                     .as_ref()
                     .map(|f| (f.verdicts.as_raw_fd(), f.word().as_raw_fd()));
                 // Without it, the filter is not used again.
-                let cookie = netlink::socket_cookie(raw).ok();
+                let cookie = direct::socket_cookie(raw).ok();
                 rec.direct = Some(DirectSock {
                     fd,
                     filter: bell,
