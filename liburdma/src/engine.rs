@@ -213,6 +213,8 @@ struct Qp {
     /// A round moved datagrams before `figures_due`: the next round after it copies them,
     /// so the table is never left behind by the end of a burst.
     figures_stale: bool,
+    /// How long the application takes to answer what it reads.
+    reply: ReplyTime,
 }
 
 /// How far a QP's connection has got towards `Notice::Closed`.
@@ -351,6 +353,7 @@ impl Engine {
                 end: End::Open,
                 figures_due: None,
                 figures_stale: false,
+                reply: ReplyTime::default(),
             },
         );
     }
@@ -582,16 +585,28 @@ impl Engine {
         let n = self.cqs.get_mut(&key)?.poll(out);
         for wc in &out[..n] {
             if wc.opcode & rdma_core_sys::IBV_WC_RECV != 0 {
-                if let Some(conn) = self
-                    .qps
-                    .get_mut(&(key.0, wc.qp_num))
-                    .and_then(|q| q.conn.as_mut())
-                {
-                    conn.reader_saw(now);
+                if let Some(qp) = self.qps.get_mut(&(key.0, wc.qp_num)) {
+                    if let Some(conn) = qp.conn.as_mut() {
+                        conn.reader_saw(now);
+                        qp.reply.read(now);
+                    }
                 }
             }
         }
         Some(n)
+    }
+
+    /// The application posted a request to QP `key` at `now`: if it answers a receive it
+    /// read, the ACK of its next receives waits as long as its answers take
+    /// ([`reply::ReplyTime`]).
+    pub fn request_posted(&mut self, key: QpKey, now: Instant) {
+        if let Some(qp) = self.qps.get_mut(&key) {
+            if let Some(conn) = qp.conn.as_mut() {
+                if let Some(hold) = qp.reply.posted(now, conn.reader_bound()) {
+                    conn.set_ack_hold(hold);
+                }
+            }
+        }
     }
 
     pub fn arm_cq(&mut self, key: CqKey, solicited_only: bool) -> bool {
@@ -817,7 +832,9 @@ impl Engine {
     }
 }
 
+mod reply;
 mod round;
+use reply::ReplyTime;
 #[cfg(test)]
 use round::sends_first;
 use round::{progress_one, Attended};

@@ -380,13 +380,17 @@ impl Shared {
         req: &SendReq<'_>,
         now: Instant,
     ) -> Result<(), PostFail> {
-        match self.engine.post_send(key, req) {
+        let r = match self.engine.post_send(key, req) {
             Err(PostFail::NotConnected) => {
                 self.catch_up(now);
                 self.engine.post_send(key, req)
             }
             r => r,
+        };
+        if r.is_ok() {
+            self.engine.request_posted(key, now);
         }
+        r
     }
 
     /// The application is about to block (`ibv_req_notify_cq`, then

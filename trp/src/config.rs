@@ -25,7 +25,9 @@ pub struct Config {
     /// separate ACK went out. The ACK also ended the peer's wait for its completion while
     /// the reply was still on its way, so that a peer waiting on its memory rather than
     /// its CQ needed its helper thread scheduled to place the reply. Zero: no hold.
-    /// [`crate::Connection::release_held_ack`] ends the hold where no reply can come.
+    /// [`crate::Connection::release_held_ack`] ends the hold where no reply can come;
+    /// [`crate::Connection::set_ack_hold`] lengthens it for an application measured to
+    /// take longer to reply.
     pub ack_hold: Duration,
     /// The retransmission timeout until the first RTT sample. Every packet of a connection's
     /// first flight is timed by it, and a short run over many connections at once is mostly

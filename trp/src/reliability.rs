@@ -833,6 +833,11 @@ impl Receiver {
         }
     }
 
+    /// How long an asked-for ACK waits for a reply, from now on.
+    pub fn set_hold(&mut self, hold: Duration) {
+        self.hold_ns = hold.as_nanos().min(u128::from(u64::MAX)) as u64;
+    }
+
     pub fn ack_deadline(&self) -> Option<Instant> {
         if self.ack_now {
             None

@@ -64,6 +64,10 @@ pub enum Event {
     Failed(FailReason),
 }
 
+/// The longest an ACK the peer asked for waits for the reply to carry it: a peer whose
+/// request is answered later gets the ACK alone, long before its retransmission timer.
+const LONGEST_HOLD: core::time::Duration = core::time::Duration::from_millis(2);
+
 /// Counters for tests and statistics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -292,9 +296,26 @@ impl Connection {
     /// that the peer's retransmission timer never runs out on it;
     /// [`Connection::reader_saw`] ends the wait.
     pub fn hold_ack_for_reader(&mut self, now: Instant) {
-        const MOST: core::time::Duration = core::time::Duration::from_millis(2);
-        let bound = (self.tx.rto() / 4).min(MOST);
-        self.rx.hold_until(now + bound);
+        self.rx.hold_until(now + self.reader_bound());
+    }
+
+    /// The longest an ACK waits for the reply of an application that has yet to see what
+    /// it answers ([`Connection::hold_ack_for_reader`]): a quarter of the RTO, at most
+    /// `LONGEST_HOLD` (2 ms).
+    pub fn reader_bound(&self) -> core::time::Duration {
+        (self.tx.rto() / 4).min(LONGEST_HOLD)
+    }
+
+    /// How long a held ACK waits for the reply once the application has seen what it
+    /// answers: `hold`, measured by the caller for an application that takes that long to
+    /// reply, never less than `Config::ack_hold` nor more than `LONGEST_HOLD`. Nothing
+    /// changes on a connection configured with no hold.
+    pub fn set_ack_hold(&mut self, hold: core::time::Duration) {
+        if self.cfg.ack_hold.is_zero() {
+            return;
+        }
+        let most = LONGEST_HOLD.max(self.cfg.ack_hold);
+        self.rx.set_hold(hold.clamp(self.cfg.ack_hold, most));
     }
 
     /// The application polled a receive completion of this connection: a held ACK waits

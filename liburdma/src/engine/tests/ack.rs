@@ -92,3 +92,78 @@ fn an_unattended_round_sends_the_ack_at_once_though_unpolled() {
     t.e.progress_unattended(t.now);
     assert_eq!(acks(&t), 1);
 }
+
+/// B answers each of A's Sends 200 us after reading it, twice trp's hold: its first answer
+/// comes after an ACK of its own; once its answer time is measured
+/// (`Engine::request_posted`), every answer carries the ACK.
+#[test]
+fn the_application_s_answer_time_is_measured_and_its_answers_carry_the_acks() {
+    let mut t = Bed::new();
+    let (mut ar, mut br) = (vec![0u8; 64], vec![0u8; 64]);
+    let (mut asb, mut bsb) = (vec![1u8; 64], vec![2u8; 64]);
+    let a_recv = region(&mut t, 1, 0x110, &mut ar, 64);
+    let b_recv = region(&mut t, 2, 0x210, &mut br, 64);
+    let a_send = region(&mut t, 1, 0x120, &mut asb, 8);
+    let b_send = region(&mut t, 2, 0x220, &mut bsb, 8);
+    t.e.post_recv(B, 1000, &b_recv).unwrap();
+    t.connect();
+    let mut alone = Vec::new();
+    for i in 0..10u64 {
+        t.e.post_recv(A, 2000 + i, &a_recv).unwrap();
+        t.e.post_send(A, &send(i, &a_send)).unwrap();
+        t.e.request_posted(A, t.now);
+        // One round sends, the next receives.
+        t.e.progress(t.now);
+        t.e.progress(t.now);
+        // B's last answer completes with the ACK that A's Send carried.
+        let wcs = t.poll(BCQ);
+        let recvs = wcs.iter().filter(|w| w.opcode == IBV_WC_RECV).count();
+        assert_eq!(
+            (wcs.len(), recvs),
+            (1 + usize::from(i > 0), 1),
+            "exchange {i}"
+        );
+        t.e.post_recv(B, 1001 + i, &b_recv).unwrap();
+        let read = t.now;
+        let before = acks(&t);
+        rounds_until(&mut t, read + 200 * US);
+        t.e.post_send(B, &send(100 + i, &b_send)).unwrap();
+        t.e.request_posted(B, t.now);
+        t.e.progress(t.now);
+        alone.push(acks(&t) - before);
+        t.e.progress(t.now);
+        let wcs = t.poll(ACQ);
+        assert_eq!(wcs.len(), 2, "A's Send and B's answer, exchange {i}");
+    }
+    assert_eq!(
+        alone[0], 1,
+        "the first answer is later than the hold: {alone:?}"
+    );
+    assert!(
+        alone[1..].iter().all(|&n| n == 0),
+        "measured, the answers carry the ACKs: {alone:?}"
+    );
+}
+
+/// A measured hold is never shorter than trp's own (`trp::Config::ack_hold`, 100 us), nor
+/// longer than the wait for an unread completion (`trp::Connection::reader_bound`).
+#[test]
+fn a_measured_hold_is_kept_between_trp_s_and_the_reader_s_bound() {
+    for measured in [US, Duration::from_millis(10)] {
+        let mut t = Bed::new();
+        let _bufs = a_send_received(&mut t);
+        let conn = t.e.qps.get_mut(&B).unwrap().conn.as_mut().unwrap();
+        conn.set_ack_hold(measured);
+        let hold = if measured == US {
+            100 * US
+        } else {
+            conn.reader_bound()
+        };
+        assert_eq!(t.poll(BCQ).len(), 1);
+        let read = t.now;
+        rounds_until(&mut t, read + (hold - 10 * US));
+        assert_eq!(acks(&t), 0, "held for {measured:?}");
+        rounds_until(&mut t, read + hold + 10 * US);
+        assert_eq!(acks(&t), 1, "{measured:?} is held for {hold:?}");
+    }
+}
