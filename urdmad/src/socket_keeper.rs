@@ -70,9 +70,21 @@ pub type Make<T> = dyn Fn(Geometry) -> io::Result<T> + Send + Sync;
 pub struct SocketKeeper<T: Ready = OwnedFd> {
     shared: Arc<Shared<T>>,
     threads: Vec<JoinHandle<()>>,
-    /// Sockets to close that found the lock taken, passed on by the next call that finds it
-    /// free. Only urdmad's thread takes this lock.
-    deferred: Mutex<Vec<(Instant, OwnedFd)>>,
+    /// What calls that found the lock taken left for the next call that finds it free to
+    /// pass on. Only urdmad's thread takes this lock.
+    deferred: Mutex<Deferred>,
+}
+
+/// Left by calls that found the keeper's lock taken.
+#[derive(Default)]
+struct Deferred {
+    /// Sockets to close.
+    closes: Vec<(Instant, OwnedFd)>,
+    /// Geometries asked for: a `take` that found the lock taken still asks for its
+    /// geometry, or the keeper would make none before urdmad's next `take` (at start, when
+    /// the keeper's threads hold the lock in turn, that was never for a process that
+    /// connected once).
+    wants: Vec<Geometry>,
 }
 
 struct Shared<T> {
@@ -146,6 +158,19 @@ impl<T: Ready> State<T> {
         match self.burst_until {
             Some(t) if now < t => self.target + self.burst,
             _ => self.target,
+        }
+    }
+
+    /// `geo` is asked for: the most recent of the geometries kept ready, whose oldest
+    /// beyond [`KINDS`] is forgotten with its ready sockets.
+    fn want(&mut self, geo: Geometry) {
+        if let Some(i) = self.wanted.iter().position(|&g| g == geo) {
+            self.wanted.remove(i);
+        }
+        self.wanted.push_front(geo);
+        while self.wanted.len() > KINDS {
+            let old = self.wanted.pop_back().expect("not empty");
+            self.ready.retain(|(g, _)| *g != old);
         }
     }
 
@@ -227,7 +252,7 @@ impl<T: Ready> SocketKeeper<T> {
         let mut keeper = SocketKeeper {
             shared,
             threads: Vec::with_capacity(MAKERS),
-            deferred: Mutex::new(Vec::new()),
+            deferred: Mutex::new(Deferred::default()),
         };
         for _ in 0..MAKERS {
             let (s, m) = (Arc::clone(&keeper.shared), Arc::clone(&make));
@@ -253,26 +278,28 @@ impl<T: Ready> SocketKeeper<T> {
             Err(TryLockError::WouldBlock) => return None,
         };
         let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
-        if !d.is_empty() {
-            s.closing.extend(d.drain(..));
-            self.shared.changed.notify_one();
+        if !d.closes.is_empty() || !d.wants.is_empty() {
+            s.closing.extend(d.closes.drain(..));
+            for geo in d.wants.drain(..) {
+                s.want(geo);
+            }
+            self.shared.changed.notify_all();
         }
         Some(s)
     }
 
     /// A ready socket with rings of `geo`, if one is; either way the keeper keeps some of
     /// that geometry ready from now on. None too while a keeper's thread holds the lock
-    /// (the geometry is then asked for at the next call).
+    /// (the geometry is then asked for by the next call that finds it free).
     pub fn take(&self, geo: Geometry) -> Option<T> {
-        let mut s = self.try_lock()?;
-        if let Some(i) = s.wanted.iter().position(|&g| g == geo) {
-            s.wanted.remove(i);
-        }
-        s.wanted.push_front(geo);
-        while s.wanted.len() > KINDS {
-            let old = s.wanted.pop_back().expect("not empty");
-            s.ready.retain(|(g, _)| *g != old);
-        }
+        let Some(mut s) = self.try_lock() else {
+            let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+            if !d.wants.contains(&geo) {
+                d.wants.push(geo);
+            }
+            return None;
+        };
+        s.want(geo);
         let got = s
             .ready
             .iter()
@@ -296,6 +323,7 @@ impl<T: Ready> SocketKeeper<T> {
                 .deferred
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
+                .closes
                 .push(at),
         }
         self.shared.changed.notify_one();
@@ -507,6 +535,19 @@ mod tests {
         // The next call passes the close on, and the ready socket is still there.
         assert_eq!(figures(&k).closing, 1);
         wait_for(|| reader_gone(&w));
+        assert!(k.take(geo).is_some());
+    }
+
+    #[test]
+    fn a_take_that_finds_the_lock_taken_still_asks_for_its_geometry() {
+        let k = SocketKeeper::new(1, Box::new(|_| pipe_end())).unwrap();
+        let geo = Geometry::new(1472, 64);
+        {
+            let _held = k.shared.state.lock().unwrap();
+            assert!(k.take(geo).is_none());
+            assert!(k.take(geo).is_none());
+        }
+        wait_for(|| figures(&k).ready >= 1);
         assert!(k.take(geo).is_some());
     }
 
