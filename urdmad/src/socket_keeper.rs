@@ -278,8 +278,12 @@ impl<T: Ready> SocketKeeper<T> {
             Err(TryLockError::WouldBlock) => return None,
         };
         let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
-        if !d.closes.is_empty() || !d.wants.is_empty() {
+        if !d.closes.is_empty() {
             s.closing.extend(d.closes.drain(..));
+            self.shared.changed.notify_one();
+        }
+        if !d.wants.is_empty() {
+            // As `take`: every keeper's thread may have a socket to make.
             for geo in d.wants.drain(..) {
                 s.want(geo);
             }
