@@ -164,9 +164,20 @@ enum urdma_bell_verdict {
  * the socket before urdma.ko looks, so the thread that sees the bit finds
  * it.  The process clears the bit before each round that reads every
  * socket.
+ *
+ * until: while a thread polls without pause, the CLOCK_MONOTONIC time (ns)
+ * before which its next call is due (0: none).  A frame that comes between
+ * two calls before then is hushed as well, and urdma.ko wakes the socket's
+ * waiters at that time if no call has read it by then (the bit still set
+ * and no thread in a call).
  */
 #define URDMA_HUSH_CALLS	0xffffffffULL	/* threads in such a call */
 #define URDMA_HUSH_MISSED	0x100000000ULL	/* a frame woke nobody since */
+
+struct urdma_hush {
+	__u64 word;		/* URDMA_HUSH_CALLS, URDMA_HUSH_MISSED */
+	__u64 until;
+};
 
 /*
  * One message, both directions.  Fields a message does not use are zero.

@@ -36,7 +36,10 @@
  * one of them is inside a verbs call that reads every socket before it
  * returns (the hush word, urdma-abi.h): a thread busy-polling its CQ takes
  * the frame itself, and a helper woken for it would only take the CPU from
- * it.  Otherwise the socket's waiters are woken as before.
+ * it.  So is a frame that falls between two calls of a thread that polls
+ * without pause, before the time the process gave for its next call; the
+ * bell's timer wakes the socket's waiters at that time if no call read
+ * the frame.  Otherwise the socket's waiters are woken as before.
  *
  * Locking: a QP's bell is set and cleared under urdma_cm_mutex; the
  * socket's sk_callback_lock keeps the softirq from a bell being taken
@@ -44,6 +47,7 @@
  */
 #include <linux/bpf.h>
 #include <linux/file.h>
+#include <linux/hrtimer.h>
 #include <linux/mm.h>
 #include <linux/net.h>
 #include <linux/slab.h>
@@ -55,12 +59,21 @@
 #error "the bell reads the verdicts of a BPF map: CONFIG_BPF_SYSCALL needed"
 #endif
 
+/*
+ * The furthest ahead a process's next call may be said to be due.  The
+ * provider says tens of microseconds; a time further off (the word is the
+ * process's own) is taken for none, so that no value keeps a frame unread
+ * for long or spins the timer.
+ */
+#define URDMA_HUSH_AHEAD_MAX_NS	(100 * NSEC_PER_MSEC)
+
 struct urdma_bell {
 	struct file *file;		/* keeps the socket */
 	struct sock *sk;
 	struct bpf_map *verdicts;	/* the socket filter's, per CPU */
 	struct bpf_map *hush_map;	/* the process's, or NULL */
-	u64 *hush;			/* its word */
+	struct urdma_hush *hush;	/* its value */
+	struct hrtimer late;		/* a frame hushed between calls */
 	struct urdma_qp *qp;
 	void (*data_ready)(struct sock *sk);	/* the socket's own */
 };
@@ -145,26 +158,67 @@ static bool urdma_cq_ring(struct ib_cq *ibcq, u32 verdict)
 	return true;
 }
 
+/* Whether a next call is due at until, after now and not too far off. */
+static bool urdma_hush_ahead(u64 until, u64 now)
+{
+	return until > now && until - now <= URDMA_HUSH_AHEAD_MAX_NS;
+}
+
 /*
  * Whether a thread of the process will read the frame before its call
- * returns: then the frame is left to it, and the word says so.  The frame
- * is in the socket already, so the thread that finds URDMA_HUSH_MISSED
- * finds the frame too.  A lost race with the process (the word changed
- * under the swap) wakes the socket's waiters, as without a hush.
+ * returns, or in a call due before hush->until: then the frame is left to
+ * it, and the word says so.  The frame is in the socket already, so the
+ * thread that finds URDMA_HUSH_MISSED finds the frame too.  A lost race
+ * with the process (the word changed under the swap) wakes the socket's
+ * waiters, as without a hush.  A frame left to a call not yet begun starts
+ * the timer that wakes them if the call does not come.
  */
 static bool urdma_bell_hush(struct urdma_bell *bell)
 {
+	u64 until = 0;
 	u64 v;
 
 	if (!bell->hush)
 		return false;
-	v = READ_ONCE(*bell->hush);
-	if (!(v & URDMA_HUSH_CALLS))
+	v = READ_ONCE(bell->hush->word);
+	if (!(v & URDMA_HUSH_CALLS)) {
+		until = READ_ONCE(bell->hush->until);
+		if (!urdma_hush_ahead(until, ktime_get_ns()))
+			return false;
+	}
+	if (cmpxchg(&bell->hush->word, v, v | URDMA_HUSH_MISSED) != v)
 		return false;
-	if (cmpxchg(bell->hush, v, v | URDMA_HUSH_MISSED) != v)
-		return false;
+	/* The timer keeps the time given for the last frame it hushed. */
+	if (until && (!hrtimer_is_queued(&bell->late) ||
+		      hrtimer_get_expires_ns(&bell->late) < until))
+		hrtimer_start(&bell->late, ns_to_ktime(until),
+			      HRTIMER_MODE_ABS_SOFT);
 	atomic64_inc(&to_udev(bell->qp->ibqp.device)->bell_hushed);
 	return true;
+}
+
+/*
+ * The time given for the next call after the last frame this bell hushed
+ * between calls has come.  A call since cleared URDMA_HUSH_MISSED, or will
+ * read the socket when it leaves (one is in progress).  A time given since
+ * that is still ahead came from a call that read every socket as it left:
+ * the frame that set the bit again is another connection's, whose timer
+ * keeps that time.  Otherwise nobody read the frame: the socket's waiters
+ * are woken, late.  Runs in softirq, as the socket's callback does; detach
+ * cancels it before the socket or the map goes.
+ */
+static enum hrtimer_restart urdma_bell_late(struct hrtimer *timer)
+{
+	struct urdma_bell *bell = container_of(timer, struct urdma_bell, late);
+	u64 v = READ_ONCE(bell->hush->word);
+
+	if (!(v & URDMA_HUSH_MISSED) || (v & URDMA_HUSH_CALLS))
+		return HRTIMER_NORESTART;
+	if (urdma_hush_ahead(READ_ONCE(bell->hush->until), ktime_get_ns()))
+		return HRTIMER_NORESTART;
+	atomic64_inc(&to_udev(bell->qp->ibqp.device)->bell_late);
+	bell->data_ready(bell->sk);
+	return HRTIMER_NORESTART;
 }
 
 static void urdma_bell_data_ready(struct sock *sk)
@@ -211,13 +265,14 @@ static struct bpf_map *urdma_bell_map_get(int fd, u32 type, u32 value_size)
 	return map;
 }
 
-/* The process's hush map, and the address of its word. */
-static struct bpf_map *urdma_hush_map_get(int fd, u64 **word)
+/* The process's hush map, and the address of its value. */
+static struct bpf_map *urdma_hush_map_get(int fd, struct urdma_hush **word)
 {
 	struct bpf_map *map;
 	u32 key = 0;
 
-	map = urdma_bell_map_get(fd, BPF_MAP_TYPE_ARRAY, sizeof(u64));
+	map = urdma_bell_map_get(fd, BPF_MAP_TYPE_ARRAY,
+				 sizeof(struct urdma_hush));
 	if (IS_ERR(map))
 		return map;
 	/* An array's values never move while the map lives. */
@@ -269,6 +324,8 @@ int urdma_bell_attach(struct urdma_qp *qp, int sock_fd, int map_fd,
 	sk = sock->sk;
 	bell->sk = sk;
 	bell->qp = qp;
+	hrtimer_init(&bell->late, CLOCK_MONOTONIC, HRTIMER_MODE_ABS_SOFT);
+	bell->late.function = urdma_bell_late;
 	write_lock_bh(&sk->sk_callback_lock);
 	if (sk->sk_user_data) {
 		write_unlock_bh(&sk->sk_callback_lock);
@@ -308,7 +365,9 @@ void urdma_bell_detach(struct urdma_qp *qp)
 	sk->sk_data_ready = bell->data_ready;
 	sk->sk_user_data = NULL;
 	write_unlock_bh(&sk->sk_callback_lock);
-	/* No softirq reads the maps past the unlock. */
+	/* No frame starts the timer past the unlock. */
+	hrtimer_cancel(&bell->late);
+	/* No softirq reads the maps past the cancel. */
 	if (bell->hush_map)
 		bpf_map_put(bell->hush_map);
 	bpf_map_put(bell->verdicts);

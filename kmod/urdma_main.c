@@ -107,6 +107,7 @@ static const struct rdma_stat_desc urdma_stat_descs[] = {
 	[URDMA_STAT_MALFORMED] = { .name = "malformed" },
 	[URDMA_HW_BELL_EVENTS] = { .name = "bell_events" },
 	[URDMA_HW_BELL_HUSHED] = { .name = "bell_hushed" },
+	[URDMA_HW_BELL_LATE] = { .name = "bell_late" },
 };
 
 static struct rdma_hw_stats *
@@ -125,6 +126,7 @@ static int urdma_get_hw_stats(struct ib_device *ibdev,
 	urdma_cm_read_stats(udev, stats->value);
 	stats->value[URDMA_HW_BELL_EVENTS] = atomic64_read(&udev->bell_events);
 	stats->value[URDMA_HW_BELL_HUSHED] = atomic64_read(&udev->bell_hushed);
+	stats->value[URDMA_HW_BELL_LATE] = atomic64_read(&udev->bell_late);
 	return stats->num_counters;
 }
 

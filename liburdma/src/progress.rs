@@ -44,12 +44,15 @@ pub const LOOK_MAX: Duration = Duration::from_millis(2);
 /// to spin on (`runtime`'s yield tells).
 pub const SPIN_ROUNDS: u32 = 64;
 
-/// The policy's knobs (`URDMA_APP_ACTIVE_US` and `URDMA_SPIN_ROUNDS` set two of them).
+/// The policy's knobs (`URDMA_APP_ACTIVE_US`, `URDMA_STEADY_GAP_US`, `URDMA_STEADY_CALLS` and
+/// `URDMA_SPIN_ROUNDS` set four of them).
 #[derive(Clone, Copy, Debug)]
 pub struct Tuning {
     pub app_active: Duration,
     pub app_quiet: Duration,
     pub look_max: Duration,
+    pub steady_gap: Duration,
+    pub steady_calls: u32,
     pub spin_rounds: u32,
 }
 
@@ -59,6 +62,8 @@ impl Default for Tuning {
             app_active: APP_ACTIVE,
             app_quiet: APP_QUIET,
             look_max: LOOK_MAX,
+            steady_gap: STEADY_GAP,
+            steady_calls: STEADY_CALLS,
             spin_rounds: SPIN_ROUNDS,
         }
     }
@@ -74,8 +79,8 @@ pub struct Activity {
     pub last_call: Instant,
     /// When one last armed a CQ ([`Instant::ZERO`]: never).
     pub last_arm: Instant,
-    /// Calls in a row, each begun within [`STEADY_GAP`] of the last one's end: an
-    /// application polling without pause has many ([`Tuning::steady`]).
+    /// Calls in a row, each begun within [`Tuning::steady_gap`] of the last one's end: an
+    /// application polling without pause has many ([`Tuning::next_call_by`]).
     pub streak: u32,
 }
 
@@ -86,7 +91,7 @@ pub struct Activity {
 pub const STEADY_GAP: Duration = Duration::from_micros(50);
 
 /// An application that made this many calls in a row polls without pause
-/// ([`Tuning::steady`]).
+/// ([`Tuning::next_call_by`]).
 pub const STEADY_CALLS: u32 = 8;
 
 /// How the helper sleeps.
@@ -144,13 +149,19 @@ impl Tuning {
         a.in_calls > 0 || now < a.last_call + self.app_active
     }
 
-    /// Whether the application polls without pause ([`STEADY_CALLS`] calls in a row): its
-    /// next call comes within microseconds and takes what arrives. Hushed, the helper then
-    /// does not watch: the frames that fall between two calls would wake it, and a helper
-    /// woken on a shared CPU takes it from the application (poll-send in the emulated bed,
-    /// a quarter slower with a helper that watched while the application polled).
-    pub fn steady(&self, a: Activity, now: Instant) -> bool {
-        a.streak >= STEADY_CALLS && self.polling(a, now)
+    /// As a call ends at `now`: by when the next one is due, for an application that polls
+    /// without pause ([`Tuning::steady_calls`] calls in a row, each begun within
+    /// [`Tuning::steady_gap`] of the last one's end): within the same gap. A frame that falls between the two wakes
+    /// nobody then, and one that no call has read by that time wakes the helper (urdma.ko's
+    /// hush, `urdma_shared::bell::Hush::next_call_by`): a helper woken on a shared CPU for a
+    /// frame the next call takes anyway only takes the CPU from the application. An
+    /// application that polls its CQ and then waits on its memory (the initiator of a
+    /// ping-pong of Writes) has a frame that comes after its last call placed at most that
+    /// gap late. None for an application that calls now and then, or goes to sleep
+    /// (`last_call` cleared): a frame for it wakes the helper at once.
+    pub fn next_call_by(&self, a: Activity, now: Instant) -> Option<Instant> {
+        (a.last_call != Instant::ZERO && a.streak >= self.steady_calls)
+            .then(|| now + self.steady_gap)
     }
 
     /// Whether the application waits on completion events: it armed a CQ within
@@ -183,9 +194,9 @@ impl Tuning {
     /// message on top of the frame's.
     ///
     /// `hushed`: besides, urdma.ko wakes nobody for a frame that comes while an application
-    /// thread is in a call that reads every socket (`urdma_shared::bell::Hush`). The helper
-    /// then watches also while the application polls, unless it polls without pause
-    /// ([`Tuning::steady`]): a frame wakes it only when no call will take the frame, such
+    /// thread is in a call that reads every socket, or between the calls of one that polls
+    /// without pause ([`Tuning::next_call_by`]). The helper then watches also while the
+    /// application polls: a frame wakes it only when no call will take the frame, such
     /// as a Write to an application that polls its memory between calls, which waited for
     /// the helper's next look otherwise. Its alarm is the
     /// earliest trp timer, not before the application may have stopped, and taken for a
@@ -200,7 +211,7 @@ impl Tuning {
         deadline: impl FnOnce() -> Option<Instant>,
     ) -> Sleep {
         if self.polling(a, now) && !(direct && self.waits_on_events(a, now)) {
-            if hushed && direct && !self.steady(a, now) {
+            if hushed && direct {
                 return Sleep {
                     until: self.watching_until(a, now, deadline),
                     watching: true,

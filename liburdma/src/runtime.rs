@@ -46,8 +46,10 @@ fn env_number(name: &str, default: u64) -> u64 {
     }
 }
 
-/// The progress policy's knobs: `URDMA_APP_ACTIVE_US` and `URDMA_SPIN_ROUNDS` override
-/// [`crate::progress::APP_ACTIVE`] and [`crate::progress::SPIN_ROUNDS`].
+/// The progress policy's knobs: `URDMA_APP_ACTIVE_US`, `URDMA_STEADY_GAP_US`,
+/// `URDMA_STEADY_CALLS` and `URDMA_SPIN_ROUNDS` override [`crate::progress::APP_ACTIVE`],
+/// [`crate::progress::STEADY_GAP`], [`crate::progress::STEADY_CALLS`] and
+/// [`crate::progress::SPIN_ROUNDS`].
 fn tuning() -> &'static Tuning {
     static T: OnceLock<Tuning> = OnceLock::new();
     T.get_or_init(|| {
@@ -59,6 +61,15 @@ fn tuning() -> &'static Tuning {
                 d.app_active.as_micros() as u64,
             )),
             spin_rounds: u32::try_from(spin).unwrap_or(u32::MAX).max(1),
+            steady_gap: Duration::from_micros(env_number(
+                "URDMA_STEADY_GAP_US",
+                d.steady_gap.as_micros() as u64,
+            )),
+            steady_calls: u32::try_from(env_number(
+                "URDMA_STEADY_CALLS",
+                u64::from(d.steady_calls),
+            ))
+            .unwrap_or(u32::MAX),
             ..d
         }
     })
@@ -90,7 +101,7 @@ static IN_CALLS: AtomicU32 = AtomicU32::new(0);
 
 /// The process's hush word ([`Hush`]) once urdmad passed it; null before (and in a forked
 /// child, whose calls do not read the parent's sockets). Never unmapped.
-static HUSH: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+static HUSH: AtomicPtr<urdma_shared::bell::HushValue> = AtomicPtr::new(std::ptr::null_mut());
 
 /// The hush word, if urdma.ko reads one for this process's frames.
 fn hush() -> Option<Hush> {
@@ -123,7 +134,7 @@ fn forget_hush() {
     HUSH.store(std::ptr::null_mut(), Ordering::Release);
 }
 
-/// Calls in a row, each begun within [`crate::progress::STEADY_GAP`] of the last one's end.
+/// Calls in a row, each begun within [`Tuning::steady_gap`] of the last one's end.
 /// Updated by the application's threads without the lock (a lost update only shortens it).
 static APP_STREAK: AtomicU32 = AtomicU32::new(0);
 
@@ -140,7 +151,7 @@ fn activity() -> Activity {
 /// A call begins at `now`: one more in the streak, or the first of a new one.
 fn count_streak(now: Instant) {
     let last = Instant(APP_LAST.load(Ordering::Relaxed));
-    let streak = if last != Instant::ZERO && now < last + crate::progress::STEADY_GAP {
+    let streak = if last != Instant::ZERO && now < last + tuning().steady_gap {
         APP_STREAK.load(Ordering::Relaxed).saturating_add(1)
     } else {
         0
@@ -315,6 +326,11 @@ pub fn with<R>(f: impl FnOnce(&mut Shared, Instant) -> R) -> R {
     );
     g.after_app_call();
     if let Some(h) = in_call.0.take() {
+        h.next_call_by(
+            tuning()
+                .next_call_by(activity(), end)
+                .map(Instant::as_nanos),
+        );
         g.leave_hushed(h);
     }
     r

@@ -101,6 +101,8 @@ impl Drop for BellWord {
     }
 }
 
+/// The hush map's value size: the word, then the time by which the next call is due.
+pub const HUSH_SIZE: u32 = 16;
 /// Threads inside calls that read every socket (the count in the [`Hush`] word).
 pub const HUSH_CALLS: u64 = 0xffff_ffff;
 /// Set in the [`Hush`] word by urdma.ko for a frame it woke nobody for.
@@ -110,11 +112,21 @@ pub const HUSH_MISSED: u64 = 1 << 32;
 /// that reads every direct connection's socket before it returns, a frame that fires no
 /// completion event wakes nobody (the helper thread would only take the CPU from the
 /// thread that reads it), and urdma.ko marks it missed instead. The last thread out reads
-/// the sockets once more if the mark is there. One array of one entry for the process, which
-/// urdmad creates and passes with the connections' sockets and urdma.ko reads for each of
-/// their frames.
+/// the sockets once more if the mark is there. A thread that polls without pause also says
+/// by when its next call is due ([`Hush::next_call_by`]): a frame that comes between its
+/// calls wakes nobody either, unless no call has read it by then. One array of one entry for
+/// the process, which urdmad creates and passes with the connections' sockets and urdma.ko
+/// reads for each of their frames.
 #[derive(Clone, Copy)]
-pub struct Hush(&'static AtomicU64);
+pub struct Hush(&'static HushValue);
+
+/// The map's value (urdma-abi.h, `struct urdma_hush`).
+#[repr(C)]
+pub struct HushValue {
+    word: AtomicU64,
+    /// CLOCK_MONOTONIC nanoseconds; 0: no call is due.
+    until: AtomicU64,
+}
 
 impl Hush {
     /// Maps the array `map` for the rest of the process's life: a thread may be entering a
@@ -122,18 +134,31 @@ impl Hush {
     pub fn map(map: OwnedFd) -> io::Result<Hush> {
         let (word, _) = map_word(&map)?;
         // SAFETY: the mapping stays (never unmapped; closing the map's descriptor leaves
-        // it), holding the 8-byte, 8-aligned word at its start.
-        Ok(Hush(unsafe { &*word }))
+        // it), holding the 16-byte, 8-aligned value at its start.
+        Ok(Hush(unsafe { &*word.cast::<HushValue>() }))
     }
 
     /// A word of the process's own memory, which nobody else reads (tests).
     pub fn unshared() -> Hush {
-        Hush(Box::leak(Box::new(AtomicU64::new(0))))
+        Hush(Box::leak(Box::new(HushValue {
+            word: AtomicU64::new(0),
+            until: AtomicU64::new(0),
+        })))
     }
 
     /// A thread enters a call that reads every socket before it returns.
     pub fn enter(self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
+        self.0.word.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A thread about to leave its call says by when (CLOCK_MONOTONIC nanoseconds) the
+    /// process's next call is due, when it polls without pause; `None` when nothing says it
+    /// will call again soon. Before [`Hush::leave`]: no frame falls between the two.
+    pub fn next_call_by(self, ns: Option<u64>) {
+        let v = ns.unwrap_or(0);
+        if self.0.until.load(Ordering::Relaxed) != v {
+            self.0.until.store(v, Ordering::SeqCst);
+        }
     }
 
     /// A thread leaves such a call. True: it was the last one in and a frame was left to
@@ -141,9 +166,9 @@ impl Hush {
     /// (a round that begins with [`Hush::clear`]) and leave again.
     #[must_use]
     pub fn leave(self) -> bool {
-        let v = self.0.fetch_sub(1, Ordering::SeqCst);
+        let v = self.0.word.fetch_sub(1, Ordering::SeqCst);
         if v & HUSH_CALLS == 1 && v & HUSH_MISSED != 0 {
-            self.0.fetch_add(1, Ordering::SeqCst);
+            self.0.word.fetch_add(1, Ordering::SeqCst);
             return true;
         }
         false
@@ -151,19 +176,19 @@ impl Hush {
 
     /// Leaves a call without reading the sockets: the caller wakes another reader.
     pub fn abandon(self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.word.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// The word, to keep where a pointer fits.
-    pub fn into_raw(self) -> *mut AtomicU64 {
-        (self.0 as *const AtomicU64).cast_mut()
+    pub fn into_raw(self) -> *mut HushValue {
+        (self.0 as *const HushValue).cast_mut()
     }
 
     /// The word kept by [`Hush::into_raw`].
     ///
     /// # Safety
     /// `p` came from [`Hush::into_raw`].
-    pub unsafe fn from_raw(p: *mut AtomicU64) -> Hush {
+    pub unsafe fn from_raw(p: *mut HushValue) -> Hush {
         // SAFETY: the caller's promise: a word that is never unmapped.
         Hush(unsafe { &*p })
     }
@@ -171,20 +196,35 @@ impl Hush {
     /// Before a round that reads every socket: the frames marked missed so far are in the
     /// sockets, and the round reads them.
     pub fn clear(self) {
-        if self.0.load(Ordering::Relaxed) & HUSH_MISSED != 0 {
-            self.0.fetch_and(!HUSH_MISSED, Ordering::SeqCst);
+        if self.0.word.load(Ordering::Relaxed) & HUSH_MISSED != 0 {
+            self.0.word.fetch_and(!HUSH_MISSED, Ordering::SeqCst);
         }
     }
 
     /// What urdma.ko does for a frame that fires no event (tests): whether it hushed it.
     #[cfg(test)]
     fn frame(self) -> bool {
-        let v = self.0.load(Ordering::SeqCst);
-        v & HUSH_CALLS != 0
+        self.frame_at(u64::MAX)
+    }
+
+    /// The same for a frame that comes at `now` (ns).
+    #[cfg(test)]
+    fn frame_at(self, now: u64) -> bool {
+        let v = self.0.word.load(Ordering::SeqCst);
+        (v & HUSH_CALLS != 0 || now < self.0.until.load(Ordering::SeqCst))
             && self
                 .0
+                .word
                 .compare_exchange(v, v | HUSH_MISSED, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
+    }
+
+    /// What urdma.ko's timer does at `now`, the time given for the next call (tests):
+    /// whether it wakes the helper.
+    #[cfg(test)]
+    fn late_at(self, now: u64) -> bool {
+        let v = self.0.word.load(Ordering::SeqCst);
+        v & HUSH_MISSED != 0 && v & HUSH_CALLS == 0 && now >= self.0.until.load(Ordering::SeqCst)
     }
 }
 
@@ -223,6 +263,47 @@ mod tests {
         assert!(h.frame());
         h.clear();
         assert!(!h.leave(), "the call's own round read it");
+    }
+
+    #[test]
+    fn a_frame_between_the_calls_of_a_steady_poller_is_left_to_the_next() {
+        let h = Hush::unshared();
+        h.enter();
+        h.next_call_by(Some(1_000));
+        assert!(!h.leave());
+        assert!(h.frame_at(500), "before the next call is due");
+        assert!(!h.late_at(999), "not yet: the call may still come");
+        h.enter();
+        h.clear();
+        h.next_call_by(Some(2_000));
+        assert!(!h.leave(), "the call's round read it");
+        assert!(!h.late_at(2_000), "nothing left for the timer");
+    }
+
+    #[test]
+    fn a_frame_no_call_came_for_wakes_the_helper_late() {
+        let h = Hush::unshared();
+        h.enter();
+        h.next_call_by(Some(1_000));
+        assert!(!h.leave());
+        assert!(h.frame_at(999));
+        assert!(h.late_at(1_000));
+        assert!(
+            !h.frame_at(1_000),
+            "past the time given: the frame wakes at once"
+        );
+    }
+
+    #[test]
+    fn a_poller_that_stops_gives_no_time() {
+        let h = Hush::unshared();
+        h.enter();
+        h.next_call_by(Some(1_000));
+        assert!(!h.leave());
+        h.enter();
+        h.next_call_by(None);
+        assert!(!h.leave());
+        assert!(!h.frame_at(10), "nothing said a call comes");
     }
 
     #[test]

@@ -13,6 +13,8 @@
  *   fd-send      as chan-send, but blocked in poll() on the channel's fd
  *   mem-write    RDMA Write ping-pong, each side spinning on the last byte of its
  *                own buffer with no verbs call until it changes
+ *   poll-write   as mem-write, but each Write is signaled and its completion
+ *                busy-polled before the side spins on its buffer
  *   sleep-read   the client's RDMA Reads, one at a time, busy-polled; the server
  *                sleeps in poll() on its rdma_cm fd, no verbs call, until the end
  *   sleep-write  as sleep-read with signaled RDMA Writes
@@ -50,15 +52,16 @@
 #include <rdma/rdma_cma.h>
 
 #define USAGE "usage: lat server|client ADDR PORT -p poll-send|chan-send|chan-write|fd-send|" \
-	      "mem-write|sleep-read|sleep-write|busy-read|connect [-s SIZE] [-n ITERS] [-t SECONDS]"
+	      "mem-write|poll-write|sleep-read|sleep-write|busy-read|connect [-s SIZE] [-n ITERS] " \
+	      "[-t SECONDS]"
 
 enum pattern {
-	POLL_SEND, CHAN_SEND, CHAN_WRITE, FD_SEND, MEM_WRITE,
+	POLL_SEND, CHAN_SEND, CHAN_WRITE, FD_SEND, MEM_WRITE, POLL_WRITE,
 	SLEEP_READ, SLEEP_WRITE, BUSY_READ, CONNECT, NPATTERNS
 };
 
 static const char *const names[NPATTERNS] = {
-	"poll-send", "chan-send", "chan-write", "fd-send", "mem-write",
+	"poll-send", "chan-send", "chan-write", "fd-send", "mem-write", "poll-write",
 	"sleep-read", "sleep-write", "busy-read", "connect",
 };
 
@@ -397,6 +400,18 @@ static void spin_byte(struct conn *c, uint8_t want)
 			check_time();
 }
 
+/* Busy-polls the send CQ until every request posted has completed (each
+ * one signaled). */
+static void wait_sends(struct conn *c)
+{
+	unsigned spins = 0;
+
+	waiting_for = "the Write's completion";
+	while (c->sig_done < c->posted)
+		if (!reap_sends(c) && ++spins % 4096 == 0)
+			check_time();
+}
+
 static uint8_t mark(unsigned i)
 {
 	return (uint8_t)(i % 255 + 1);
@@ -409,7 +424,7 @@ static void ping(struct conn *c, unsigned i, int client)
 	uint8_t m = mark(i);
 
 	if (!client) {
-		if (pat == MEM_WRITE)
+		if (pat == MEM_WRITE || pat == POLL_WRITE)
 			spin_byte(c, m);
 		else
 			wait_recv(c, i);
@@ -419,6 +434,11 @@ static void ping(struct conn *c, unsigned i, int client)
 		c->buf[size - 1] = m;
 		post(c, IBV_WR_RDMA_WRITE, raddr, size, 0, 0);
 		break;
+	case POLL_WRITE:
+		c->buf[size - 1] = m;
+		post(c, IBV_WR_RDMA_WRITE, raddr, size, 0, 1);
+		wait_sends(c);
+		break;
 	case CHAN_WRITE:
 		post(c, IBV_WR_RDMA_WRITE_WITH_IMM, raddr, size, i, 0);
 		break;
@@ -427,7 +447,7 @@ static void ping(struct conn *c, unsigned i, int client)
 		break;
 	}
 	if (client) {
-		if (pat == MEM_WRITE)
+		if (pat == MEM_WRITE || pat == POLL_WRITE)
 			spin_byte(c, m);
 		else
 			wait_recv(c, i);
@@ -610,6 +630,8 @@ static void server(const char *addr, const char *port)
 	if (rdma_bind_addr(listen, ai->ai_src_addr) || rdma_listen(listen, 8))
 		fail("listen on %s:%s: %s", addr, port, strerror(errno));
 	rdma_freeaddrinfo(ai);
+	printf("lat server listening\n");
+	fflush(stdout);
 	e = expect_cm(c.ev, RDMA_CM_EVENT_CONNECT_REQUEST, 1);
 	if (e->param.conn.private_data_len < sizeof(c.peer))
 		fail("connect request with %u bytes of private data", e->param.conn.private_data_len);

@@ -11,7 +11,9 @@
 # receive CQ's event of the direct connections when a frame that completes a receive arrives
 # (hw counter bell_events, docs/kernel-abi.md, "The bell"), and never for
 # connections through urdmad. With threads busy-polling, the frames that come while one is
-# in a call are left to it and wake no helper (hw counter bell_hushed, "The hush").
+# in a call are left to it and wake no helper (hw counter bell_hushed, "The hush"). A frame
+# left to the next call of a thread polling without pause wakes the helper when that call
+# does not come in time (hw counter bell_late).
 set -u
 . tests/e2e/lib.sh
 
@@ -78,6 +80,27 @@ run bell direct -e 2
 # The bell fires for a Send or a Write with Immediate that finds the receive CQ armed (the
 # rest find a thread draining it); which of verify's mixed operations do depends on timing.
 [ "$BELLS" -gt 0 ] || fail "the bell fired no event for $OPS exchanges on 3 connections waited for on channels"
+
+# lat.c's mem-write: each side's calls (a Write, a poll of its send CQ) end before it waits on
+# its memory for the peer's Write. Every call taken for a steady poll (URDMA_STEADY_CALLS) whose
+# next call is due within 50 ms (URDMA_STEADY_GAP_US) leaves that Write to a call that does not
+# come; the helper neither looks on its own for 2 s (URDMA_APP_ACTIVE_US) nor spins on its
+# sockets (URDMA_SPIN_ROUNDS). Only urdma.ko's timer brings such a Write to its target, up to
+# 50 ms late; one that comes after the time given wakes the helper at once.
+export URDMA_STEADY_CALLS=0 URDMA_STEADY_GAP_US=50000 URDMA_APP_ACTIVE_US=2000000 URDMA_SPIN_ROUNDS=1
+lat=$(build_e2e lat) || exit 1
+sleep 3	# the counters lag the traffic before
+late0=$(hw_sum bell_late)
+port=$((port + 1))
+start_server B late "lat server listening" "$lat" server "$ADDR_B" "$port" -p mem-write -n 20 -t 60
+t ip netns exec urdmaA "$lat" client "$ADDR_B" "$port" -p mem-write -n 20 -t 60 \
+	>"$OUT/late-client.log" 2>&1 || fail "lat mem-write with a long steady gap: $(tail -n1 "$OUT/late-client.log")"
+cat "$OUT/late-client.log"
+wait_server late 60
+# 60 Writes, the later ones each left to a call that does not come (some come when the
+# receiver's time is up already, and wake its helper at once).
+hw_above bell_late $((late0 + 10)) "60 Writes, each to a side waiting on its memory"
+unset URDMA_STEADY_CALLS URDMA_STEADY_GAP_US URDMA_APP_ACTIVE_US URDMA_SPIN_ROUNDS
 for n in A B; do
 	fp=$(counter "$n" port from_processes)
 	echo "node $n: from_processes=$fp"

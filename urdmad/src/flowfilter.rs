@@ -198,7 +198,7 @@ pub fn hush_map() -> io::Result<OwnedFd> {
     ebpf::create_map(
         BPF_MAP_TYPE_ARRAY,
         4,
-        bell::WORD_SIZE,
+        bell::HUSH_SIZE,
         1,
         BPF_F_MMAPABLE,
         "urdma_hush",

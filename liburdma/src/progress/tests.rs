@@ -4,6 +4,8 @@ const T: Tuning = Tuning {
     app_active: APP_ACTIVE,
     app_quiet: APP_QUIET,
     look_max: LOOK_MAX,
+    steady_gap: STEADY_GAP,
+    steady_calls: STEADY_CALLS,
     spin_rounds: SPIN_ROUNDS,
 };
 
@@ -206,18 +208,14 @@ fn hushed_the_helper_always_watches() {
     };
     let (step, _) = T.after_round(r, app(0, 99_900), now, || None);
     assert!(matches!(step, Step::Sleep { sleep, arm: false } if sleep.watching && sleep.look));
-    // Nor while the application polls without pause: its next call takes the frame.
+    // Also while the application polls without pause: urdma.ko leaves the frames between
+    // its calls to the next one, and wakes the helper for a frame none read in time.
     let steady = Activity {
         streak: STEADY_CALLS,
         ..app(0, 99_990)
     };
     let s = T.sleep(steady, now, true, true, || None);
-    assert!(!s.watching && s.look);
-    let paused = Activity {
-        streak: STEADY_CALLS - 1,
-        ..steady
-    };
-    assert!(T.sleep(paused, now, true, true, || None).watching);
+    assert!(s.watching && s.look);
     // Not when some connection's frames come through urdmad.
     let r = Round {
         hushed: true,
@@ -472,4 +470,35 @@ fn a_round_that_served_a_waiting_application_sleeps_at_once_on_the_direct_path()
         Step::Again,
         "away for good: the helper is the only one making progress"
     );
+}
+
+/// Only an application that polls without pause says when its next call is due; one that
+/// calls now and then, or goes to sleep, has every frame wake the helper at once.
+#[test]
+fn only_a_steady_poller_has_its_next_call_awaited() {
+    let end = at(5_000);
+    let steady = Activity {
+        streak: STEADY_CALLS,
+        ..app(1, 4_990)
+    };
+    assert_eq!(T.next_call_by(steady, end), Some(end + STEADY_GAP));
+    let paused = Activity {
+        streak: STEADY_CALLS - 1,
+        ..steady
+    };
+    assert_eq!(T.next_call_by(paused, end), None);
+    let going_to_sleep = Activity {
+        last_call: Instant::ZERO,
+        ..steady
+    };
+    assert_eq!(
+        T.next_call_by(going_to_sleep, end),
+        None,
+        "ibv_req_notify_cq: the helper watches for what comes"
+    );
+    let every_call = Tuning {
+        steady_calls: 0,
+        ..T
+    };
+    assert_eq!(every_call.next_call_by(paused, end), Some(end + STEADY_GAP));
 }
