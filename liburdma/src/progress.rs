@@ -56,16 +56,21 @@ pub struct Tuning {
     pub spin_rounds: u32,
 }
 
+impl Tuning {
+    /// The constants above.
+    pub const DEFAULT: Tuning = Tuning {
+        app_active: APP_ACTIVE,
+        app_quiet: APP_QUIET,
+        look_max: LOOK_MAX,
+        steady_gap: STEADY_GAP,
+        steady_calls: STEADY_CALLS,
+        spin_rounds: SPIN_ROUNDS,
+    };
+}
+
 impl Default for Tuning {
     fn default() -> Tuning {
-        Tuning {
-            app_active: APP_ACTIVE,
-            app_quiet: APP_QUIET,
-            look_max: LOOK_MAX,
-            steady_gap: STEADY_GAP,
-            steady_calls: STEADY_CALLS,
-            spin_rounds: SPIN_ROUNDS,
-        }
+        Tuning::DEFAULT
     }
 }
 

@@ -1,13 +1,6 @@
 use super::*;
 
-const T: Tuning = Tuning {
-    app_active: APP_ACTIVE,
-    app_quiet: APP_QUIET,
-    look_max: LOOK_MAX,
-    steady_gap: STEADY_GAP,
-    steady_calls: STEADY_CALLS,
-    spin_rounds: SPIN_ROUNDS,
-};
+const T: Tuning = Tuning::DEFAULT;
 
 fn at(us: u64) -> Instant {
     Instant::ZERO + Duration::from_micros(us)
