@@ -46,6 +46,12 @@ fn env_number(name: &str, default: u64) -> u64 {
     }
 }
 
+/// A time in whole microseconds from environment variable `name` ([`env_number`]).
+fn env_micros(name: &str, default: Duration) -> Duration {
+    let us = u64::try_from(default.as_micros()).unwrap_or(u64::MAX);
+    Duration::from_micros(env_number(name, us))
+}
+
 /// The progress policy's knobs: `URDMA_APP_ACTIVE_US`, `URDMA_STEADY_GAP_US`,
 /// `URDMA_STEADY_CALLS` and `URDMA_SPIN_ROUNDS` override [`crate::progress::APP_ACTIVE`],
 /// [`crate::progress::STEADY_GAP`], [`crate::progress::STEADY_CALLS`] and
@@ -56,15 +62,9 @@ fn tuning() -> &'static Tuning {
         let d = Tuning::default();
         let spin = env_number("URDMA_SPIN_ROUNDS", u64::from(d.spin_rounds));
         Tuning {
-            app_active: Duration::from_micros(env_number(
-                "URDMA_APP_ACTIVE_US",
-                d.app_active.as_micros() as u64,
-            )),
+            app_active: env_micros("URDMA_APP_ACTIVE_US", d.app_active),
             spin_rounds: u32::try_from(spin).unwrap_or(u32::MAX).max(1),
-            steady_gap: Duration::from_micros(env_number(
-                "URDMA_STEADY_GAP_US",
-                d.steady_gap.as_micros() as u64,
-            )),
+            steady_gap: env_micros("URDMA_STEADY_GAP_US", d.steady_gap),
             steady_calls: u32::try_from(env_number(
                 "URDMA_STEADY_CALLS",
                 u64::from(d.steady_calls),
