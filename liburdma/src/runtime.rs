@@ -95,6 +95,12 @@ static APP_ARM: AtomicU64 = AtomicU64::new(0);
 /// ([`Shared::sleeping_helper`]). Set by the helper without the lock.
 static HELPER_WOKEN: AtomicBool = AtomicBool::new(false);
 
+/// Times an application call moved the helper's alarm ([`Shared::after_app_call`]),
+/// counted before it sets the timer: the helper sets the alarm of its sleep after it has
+/// let the lock go, and one that finds the count changed meanwhile sets it again, under
+/// the lock, to the time the call left.
+static ALARM_MOVES: AtomicU64 = AtomicU64::new(0);
+
 /// Application threads inside a verb call now (waiting for the lock or holding it).
 /// Read by the helper without the lock.
 static IN_CALLS: AtomicU32 = AtomicU32::new(0);
@@ -451,6 +457,7 @@ impl Shared {
                 tuning().alarm_after_call(sleep, activity(), now, direct, || engine.deadline())
             {
                 self.helper_sleep = Some(Sleep { until: d, ..sleep });
+                ALARM_MOVES.fetch_add(1, Ordering::SeqCst);
                 set_alarm(d);
             }
         }

@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use trp::Instant;
 
-use super::{activity, lock, now, rt, tuning, HELPER_WOKEN};
+use super::{activity, lock, now, rt, tuning, ALARM_MOVES, HELPER_WOKEN};
 use crate::progress::{Round, Step};
 
 /// A yield that returns within this found no other thread wanting the CPU. One that took
@@ -213,8 +213,17 @@ pub(super) fn helper_loop() {
         };
         g.helper_sleep = Some(sleep);
         g.helper_direct = !needs_arm;
-        set_alarm(sleep.until);
+        // The alarm is set after the lock is let go: the application may be waiting for the
+        // lock to answer what this round placed (a Write to its memory), and a thread that
+        // waits for the lock gives up its CPU, which on a shared host it may not get back
+        // for a time slice. A call that moved the alarm in between has the last word.
+        let moves = ALARM_MOVES.load(Ordering::SeqCst);
         drop(g);
+        set_alarm(sleep.until);
+        if ALARM_MOVES.load(Ordering::SeqCst) != moves {
+            let g = lock();
+            set_alarm(g.helper_sleep.and_then(|s| s.until));
+        }
         let mut look = t.app_active;
         let r = loop {
             let r = sleep_on([fd, kick, alarm, if sleep.watching { sockets } else { -1 }]);
