@@ -96,9 +96,8 @@ static APP_ARM: AtomicU64 = AtomicU64::new(0);
 static HELPER_WOKEN: AtomicBool = AtomicBool::new(false);
 
 /// Times an application call moved the helper's alarm ([`Shared::after_app_call`]),
-/// counted before it sets the timer: the helper sets the alarm of its sleep after it has
-/// let the lock go, and one that finds the count changed meanwhile sets it again, under
-/// the lock, to the time the call left.
+/// counted before the call sets the timer. Read by the helper, which sets its alarm
+/// after it lets the lock go (`helper_loop` says why and how).
 static ALARM_MOVES: AtomicU64 = AtomicU64::new(0);
 
 /// Application threads inside a verb call now (waiting for the lock or holding it).

@@ -216,7 +216,9 @@ pub(super) fn helper_loop() {
         // The alarm is set after the lock is let go: the application may be waiting for the
         // lock to answer what this round placed (a Write to its memory), and a thread that
         // waits for the lock gives up its CPU, which on a shared host it may not get back
-        // for a time slice. A call that moved the alarm in between has the last word.
+        // for a time slice. A call that moved the alarm in between has the last word: a
+        // count changed since the lock was held means the call's time may have been
+        // overwritten, and it is set again, under the lock.
         let moves = ALARM_MOVES.load(Ordering::SeqCst);
         drop(g);
         set_alarm(sleep.until);
