@@ -132,9 +132,10 @@ enum urdma_stat {
  * armed for fires that CQ's event at once, in the softirq that queued the
  * frame, and the provider's poll then runs the protocol.  Such a frame
  * wakes no other waiter of the socket (the provider's helper thread), nor
- * does a QUIET one, whose sender says its next frame follows at once
- * (that frame wakes, or rings, for both); every other frame wakes them as
- * before.  A later BELL for the same QP replaces the earlier one.
+ * does a QUIET one: a frame whose sender says its next frame follows at
+ * once (that frame wakes, or rings, for both), or an acknowledgment the
+ * process said can wait for its next wake-up; every other frame wakes
+ * them as before.  A later BELL for the same QP replaces the earlier one.
  *
  * The verdict map is a BPF_MAP_TYPE_PERCPU_ARRAY (key and value __u32,
  * at least one entry).  For every frame it accepts, the socket filter
@@ -151,7 +152,7 @@ enum urdma_bell_verdict {
 	URDMA_BELL_NONE = 0,		/* completes nothing the bell announces */
 	URDMA_BELL_RECV = 1,		/* completes a receive, in order */
 	URDMA_BELL_RECV_SOLICITED = 2,	/* the same, and it is solicited */
-	URDMA_BELL_QUIET = 3,		/* the next frame follows at once: wake nobody */
+	URDMA_BELL_QUIET = 3,		/* wake nobody: read with what comes next */
 };
 
 /*

@@ -227,6 +227,12 @@ impl Flow for SocketFlow {
         }
     }
 
+    fn acks_can_wait(&mut self, yes: bool) {
+        if let Some(b) = self.bell.as_mut() {
+            b.acks_can_wait(yes);
+        }
+    }
+
     fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {
         self.ring.figures()
     }

@@ -73,6 +73,11 @@ pub trait Flow: Send {
     /// The PSN whose arrival completes a receive now (`Connection::bell_psn`), for a flow
     /// whose frames ring urdma.ko's bell ([`urdma_shared::bell`]).
     fn ring_for(&mut self, _next: Option<u32>) {}
+    /// Whether an ACK that carries nothing else can wait unread for whatever wakes the
+    /// process next (`Connection::acks_can_wait`), for a flow whose frames ring urdma.ko's
+    /// bell: told before each transmit, so that nothing that needs its ACK read at once
+    /// leaves while the flow says otherwise.
+    fn acks_can_wait(&mut self, _yes: bool) {}
 }
 
 /// What a QP was created with.

@@ -17,8 +17,14 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The word's bytes (the map's value size).
-pub const WORD_SIZE: u32 = 8;
+/// The map's value size: the word, then the [`ACKS_WAIT`] word at [`ACKS_AT`].
+pub const WORD_SIZE: u32 = 16;
+/// Where the second word is, in bytes from the first.
+pub const ACKS_AT: usize = 8;
+/// The second word when an ACK that carries nothing else can wait, unread, for whatever wakes
+/// the process next (`trp::Connection::acks_can_wait`): the filter tells the bell to wake
+/// nobody for one. 0 otherwise.
+pub const ACKS_WAIT: u64 = 1;
 /// Set in the word when its low 32 bits are a PSN whose arrival completes a receive.
 pub const OPEN: u64 = 1 << 32;
 
@@ -55,8 +61,9 @@ fn map_word(map: &OwnedFd) -> io::Result<(*const AtomicU64, usize)> {
 pub struct BellWord {
     word: *const AtomicU64,
     len: usize,
-    /// The last value written: most rounds change nothing.
+    /// The last values written: most rounds change nothing.
     last: u64,
+    last_acks: u64,
     _map: OwnedFd,
 }
 
@@ -73,15 +80,34 @@ impl BellWord {
             word,
             len,
             last: u64::MAX,
+            last_acks: 0,
             _map: map,
         };
         b.store(0);
+        b.store_acks(0);
         Ok(b)
     }
 
     fn store(&self, w: u64) {
         // SAFETY: the mapping holds the 8-byte, 8-aligned word at its start while self lives.
         unsafe { &*self.word }.store(w, Ordering::Release);
+    }
+
+    fn store_acks(&self, w: u64) {
+        // SAFETY: the mapping holds WORD_SIZE bytes at its start while self lives; the
+        // second word is 8-aligned there.
+        unsafe { &*self.word.add(ACKS_AT / 8) }.store(w, Ordering::Release);
+    }
+
+    /// Says whether an ACK that carries nothing else can wait unread for whatever wakes the
+    /// process next. Say `false` before sending what needs an ACK to be read at once (a
+    /// signaled request): an ACK that comes before the word changes wakes nobody.
+    pub fn acks_can_wait(&mut self, yes: bool) {
+        let w = if yes { ACKS_WAIT } else { 0 };
+        if w != self.last_acks {
+            self.store_acks(w);
+            self.last_acks = w;
+        }
     }
 
     /// Says which PSN's arrival completes a receive now (`None`: none does).

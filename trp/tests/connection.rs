@@ -326,6 +326,75 @@ fn the_bell_psn_is_the_next_one_while_a_receive_waits() {
     assert_eq!(p.b.conn.bell_psn(), None, "closing");
 }
 
+/// An ACK can wait unread only while nobody waits for one: not for a completion, a
+/// response, a request the window holds back or a close.
+#[test]
+fn acks_can_wait_while_nothing_waits_for_them() {
+    let small = Config {
+        max_send_wr: 8,
+        ..Config::default()
+    };
+    let mut p = pair(small, Config::default());
+    let limit = trp::Instant(p.now.0 + 100_000_000);
+    assert!(p.a.conn.acks_can_wait(), "an idle connection");
+    let write = |p: &mut Pair, wr_id: u64, signaled: bool| {
+        let op = SendOp::RdmaWrite {
+            remote_addr: 1 << 19,
+            rkey: 2,
+        };
+        let s = sge(0, 8);
+        let wr = SendWr {
+            wr_id,
+            op,
+            sges: &s,
+            signaled,
+        };
+        p.a.conn.post_send(&p.a.mem, &wr).unwrap();
+    };
+    write(&mut p, 1, false);
+    assert!(!p.a.conn.acks_can_wait(), "a request not yet on the wire");
+    let sent = p.a.conn.next_psn();
+    p.run_until(limit, |p| p.a.conn.next_psn() != sent);
+    assert!(p.a.conn.acks_can_wait(), "an unsignaled Write on the wire");
+    write(&mut p, 2, true);
+    p.run_until(limit, |p| p.a.conn.next_psn() != sent.wrapping_add(1));
+    assert!(!p.a.conn.acks_can_wait(), "a signaled Write awaits its ACK");
+    p.run_until(limit, |p| !drain(&mut p.a.conn).is_empty());
+    assert!(p.a.conn.acks_can_wait(), "acknowledged");
+    send(
+        &mut p,
+        3,
+        SendOp::RdmaRead {
+            remote_addr: 1 << 19,
+            rkey: 2,
+        },
+        &sge(0, 8),
+    );
+    p.run_until(limit, |p| p.a.conn.next_psn() != sent.wrapping_add(2));
+    assert!(!p.a.conn.acks_can_wait(), "a Read awaits its response");
+    p.run_until(limit, |p| !drain(&mut p.a.conn).is_empty());
+    assert!(p.a.conn.acks_can_wait());
+    // More than half the send queue in flight: the ACK that frees it wakes the poster.
+    let room = p.a.conn.send_queue_room();
+    let next = p.a.conn.next_psn();
+    let many = room / 2 + 1;
+    for i in 0..many as u64 {
+        write(&mut p, 10 + i, false);
+    }
+    p.run_until(limit, |p| {
+        p.a.conn.next_psn() == next.wrapping_add(many as u32)
+    });
+    assert!(
+        p.a.conn.unacked_psn() != p.a.conn.next_psn(),
+        "still in flight"
+    );
+    assert!(!p.a.conn.acks_can_wait(), "over half the queue in flight");
+    p.run_until(limit, |p| p.a.conn.send_queue_room() == room);
+    assert!(p.a.conn.acks_can_wait(), "all acknowledged");
+    p.a.conn.close();
+    assert!(!p.a.conn.acks_can_wait(), "closing");
+}
+
 /// The Data packets `a` sent, as (PSN, FOLLOWS set), in the order sent, first
 /// transmissions only.
 fn follows_flags(sent: &[Vec<u8>]) -> Vec<(u32, bool)> {

@@ -7,9 +7,11 @@
 //! same softirq, right after the frame is in the ring: a receive completes with this frame
 //! when it is a Data packet (TRP) carrying the last segment of an untagged message on queue
 //! 0 (a Send of any kind, or Immediate Data), and its PSN is the one the process published
-//! ([`crate::bell`]). Everything else, and any frame too short to say, gets `NONE`, and the
-//! process's helper is woken as without a bell. The filter only reads fixed header fields:
-//! the checks, the placement and the protocol stay in the process.
+//! ([`crate::bell`]). A frame whose sender says the next one follows at once, and an ACK
+//! with nothing else in it while the process says ACKs can wait (`bell::ACKS_WAIT`), get
+//! `QUIET`: they wake nobody. Everything else, and any frame too short to say, gets `NONE`,
+//! and the process's helper is woken as without a bell. The filter only reads fixed header
+//! fields: the checks, the placement and the protocol stay in the process.
 
 use crate::bell;
 use crate::cm_channel::verdict;
@@ -18,6 +20,7 @@ use crate::ebpf::{self, *};
 use std::io;
 use std::net::SocketAddrV4;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use trp::wire::trp::{FLAG_ACK_REQUEST, FLAG_FOLLOWS};
 
 /// Offsets in the frame after `X` = the IP header's length: the UDP payload, which starts
 /// with the TRP header (docs/protocol.md).
@@ -29,6 +32,8 @@ const TRP_SACKS: u32 = TRP_AT_X + 3;
 const TRP_PSN: u32 = TRP_AT_X + 8;
 /// A Data packet has no SACK ranges: its DDP segment follows the 20-byte header.
 const DDP_AT_X: u32 = TRP_AT_X + 20;
+/// The frame's bytes up to the end of the TRP header, after `X`.
+const TRP_HEADER_END_X: i32 = DDP_AT_X as i32;
 const DDP_CONTROL: u32 = DDP_AT_X;
 const RDMAP_CONTROL: u32 = DDP_AT_X + 1;
 const DDP_QN: u32 = DDP_AT_X + 6;
@@ -216,24 +221,29 @@ enum Word {
     Slot(RawFd),
 }
 
+/// Leaves R0 = the word's address, or goes to `none`.
+fn word_at(a: &mut Asm, word: Word, none: Label) -> &mut Asm {
+    match word {
+        Word::Map(fd) => a.lookup_entry0(fd),
+        Word::Slot(fd) => a.lookup_entry0(fd).if_null(none).lookup_entry0_of(R0),
+    }
+    .if_null(none)
+}
+
 /// Goes on only if the frame's PSN is the one the process waits for (the word's), else to
 /// `none`. Leaves R0 = the word's address, R1 = its low half (the PSN), R2 = its high half
 /// (non-zero), R9 = the frame's PSN.
 fn awaited(a: &mut Asm, word: Word, none: Label) -> &mut Asm {
     a.ld_ind(W, R7, TRP_PSN)
         .op(insn(ALU64 | MOV | X, R9, R0, 0, 0));
-    match word {
-        Word::Map(fd) => a.lookup_entry0(fd),
-        Word::Slot(fd) => a.lookup_entry0(fd).if_null(none).lookup_entry0_of(R0),
-    }
-    .if_null(none)
-    .op(insn(LDX | DW | MEM, R1, R0, 0, 0))
-    .op(insn(ALU64 | MOV | X, R2, R1, 0, 0))
-    .op(insn(ALU64 | RSH | K, R2, 0, 0, 32))
-    .jump(insn(JMP | JEQ | K, R2, 0, 0, 0), none)
-    // Its low half, zero-extended.
-    .op(insn(ALU | MOV | X, R1, R1, 0, 0))
-    .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
+    word_at(a, word, none)
+        .op(insn(LDX | DW | MEM, R1, R0, 0, 0))
+        .op(insn(ALU64 | MOV | X, R2, R1, 0, 0))
+        .op(insn(ALU64 | RSH | K, R2, 0, 0, 32))
+        .jump(insn(JMP | JEQ | K, R2, 0, 0, 0), none)
+        // Its low half, zero-extended.
+        .op(insn(ALU | MOV | X, R1, R1, 0, 0))
+        .jump(insn(JMP | JNE | X, R1, R9, 0, 0), none)
 }
 
 fn program(word: Word, verdicts: RawFd, addrs: RawFd) -> Vec<Insn> {
@@ -245,6 +255,7 @@ fn program(word: Word, verdicts: RawFd, addrs: RawFd) -> Vec<Insn> {
     let solicited = a.label();
     let psn = a.label();
     let follows = a.label();
+    let ack = a.label();
     let store = a.label();
     let accept = a.label();
     // R0 against the `addrs` entry's word at `at` (R9 points to the entry).
@@ -280,14 +291,20 @@ fn program(word: Word, verdicts: RawFd, addrs: RawFd) -> Vec<Insn> {
     a.ld_abs(W, SADDR_AT);
     differs(&mut a, ADDR_REMOTE);
     // Admitted. Long enough to classify?
-    a.op(insn(LDX | W | MEM, R0, R6, SKB_LEN, 0))
-        .op(insn(ALU64 | MOV | X, R1, R7, 0, 0))
-        .op(insn(ALU64 | ADD | K, R1, 0, 0, CLASSIFIED_LEN_X))
-        .jump(insn(JMP | JGT | X, R1, R0, 0, 0), none);
+    let long_enough = |a: &mut Asm, len: i32| {
+        a.op(insn(LDX | W | MEM, R0, R6, SKB_LEN, 0))
+            .op(insn(ALU64 | MOV | X, R1, R7, 0, 0))
+            .op(insn(ALU64 | ADD | K, R1, 0, 0, len))
+            .jump(insn(JMP | JGT | X, R1, R0, 0, 0), none);
+    };
+    long_enough(&mut a, TRP_HEADER_END_X);
     a.ld_ind(B, R7, TRP_VERSION).jump_r0(JNE, 1, none);
-    a.ld_ind(B, R7, TRP_OPCODE).jump_r0(JNE, 0, none);
+    a.ld_ind(B, R7, TRP_OPCODE)
+        .jump_r0(JEQ, trp::wire::trp::Opcode::Ack as u32, ack)
+        .jump_r0(JNE, trp::wire::trp::Opcode::Data as u32, none);
+    long_enough(&mut a, CLASSIFIED_LEN_X);
     a.ld_ind(B, R7, TRP_FLAGS)
-        .jump_r0(JSET, u32::from(trp::wire::trp::FLAG_FOLLOWS), follows);
+        .jump_r0(JSET, u32::from(FLAG_FOLLOWS), follows);
     a.ld_ind(B, R7, TRP_SACKS).jump_r0(JNE, 0, none);
     a.ld_ind(B, R7, DDP_CONTROL)
         .op(insn(ALU64 | AND | K, R0, 0, 0, DDP_T_L_DV as i32))
@@ -323,6 +340,16 @@ fn program(word: Word, verdicts: RawFd, addrs: RawFd) -> Vec<Insn> {
         .op(insn(ALU64 | LSH | K, R2, 0, 0, 32))
         .op(insn(ALU64 | OR | X, R1, R2, 0, 0))
         .op(insn(STX | DW | MEM, R0, R1, 0, 0))
+        .op(insn(ALU64 | MOV | K, R8, 0, 0, verdict::QUIET as i32))
+        .jump(insn(JMP | JA, 0, 0, 0, 0), store);
+    // An ACK and nothing else, which the process said can wait for its next wake-up.
+    a.bind(ack);
+    a.ld_ind(B, R7, TRP_FLAGS)
+        .jump_r0(JSET, u32::from(FLAG_ACK_REQUEST | FLAG_FOLLOWS), none);
+    a.ld_ind(B, R7, TRP_SACKS).jump_r0(JNE, 0, none);
+    word_at(&mut a, word, none)
+        .op(insn(LDX | DW | MEM, R1, R0, bell::ACKS_AT as i16, 0))
+        .jump(insn(JMP | JNE | K, R1, 0, 0, bell::ACKS_WAIT as i32), none)
         .op(insn(ALU64 | MOV | K, R8, 0, 0, verdict::QUIET as i32))
         .jump(insn(JMP | JA, 0, 0, 0, 0), store);
     a.bind(none);
@@ -373,6 +400,15 @@ mod tests {
         p
     }
 
+    /// Writes a whole value of the word's map: the word for `next`, and the second word.
+    fn put(map: &OwnedFd, next: Option<u32>, acks_wait: bool) {
+        let mut v = [0u8; bell::WORD_SIZE as usize];
+        v[..8].copy_from_slice(&bell::word(next).to_ne_bytes());
+        let acks = if acks_wait { bell::ACKS_WAIT } else { 0 };
+        v[bell::ACKS_AT..bell::ACKS_AT + 8].copy_from_slice(&acks.to_ne_bytes());
+        ebpf::map_update(map, &0u32.to_ne_bytes(), &v, 0).unwrap();
+    }
+
     struct Bed {
         f: FlowFilter,
     }
@@ -391,20 +427,19 @@ mod tests {
         }
 
         fn publish(&self, next: Option<u32>) {
-            ebpf::map_update(
-                self.f.word(),
-                &0u32.to_ne_bytes(),
-                &bell::word(next).to_ne_bytes(),
-                0,
-            )
-            .unwrap();
+            self.publish_all(next, false);
+        }
+
+        /// The word for `next`, and whether ACKs can wait.
+        fn publish_all(&self, next: Option<u32>, acks_wait: bool) {
+            put(self.f.word(), next, acks_wait);
         }
 
         /// The word as the filter left it.
         fn word(&self) -> u64 {
-            let mut v = [0u8; 8];
+            let mut v = [0u8; bell::WORD_SIZE as usize];
             ebpf::map_lookup(self.f.word(), &0u32.to_ne_bytes(), &mut v).unwrap();
-            u64::from_ne_bytes(v)
+            u64::from_ne_bytes(v[..8].try_into().unwrap())
         }
 
         /// The filter's verdict on `frame` and the bell's: the one slot of the per-CPU
@@ -508,13 +543,7 @@ mod tests {
             )
         };
         // The old word, written by the old process, is not read; the new one is.
-        ebpf::map_update(
-            &old,
-            &0u32.to_ne_bytes(),
-            &bell::word(Some(9)).to_ne_bytes(),
-            0,
-        )
-        .unwrap();
+        put(&old, Some(9), true);
         assert_eq!(b.run(&new(9)), (ACCEPT, verdict::NONE));
         b.publish(Some(9));
         assert_eq!(b.run(&new(9)), (ACCEPT, verdict::RECV));
@@ -623,5 +652,65 @@ mod tests {
         ack[2] |= trp::wire::trp::FLAG_FOLLOWS;
         assert_eq!(b.run(&udp(&ack)), (ACCEPT, verdict::NONE));
         assert_eq!(b.word(), bell::word(Some(9)));
+    }
+
+    /// A TRP ACK of `nsack` ranges (8 bytes each) with `flags`.
+    fn ack(flags: u8, nsack: u8) -> Vec<u8> {
+        let mut p = data(9, 0x41, 0x43, 0)[..20].to_vec();
+        p[1] = trp::wire::trp::Opcode::Ack as u8;
+        p[2] = flags;
+        p[3] = nsack;
+        p.extend(std::iter::repeat_n(0u8, 8 * usize::from(nsack)));
+        p
+    }
+
+    #[test]
+    fn an_ack_that_can_wait_wakes_nobody() {
+        for again in [false, true] {
+            acks_wait(&Bed::of(again));
+        }
+    }
+
+    fn acks_wait(b: &Bed) {
+        let bare = udp(&ack(0, 0));
+        assert_eq!(b.run(&bare), (ACCEPT, verdict::NONE), "nothing said yet");
+        b.publish_all(Some(9), true);
+        assert_eq!(b.run(&bare), (ACCEPT, verdict::QUIET));
+        // With a trailer, as every datagram of a connection that asked for one.
+        let crc = udp(&ack(trp::wire::trp::FLAG_CRC, 0));
+        assert_eq!(b.run(&crc), (ACCEPT, verdict::QUIET));
+        assert_eq!(b.word(), bell::word(Some(9)), "the word unchanged");
+        // What the process must read at once: an ACK asked for an answer, one that says
+        // more follows, one with SACK ranges (a loss to repair), a Sack.
+        for (p, why) in [
+            (ack(FLAG_ACK_REQUEST, 0), "asked"),
+            (ack(FLAG_FOLLOWS, 0), "follows"),
+            (ack(0, 1), "ranges"),
+        ] {
+            assert_eq!(b.run(&udp(&p)), (ACCEPT, verdict::NONE), "{why}");
+        }
+        let mut sack = ack(0, 1);
+        sack[1] = trp::wire::trp::Opcode::Sack as u8;
+        assert_eq!(b.run(&udp(&sack)), (ACCEPT, verdict::NONE), "a Sack");
+        // Cut short of its header, or another version.
+        assert_eq!(b.run(&udp(&ack(0, 0)[..19])), (ACCEPT, verdict::NONE));
+        let mut v2 = ack(0, 0);
+        v2[0] = 2;
+        assert_eq!(b.run(&udp(&v2)), (ACCEPT, verdict::NONE));
+        // Data still rings and wakes as before.
+        assert_eq!(
+            b.run(&udp(&data(9, 0x41, 0x43, 0))),
+            (ACCEPT, verdict::RECV)
+        );
+        assert_eq!(
+            b.run(&udp(&data(10, 0x81, 0x40, 0))),
+            (ACCEPT, verdict::NONE)
+        );
+        // The process takes it back.
+        b.publish_all(Some(9), false);
+        assert_eq!(b.run(&bare), (ACCEPT, verdict::NONE));
+        // With no PSN awaited, an ACK can still wait.
+        b.publish_all(None, true);
+        assert_eq!(b.run(&bare), (ACCEPT, verdict::QUIET));
     }
 }

@@ -101,11 +101,14 @@ fn progress_qp(
             conn.handle_timeout(now);
         }
         let dg = conn.max_datagram();
+        // Before what leaves: an ACK that must be read at once may come as soon as it has.
+        flow.acks_can_wait(conn.acks_can_wait());
         let m = flow.transmit(dg, &mut |buf| conn.poll_transmit(now, &mem, buf));
         work = n + m > 0 || flow.backlogged();
         // After the ring is drained: a frame that came meanwhile was told the old PSN and
         // wakes the helper as without a bell.
         flow.ring_for(conn.bell_psn());
+        flow.acks_can_wait(conn.acks_can_wait());
         // Figures change only with datagrams and timers.
         let due = qp.figures_due.is_none_or(|t| t <= now);
         let moved = n + m > 0 || qp.figures_stale;

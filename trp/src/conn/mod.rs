@@ -259,6 +259,24 @@ impl Connection {
         (matches!(self.state, Phase::Rts) && !self.cfg.srq && !self.recv.rq.is_empty())
             .then(|| self.rx.nxt())
     }
+    /// Whether an ACK from the peer that carries nothing else can wait unread for whatever
+    /// wakes the caller next: nobody is waiting for one. In Rts, with every send request
+    /// on the wire, none signaled, none waiting for a response and the send queue at most
+    /// half full, an ACK only lets go of what the peer has: no completion, no window that
+    /// holds a request back, no close. A direct connection tells its socket's filter, so
+    /// that such an ACK wakes nobody; the retransmission timer still reads it before it
+    /// fires, because callers receive before they run timers.
+    pub fn acks_can_wait(&self) -> bool {
+        matches!(self.state, Phase::Rts)
+            && self.accept.is_none()
+            && self.sq.cursor == self.sq.entries.len()
+            && self.sq.entries.len() * 2 <= self.cfg.max_send_wr
+            && self
+                .sq
+                .entries
+                .iter()
+                .all(|e| !e.signaled && !e.op.awaits_response())
+    }
     /// The PSN our next new packet will carry.
     pub fn next_psn(&self) -> u32 {
         self.tx.nxt()
