@@ -117,13 +117,15 @@ struct urdma_dev {
 	atomic64_t bell_events;		/* completion events the bell fired */
 	atomic64_t bell_hushed;		/* frames left to a thread in a call */
 	atomic64_t bell_late;		/* ... that no call read in time */
+	atomic64_t bell_quiet;		/* frames read with what comes next */
 };
 
 /* hw_counters: urdmad's (enum urdma_stat), then the module's own. */
 #define URDMA_HW_BELL_EVENTS	URDMA_STAT_COUNT
 #define URDMA_HW_BELL_HUSHED	(URDMA_STAT_COUNT + 1)
 #define URDMA_HW_BELL_LATE	(URDMA_STAT_COUNT + 2)
-#define URDMA_HW_COUNT		(URDMA_STAT_COUNT + 3)
+#define URDMA_HW_BELL_QUIET	(URDMA_STAT_COUNT + 3)
+#define URDMA_HW_COUNT		(URDMA_STAT_COUNT + 4)
 
 struct urdma_ucontext {
 	struct ib_ucontext ibucontext;

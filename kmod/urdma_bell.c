@@ -30,7 +30,9 @@
  * A frame whose sender marked it as followed at once by the next (the
  * filter's QUIET verdict, for the PSN the process waits for) wakes nobody:
  * the next frame, whose PSN the filter then waits for, rings or wakes for
- * both.  If that frame is lost, the sender's retransmission wakes.
+ * both.  If that frame is lost, the sender's retransmission wakes.  An
+ * acknowledgment the process said can wait is QUIET too: it is read with
+ * the process's next frame or call, or before its retransmission timer.
  *
  * A frame that fires no event is left to the process's own threads while
  * one of them is inside a verbs call that reads every socket before it
@@ -238,11 +240,12 @@ static void urdma_bell_data_ready(struct sock *sk)
 	verdict = urdma_bell_verdict(bell->verdicts);
 	/*
 	 * The woken thread's poll reads the frame: nobody else need wake.  A
-	 * quiet frame is read with the one its sender sends right after it.
+	 * quiet frame is read with what comes next.
 	 */
-	if (verdict != URDMA_BELL_QUIET &&
-	    !urdma_cq_ring(bell->qp->ibqp.recv_cq, verdict) &&
-	    !urdma_bell_hush(bell))
+	if (verdict == URDMA_BELL_QUIET)
+		atomic64_inc(&to_udev(bell->qp->ibqp.device)->bell_quiet);
+	else if (!urdma_cq_ring(bell->qp->ibqp.recv_cq, verdict) &&
+		 !urdma_bell_hush(bell))
 		bell->data_ready(sk);
 	read_unlock_bh(&sk->sk_callback_lock);
 }

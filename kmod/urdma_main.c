@@ -108,6 +108,7 @@ static const struct rdma_stat_desc urdma_stat_descs[] = {
 	[URDMA_HW_BELL_EVENTS] = { .name = "bell_events" },
 	[URDMA_HW_BELL_HUSHED] = { .name = "bell_hushed" },
 	[URDMA_HW_BELL_LATE] = { .name = "bell_late" },
+	[URDMA_HW_BELL_QUIET] = { .name = "bell_quiet" },
 };
 
 static struct rdma_hw_stats *
@@ -127,6 +128,7 @@ static int urdma_get_hw_stats(struct ib_device *ibdev,
 	stats->value[URDMA_HW_BELL_EVENTS] = atomic64_read(&udev->bell_events);
 	stats->value[URDMA_HW_BELL_HUSHED] = atomic64_read(&udev->bell_hushed);
 	stats->value[URDMA_HW_BELL_LATE] = atomic64_read(&udev->bell_late);
+	stats->value[URDMA_HW_BELL_QUIET] = atomic64_read(&udev->bell_quiet);
 	return stats->num_counters;
 }
 

@@ -43,7 +43,7 @@ bed_up() {
 }
 
 # The counters urdma.ko shows for each device (kmod/urdma_main.c), in their order.
-HW_COUNTERS="rx_frames tx_frames rx_drops rx_packets tx_packets retransmissions timeouts duplicates crc_errors malformed bell_events bell_hushed bell_late"
+HW_COUNTERS="rx_frames tx_frames rx_drops rx_packets tx_packets retransmissions timeouts duplicates crc_errors malformed bell_events bell_hushed bell_late bell_quiet"
 # hw NODE NAME: counter NAME of the node's device, as `rdma statistic show` lists it.
 hw() {
 	t ip netns exec "urdma$1" rdma statistic show link "urdma$1/1" |
