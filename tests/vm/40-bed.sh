@@ -29,10 +29,14 @@ field() {
 counter() {
 	field "$@" | grep -E '^[0-9]+$' || echo "none"
 }
+# snapshot: a line "NODE rx_packets tx_packets to_kernel from_kernel" per node, its port's and
+# exception path's counters from one status call (each call, urdmad and jq, takes about a
+# second here; the checks below refuse a value that is not a count)
 snapshot() {
 	local n
 	for n in A B; do
-		echo "$n $(counter "$n" port rx_packets) $(counter "$n" port tx_packets) $(counter "$n" exception to_kernel) $(counter "$n" exception from_kernel)"
+		echo "$n $(t "$urdmad" status --json --socket "/run/urdma/$n.sock" |
+			jq -r '"\(.port[0].rx_packets) \(.port[0].tx_packets) \(.exception[0].to_kernel) \(.exception[0].from_kernel)"')"
 	done
 }
 
