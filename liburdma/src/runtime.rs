@@ -76,11 +76,11 @@ fn tuning() -> &'static Tuning {
 }
 
 /// How often an application polling its CQs reads urdmad's socket itself. The helper reads
-/// it when urdmad writes, but takes the lock only when no application thread holds it
-/// (`try_lock`): with a thread per connection spinning in `ibv_poll_cq` the lock is hardly
-/// ever free, and an `EVENT CONNECTED` that waited there for the helper left the peer's
-/// Accept unacknowledged until the peer gave the connection up (10 s). One read is one
-/// system call, which a poll every few microseconds must not pay each time.
+/// it when urdmad writes, under the lock: with a thread per connection spinning in
+/// `ibv_poll_cq` the lock is hardly ever free (a thread that lets it go takes it again
+/// before a waiter wakes), and an `EVENT CONNECTED` that waited there for the helper left
+/// the peer's Accept unacknowledged until the peer gave the connection up (10 s). One read
+/// is one system call, which a poll every few microseconds must not pay each time.
 const EVENT_LOOK: Duration = Duration::from_millis(1);
 
 /// When an application thread last made a data verb call (ns on [`now`]'s clock; 0 after

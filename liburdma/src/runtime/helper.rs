@@ -36,13 +36,12 @@
 //! those wake-ups was a context switch on the message's path. These rules
 //! are [`crate::progress`]'s, tested there; this module carries them out.
 //!
-//! The helper takes the lock with `try_lock` and never holds it while it
-//! sleeps or waits for urdmad. It blocks every signal.
+//! The helper waits for the lock when a call holds it, and never holds it
+//! while it sleeps or waits for urdmad. It blocks every signal.
 //!
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::TryLockError;
 use std::time::Duration;
 
 use trp::Instant;
@@ -66,9 +65,16 @@ fn yield_cpu() -> bool {
     t.elapsed() < YIELD_FREE
 }
 
-/// Sets the helper's alarm to `at` (None: no alarm).
+/// Sets the helper's alarm to `at` (None: no alarm). An expiry not read yet is taken back:
+/// the alarm's descriptor is readable again only once `at` has passed.
 pub(super) fn set_alarm(at: Option<Instant>) {
-    let Some(fd) = rt().alarm.get() else { return };
+    if let Some(fd) = rt().alarm.get() {
+        arm(fd.as_raw_fd(), at);
+    }
+}
+
+/// Sets timerfd `fd` to expire at `at` on [`now`]'s clock (None: never).
+fn arm(fd: i32, at: Option<Instant>) {
     // An all-zero value disarms; a deadline of 0 ns is long past anyway.
     let ns = at.map_or(0, |t| t.as_nanos().max(1));
     let spec = libc::itimerspec {
@@ -81,15 +87,8 @@ pub(super) fn set_alarm(at: Option<Instant>) {
             tv_nsec: (ns % 1_000_000_000) as libc::c_long,
         },
     };
-    // SAFETY: our timerfd; a valid itimerspec; no old value wanted.
-    unsafe {
-        libc::timerfd_settime(
-            fd.as_raw_fd(),
-            libc::TFD_TIMER_ABSTIME,
-            &spec,
-            std::ptr::null_mut(),
-        )
-    };
+    // SAFETY: a timerfd; a valid itimerspec; no old value wanted.
+    unsafe { libc::timerfd_settime(fd, libc::TFD_TIMER_ABSTIME, &spec, std::ptr::null_mut()) };
 }
 
 pub(super) fn kick_helper() {
@@ -112,14 +111,9 @@ pub(super) fn helper_loop() {
     // something comes, and the alarm is set to the earliest timer.
     let mut quiet = false;
     let mut ctl = -1;
-    // How long to stay away from a lock the application holds.
-    let mut busy = t.app_active;
     // What the last wait found readable (`Ready`), for the round that follows it: a
     // second look at the same descriptors is a system call for nothing.
     let mut woke: Option<Ready> = None;
-    // Every flow's frames wake nobody while an application thread is in a call
-    // (`progress::Round::hushed`), as of the last round.
-    let mut hushed = false;
     loop {
         if quiet {
             let r = readable_any([ctl, kick, alarm, sockets]);
@@ -129,32 +123,16 @@ pub(super) fn helper_loop() {
                 continue;
             }
             quiet = false;
-            drain(r, [kick, alarm]);
+            drain_kick(r, kick);
             woke = Some(r);
         }
         // Only for the round that follows the wait at once.
         let first = woke.take();
-        let mut g = match rt().state.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) if hushed || readable_any([ctl, kick, -1, -1]).any() => {
-                // A kick (the application goes to sleep) or urdmad's word came during the
-                // call: the helper's round follows it. Hushed, the frame that woke the helper
-                // came while no thread was in a call, and the call that began since may
-                // read only its own QP's socket: the round after it reads every one.
-                lock()
-            }
-            Err(TryLockError::WouldBlock) => {
-                // The application is in a verb, which makes progress itself: look again
-                // when it may have stopped, as while it polls, backing off the same way.
-                // (Every 50 µs, the helper of a process with 256 QPs, whose calls hold the
-                // lock for long, took a quarter of a CPU in the bed for nothing.)
-                sleep_on_for([ctl, kick, -1, -1], busy);
-                busy = t.next_look(busy);
-                continue;
-            }
-        };
-        busy = t.app_active;
+        // An application thread in a call makes progress only for the QP it posts to (a
+        // post) or for every one (a poll): the round follows the call, however long it
+        // holds the lock. A helper that backed off instead, for the application's next
+        // look, left the frame that woke it unread for up to a look's length.
+        let mut g = lock();
         g.helper_sleep = None;
         HELPER_WOKEN.store(false, Ordering::Relaxed);
         let Some(fd) = g
@@ -177,7 +155,7 @@ pub(super) fn helper_loop() {
         g.deliver_notices();
         let wakes = g.engine.flow_wakes();
         let needs_arm = wakes.needs_arm;
-        hushed = super::hush().is_some() && wakes.all_hushed;
+        let hushed = super::hush().is_some() && wakes.all_hushed;
         let round = Round {
             worked: p.busy || events,
             idle,
@@ -235,7 +213,6 @@ pub(super) fn helper_loop() {
             // application may have stopped. urdmad's messages and kicks take their round.
             // The longer it has polled, the longer the helper stays away.
             if !r.has(0) && !r.has(1) && !r.has(3) && t.look_again(sleep, activity(), self::now()) {
-                drain(r, [-1, alarm]);
                 look = t.next_look(look);
                 set_alarm(Some(self::now() + look));
                 continue;
@@ -246,7 +223,7 @@ pub(super) fn helper_loop() {
         // it wait for the call to end, and then wake it again. The flag tells the
         // application's calls until the next round clears `helper_sleep`.
         HELPER_WOKEN.store(true, Ordering::Relaxed);
-        drain(r, [kick, alarm]);
+        drain_kick(r, kick);
         woke = Some(r);
         // One round to see what woke it: anything to do starts the spin
         // again, nothing (ARM's reply, a timer with nothing due) sleeps.
@@ -271,18 +248,19 @@ impl Ready {
     }
 }
 
-/// Empties those of the helper's eventfd and timerfd (`fds`, at places 1 and 2 of the wait
-/// that found `r`) that were readable: a read of one that was not is a system call for
-/// nothing. One that became readable since wakes the next wait at once.
-fn drain(r: Ready, fds: [i32; 2]) {
-    for (i, f) in fds.into_iter().enumerate() {
-        if f < 0 || !r.has(i + 1) {
-            continue;
-        }
-        let mut v = 0u64;
-        // SAFETY: reading our non-blocking eventfd or timerfd into a local.
-        unsafe { libc::read(f, (&mut v as *mut u64).cast(), 8) };
+/// Empties the helper's eventfd (`kick`, at place 1 of the wait that found `r`) if it was
+/// readable: a read of one that was not is a system call for nothing. One that became
+/// readable since wakes the next wait at once. The alarm is not read: every wait on it
+/// follows a `set_alarm`, which takes back an expiry not yet read (`timerfd_settime`
+/// clears the count), so a read of it would be a system call in the runs it wakes for
+/// nothing else.
+fn drain_kick(r: Ready, kick: i32) {
+    if kick < 0 || !r.has(1) {
+        return;
     }
+    let mut v = 0u64;
+    // SAFETY: reading our non-blocking eventfd into a local.
+    unsafe { libc::read(kick, (&mut v as *mut u64).cast(), 8) };
 }
 
 /// Which of `fds` (-1: none) have something to read, without waiting.
@@ -293,11 +271,6 @@ fn readable_any(fds: [i32; 4]) -> Ready {
 /// Whether `fd` has something to read (one poll() that does not wait).
 fn readable(fd: i32) -> bool {
     readable_any([fd, -1, -1, -1]).any()
-}
-
-/// Sleeps until one of `fds` is readable or `d` has passed.
-fn sleep_on_for(fds: [i32; 4], d: Duration) {
-    wait_readable(fds, Some(d));
 }
 
 /// Sleeps until one of `fds` is readable; which are.
@@ -340,4 +313,35 @@ fn wait_readable(fds: [i32; 4], timeout: Option<Duration>) -> Ready {
             .filter(|(_, q)| q.fd >= 0 && q.revents != 0)
             .fold(0, |m, (i, _)| m | 1 << i),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The helper never reads its alarm ([`drain_kick`]): setting it again must take back an
+    /// expiry nobody read, or the next wait would end at once, with nothing due.
+    #[test]
+    fn setting_the_alarm_again_takes_back_an_unread_expiry() {
+        // SAFETY: plain timerfd creation.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        assert!(fd >= 0);
+        let readable = |d| wait_readable([fd, -1, -1, -1], Some(d)).any();
+        arm(fd, Some(now()));
+        assert!(readable(Duration::from_secs(1)), "expired");
+        assert!(readable(Duration::ZERO), "still readable: nobody read it");
+        arm(fd, Some(now() + Duration::from_secs(60)));
+        assert!(!readable(Duration::ZERO), "set again");
+        arm(fd, Some(now()));
+        assert!(readable(Duration::from_secs(1)));
+        arm(fd, None);
+        assert!(!readable(Duration::ZERO), "disarmed");
+        // SAFETY: ours, closed once.
+        unsafe { libc::close(fd) };
+    }
 }
