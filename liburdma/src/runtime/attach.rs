@@ -29,7 +29,7 @@ use std::sync::OnceLock;
 use urdma_shared::client::Connection as Control;
 use urdma_shared::proto::{Request, Response};
 
-use super::helper::helper_loop;
+use super::helper::{helper_loop, new_alarm};
 use super::{rt, Attached, Shared, CONTROL_TIMEOUT, IN_CALLS};
 use crate::dpdk::{self, Rings};
 use crate::log;
@@ -233,21 +233,16 @@ fn helper_descriptors() -> [(&'static OnceLock<OwnedFd>, MakeFd); 3] {
         // SAFETY: plain eventfd creation.
         unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) }
     }
-    fn alarm() -> i32 {
-        // SAFETY: plain timerfd creation.
-        unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        }
-    }
     fn sockets() -> i32 {
         // SAFETY: plain epoll creation.
         unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) }
     }
     let r = rt();
-    [(&r.kick, kick), (&r.alarm, alarm), (&r.sockets, sockets)]
+    [
+        (&r.kick, kick),
+        (&r.alarm, new_alarm),
+        (&r.sockets, sockets),
+    ]
 }
 
 /// In a forked child: the helper's descriptors name objects the parent still uses (a kick

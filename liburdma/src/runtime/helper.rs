@@ -73,6 +73,17 @@ pub(super) fn set_alarm(at: Option<Instant>) {
     }
 }
 
+/// A new alarm: a timerfd on the clock of [`now`], or -1 (`errno` says why).
+pub(super) fn new_alarm() -> i32 {
+    // SAFETY: plain timerfd creation.
+    unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    }
+}
+
 /// Sets timerfd `fd` to expire at `at` on [`now`]'s clock (None: never).
 fn arm(fd: i32, at: Option<Instant>) {
     // An all-zero value disarms; a deadline of 0 ns is long past anyway.
@@ -323,13 +334,7 @@ mod tests {
     /// expiry nobody read, or the next wait would end at once, with nothing due.
     #[test]
     fn setting_the_alarm_again_takes_back_an_unread_expiry() {
-        // SAFETY: plain timerfd creation.
-        let fd = unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        };
+        let fd = new_alarm();
         assert!(fd >= 0);
         let readable = |d| wait_readable([fd, -1, -1, -1], Some(d)).any();
         arm(fd, Some(now()));
