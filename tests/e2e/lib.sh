@@ -91,6 +91,18 @@ build_e2e() {
 	echo "$exe"
 }
 
+# Compiles the MPI program tests/e2e/NAME.c with mpicc into $OUT and prints its path; a
+# build newer than its source is used as it is (scripts/test builds it on the host).
+build_mpi() {
+	local exe=$OUT/$1
+	if [ "$exe" -nt "tests/e2e/$1.c" ]; then
+		echo "$exe"
+		return 0
+	fi
+	TMPDIR=$OUT t mpicc -O2 -Wall -Werror -o "$exe" "tests/e2e/$1.c" || fail "cannot build tests/e2e/$1.c"
+	echo "$exe"
+}
+
 # Waits until the resource counts of device $1 equal $2 (at most $3 seconds).
 wait_res() {
 	local i now

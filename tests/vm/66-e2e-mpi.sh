@@ -26,8 +26,7 @@ STEP_TIMEOUT=${MPI_TIMEOUT:-300}
 for p in mpicc mpirun fi_info; do
 	command -v "$p" >/dev/null || fail "$p is not installed (scripts/setup: openmpi-bin libopenmpi-dev libfabric-bin)"
 done
-prog=$OUT/mpi
-TMPDIR=$OUT t mpicc -O2 -Wall -Werror -o "$prog" tests/e2e/mpi.c || fail "cannot build tests/e2e/mpi.c"
+prog=$(build_mpi mpi) || exit 1
 
 bed_up
 before_a=$(res_counts urdmaA)
