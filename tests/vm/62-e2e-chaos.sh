@@ -20,7 +20,11 @@
 #     tests/vm/run-all 62-e2e-chaos
 # (a round takes about 22 s here, 37 minutes in all; the bound below is the reduced run's).
 # CHAOS_SEED picks the faults and moments (the log prints it; the same seed repeats them).
+# Each fault is undone within its round (a link taken down comes up again, a killed urdmad
+# is restarted) and the test checks that the nodes hold what they held before it, so it runs
+# on run-all's shared bed.
 # vm-timeout: 900
+# vm-bed: shared
 set -u
 . tests/e2e/lib.sh
 
