@@ -19,6 +19,7 @@
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/miscdevice.h>
+#include <linux/moduleparam.h>
 #include <linux/poll.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
@@ -35,12 +36,32 @@
 /* How long iw_accept waits for urdmad's ACCEPTED. */
 #define URDMA_ACCEPT_TIMEOUT	(5 * HZ)
 /*
- * How long a CONNECT may stay unanswered.  urdmad gives up on a handshake
- * after about a minute (docs/connection.md); this only bounds what a hung
- * daemon would otherwise make unbounded: iw_cm holds rdma_destroy_id, and
- * the exit of the owning process, uninterruptibly until the CONNECT_REPLY.
+ * How long a CONNECT may stay unanswered, in seconds.  urdmad gives up on
+ * a handshake after about a minute (docs/connection.md); this only bounds
+ * what a hung daemon would otherwise make unbounded: iw_cm holds
+ * rdma_destroy_id, and the exit of the owning process, uninterruptibly
+ * until the CONNECT_REPLY.  Writable, so that a test of the bound need not
+ * wait 90 s; a connect keeps the value it started with.
  */
-#define URDMA_CONNECT_TIMEOUT	(90 * HZ)
+#define URDMA_CONNECT_TIMEOUT_MAX	3600
+static unsigned int urdma_connect_timeout_s = 90;
+
+static int urdma_set_connect_timeout(const char *val,
+				     const struct kernel_param *kp)
+{
+	return param_set_uint_minmax(val, kp, 1, URDMA_CONNECT_TIMEOUT_MAX);
+}
+
+static const struct kernel_param_ops urdma_connect_timeout_ops = {
+	.set = urdma_set_connect_timeout,
+	.get = param_get_uint,
+};
+
+module_param_cb(connect_timeout, &urdma_connect_timeout_ops,
+		&urdma_connect_timeout_s, 0644);
+MODULE_PARM_DESC(connect_timeout,
+		 "seconds a CONNECT may wait for urdmad's answer (1-"
+		 __stringify(URDMA_CONNECT_TIMEOUT_MAX) ", default 90)");
 
 /* One open of /dev/urdma_cm: one urdmad. */
 struct urdma_chan {
@@ -714,7 +735,7 @@ int urdma_connect(struct iw_cm_id *id, struct iw_cm_conn_param *param)
 	list_add_tail(&ep->link, &urdma_eps);
 	kref_get(&ep->ref);
 	queue_delayed_work(urdma_cm_wq, &ep->connect_timeout,
-			   URDMA_CONNECT_TIMEOUT);
+			   READ_ONCE(urdma_connect_timeout_s) * HZ);
 
 	m->msg.id = ep->id;
 	m->msg.dev_id = udev->ibdev.index;

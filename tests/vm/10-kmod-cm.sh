@@ -9,7 +9,7 @@
 # an unanswered accept, urdmad dying with pending and established
 # connections and with an accept waiting, a process killed while
 # connecting and while connected, a connect never answered (the kernel's
-# 90 s timeout), a request abandoned before the accept, two daemons in
+# timeout, the module parameter connect_timeout), a request abandoned before the accept, two daemons in
 # two namespaces, module unload refused while a daemon is attached,
 # resource counts back to where they were, and the interface deleted
 # under an established connection.
@@ -19,6 +19,7 @@ set -u
 
 NS=urdma-peer
 SOCK=/run/urdma-cm-test
+CT=/sys/module/urdma/parameters/connect_timeout
 pids=
 daemons=
 
@@ -34,6 +35,7 @@ finish() {
 	for p in $pids; do
 		wait_gone "$p" 30
 	done
+	[ -w "$CT" ] && echo 90 >"$CT"
 	cleanup
 	timeout 30 ip netns del "$NS" 2>/dev/null
 	true
@@ -265,12 +267,19 @@ wait_gone "$c7" 20 || fail "killed client stuck: $(ps -o stat=,wchan= -p "$c7")"
 stuck=$(ps -eo stat=,comm= | awk '$1 ~ /^D/ && $2 == "cm_probe"')
 [ -z "$stuck" ] || fail "cm_probe in D state: $stuck"
 
-# -- A CONNECT the daemon never answers fails on its own after 90 s
+# -- A CONNECT the daemon never answers fails on its own after
+# connect_timeout seconds (90 by default; 1 to 3600), here 20
 # (UNREACHABLE), and the daemon is told to drop it.  The steps up to the
 # one that ends d3 run meanwhile (none sends d3 a SIGUSR2, which would
 # answer it).
+[ "$(cat "$CT")" = 90 ] || fail "connect_timeout is '$(cat "$CT")', not 90 by default"
+for v in 0 3601 x; do
+	echo "$v" 2>/dev/null >"$CT" && fail "connect_timeout took $v"
+done
+echo 20 >"$CT" || fail "connect_timeout refused 20"
 bg "$log/c13" "$CMP" "$uv" client 10.77.0.1 7003 hello wait 150
 c13=$BG
+c13_start=$SECONDS
 wait_line "$log/d3" '^CONNECT .*:7003 ' 30 || fail "d3 got no CONNECT for the connect left unanswered"
 
 # -- A second daemon in another namespace serves its own interface.
@@ -320,6 +329,7 @@ module_loaded || fail "module gone"
 
 # The connect left unanswered above, before d3 goes.
 wait_gone "$c13" 150 || fail "the connect left unanswered did not end"
+[ $((SECONDS - c13_start)) -lt 80 ] || fail "the connect left unanswered took $((SECONDS - c13_start)) s, not connect_timeout's 20"
 expect_line "$log/c13" '^event UNREACHABLE status -110 ' "connect never answered"
 qpn=$(awk '$1 == "qpn" {print $2}' "$log/c13")
 # the daemon logs the DISCONNECT when it reads it, in its own time
