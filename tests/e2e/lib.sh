@@ -86,21 +86,14 @@ build_e2e() {
 		echo "$exe"
 		return 0
 	fi
-	TMPDIR=$OUT t cc -O2 -Wall -Werror -o "$exe" "tests/e2e/$1.c" -lrdmacm -libverbs -lpthread ||
+	TMPDIR=$OUT t "${E2E_CC:-cc}" -O2 -Wall -Werror -o "$exe" "tests/e2e/$1.c" -lrdmacm -libverbs -lpthread ||
 		fail "cannot build tests/e2e/$1.c"
 	echo "$exe"
 }
 
-# Compiles the MPI program tests/e2e/NAME.c with mpicc into $OUT and prints its path; a
-# build newer than its source is used as it is (scripts/test builds it on the host).
+# build_e2e for the MPI program tests/e2e/NAME.c, with mpicc.
 build_mpi() {
-	local exe=$OUT/$1
-	if [ "$exe" -nt "tests/e2e/$1.c" ]; then
-		echo "$exe"
-		return 0
-	fi
-	TMPDIR=$OUT t mpicc -O2 -Wall -Werror -o "$exe" "tests/e2e/$1.c" || fail "cannot build tests/e2e/$1.c"
-	echo "$exe"
+	E2E_CC=mpicc build_e2e "$1"
 }
 
 # Waits until the resource counts of device $1 equal $2 (at most $3 seconds).

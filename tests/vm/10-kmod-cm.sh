@@ -9,8 +9,9 @@
 # an unanswered accept, urdmad dying with pending and established
 # connections and with an accept waiting, a process killed while
 # connecting and while connected, a connect never answered (the kernel's
-# timeout, the module parameter connect_timeout), a request abandoned before the accept, two daemons in
-# two namespaces, module unload refused while a daemon is attached,
+# timeout, the module parameter connect_timeout), a request abandoned
+# before the accept, two daemons in two namespaces, module unload refused
+# while a daemon is attached,
 # resource counts back to where they were, and the interface deleted
 # under an established connection.
 # vm-timeout: 1200
