@@ -220,6 +220,10 @@ struct Qp {
     figures_stale: bool,
     /// How long the application takes to answer what it reads.
     reply: ReplyTime,
+    /// An ACK the peer asked for is held for the reply to what a round placed in memory (a
+    /// Write): the application may be spinning on that memory, and its next call ends the
+    /// wait ([`Engine::progress`]).
+    awaits_reader: bool,
 }
 
 /// How far a QP's connection has got towards `Notice::Closed`.
@@ -275,6 +279,8 @@ pub struct Progress {
     /// Some flow's way out was full: what is left to send needs a round, since no
     /// descriptor says when the way is free again.
     pub backlogged: bool,
+    /// Some QP's held ACK waits for the application's next call ([`Qp::awaits_reader`]).
+    pub awaits_reader: bool,
 }
 
 #[derive(Default)]
@@ -294,6 +300,8 @@ pub struct Engine {
     /// began ([`Engine::progress_after_post`]).
     full_round_end: Instant,
     posts_since_full: usize,
+    /// Some QP may have [`Qp::awaits_reader`] set.
+    reader_waits: bool,
 }
 
 impl Engine {
@@ -353,6 +361,7 @@ impl Engine {
                 figures_due: None,
                 figures_stale: false,
                 reply: ReplyTime::default(),
+                awaits_reader: false,
             },
         );
     }
@@ -546,8 +555,23 @@ impl Engine {
     /// The QPs share their port's TX ring, and whoever goes first may fill
     /// it: each round starts one QP further on, so that under load none of
     /// them always finds the ring full (and its peer gives up on it).
+    ///
+    /// It is the application's: its call ends the waits of ACKs held for what earlier rounds
+    /// placed in memory ([`Qp::awaits_reader`]); its reply, if it has one, comes within the
+    /// hold from now (`trp::Connection::reader_saw`).
     pub fn progress(&mut self, now: Instant) -> Progress {
-        self.round(now, Attended::Yes)
+        self.end_reader_waits(now);
+        self.round(now, Attended::App)
+    }
+
+    /// [`Engine::progress`] for the helper thread, while the application may be waiting on
+    /// its memory for what the round places, to reply at once (a ping-pong of Writes): an
+    /// ACK the peer asked for waits for that reply until the application's next call, a
+    /// quarter of the RTO at most (`trp::Connection::hold_ack_for_reader`). Sent alone, it
+    /// would end the peer's wait for its completion before the reply came, and the peer's
+    /// helper would have to be scheduled to place the reply in turn, message after message.
+    pub fn progress_for_app(&mut self, now: Instant) -> Progress {
+        self.round(now, Attended::Helper)
     }
 
     /// [`Engine::progress`] for the helper thread, while the application is elsewhere: an
@@ -556,6 +580,21 @@ impl Engine {
     /// would only make the helper wake again when the hold ends.
     pub fn progress_unattended(&mut self, now: Instant) -> Progress {
         self.round(now, Attended::No)
+    }
+
+    /// The application made a call: each ACK held for what a round placed in memory waits
+    /// the hold from now at most.
+    fn end_reader_waits(&mut self, now: Instant) {
+        if !std::mem::take(&mut self.reader_waits) {
+            return;
+        }
+        for qp in self.qps.values_mut() {
+            if std::mem::take(&mut qp.awaits_reader) {
+                if let Some(conn) = qp.conn.as_mut() {
+                    conn.reader_saw(now);
+                }
+            }
+        }
     }
 
     fn round(&mut self, now: Instant, who: Attended) -> Progress {
@@ -573,6 +612,7 @@ impl Engine {
             let srqs = (&mut *srqs, &mut *srq_limits);
             progress_one(mrs, srqs, cqs, notices, *key, qp, now, who, &mut p);
         }
+        self.reader_waits |= p.awaits_reader;
         p
     }
 
@@ -588,6 +628,7 @@ impl Engine {
     /// post to still has its round within about twice that.
     pub fn progress_after_post(&mut self, key: QpKey, now: Instant, every: Duration) -> bool {
         self.posts_since_full += 1;
+        self.end_reader_waits(now);
         if self.posts_since_full >= self.qps.len() || now >= self.full_round_end + every {
             self.progress(now);
             return true;
@@ -596,7 +637,8 @@ impl Engine {
             let (mrs, cqs, notices) = (&mut self.mrs, &mut self.cqs, &mut self.notices);
             let srqs = (&mut self.srqs, &mut self.srq_limits);
             let p = &mut Progress::default();
-            progress_one(mrs, srqs, cqs, notices, key, qp, now, Attended::Yes, p);
+            progress_one(mrs, srqs, cqs, notices, key, qp, now, Attended::App, p);
+            self.reader_waits |= p.awaits_reader;
         }
         false
     }

@@ -363,12 +363,9 @@ impl Shared {
 
     /// The helper's round over every QP. An application that called within
     /// [`crate::progress::APP_QUIET`] may be waiting on its memory for what this round
-    /// places, and reply at once (a ping-pong of Writes): an ACK its peer asked for waits for that reply as in the
-    /// application's own rounds (`trp::Config::ack_hold`). Were it sent alone, it would
-    /// end the peer's wait for its completion before the reply came, and the peer's
-    /// helper would have to be scheduled to place the reply in turn, message after
-    /// message. An application that has been away longer, or went to sleep in
-    /// `ibv_get_cq_event`, is not about to reply ([`Engine::progress_unattended`]).
+    /// places, and reply at once ([`Engine::progress_for_app`]); one that has been away
+    /// longer, or went to sleep in `ibv_get_cq_event`, is not about to reply
+    /// ([`Engine::progress_unattended`]).
     fn helper_round(&mut self, now: Instant) -> crate::engine::Progress {
         if let Some(h) = hush() {
             h.clear();
@@ -376,7 +373,7 @@ impl Shared {
         let p = if tuning().quiet(activity(), now) {
             self.engine.progress_unattended(now)
         } else {
-            self.engine.progress(now)
+            self.engine.progress_for_app(now)
         };
         self.engine.full_round_ended(self::now());
         p

@@ -833,6 +833,11 @@ impl Receiver {
         }
     }
 
+    /// Whether an ACK the sender asked for is being held for a reply.
+    pub fn holds(&self) -> bool {
+        self.held && !self.ack_now
+    }
+
     /// How long an asked-for ACK waits for a reply, from now on.
     pub fn set_hold(&mut self, hold: Duration) {
         self.hold_ns = hold.as_nanos().min(u128::from(u64::MAX)) as u64;

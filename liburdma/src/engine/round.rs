@@ -5,11 +5,14 @@
 use super::*;
 use urdma_shared::qpstats::{self, Counter};
 
-/// Whether the application makes the round, in one of its calls, and may post a reply to
-/// what the round receives.
+/// Who makes the round, and whether the application may post a reply to what it receives.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Attended {
-    Yes,
+    /// The application, in one of its calls.
+    App,
+    /// The helper, while the application called recently: it may be spinning on its memory.
+    Helper,
+    /// The helper, while the application is away or asleep.
     No,
 }
 
@@ -35,6 +38,7 @@ pub(super) fn progress_one(
     if qp.flow.as_ref().is_some_and(|f| f.backlogged()) {
         p.backlogged = true;
     }
+    p.awaits_reader |= qp.awaits_reader;
     if let Some(t) = qp.conn.as_ref().and_then(|c| c.poll_timeout()) {
         if qp.flow.is_some() {
             p.deadline = Some(p.deadline.map_or(t, |d| d.min(t)));
@@ -78,6 +82,7 @@ fn progress_qp(
         return false;
     };
     let mut work = false;
+    let mut placed = false;
     if let Some(flow) = qp.flow.as_mut() {
         let srq = qp.init.srq.and_then(|k| srqs.get_mut(&k)).map(|(_, q)| q);
         let mut mem = mrs.view(key.0, Some(key.1), inline, srq);
@@ -105,6 +110,7 @@ fn progress_qp(
         flow.acks_can_wait(conn.acks_can_wait());
         let m = flow.transmit(dg, &mut |buf| conn.poll_transmit(now, &mem, buf));
         work = n + m > 0 || flow.backlogged();
+        placed = n > 0;
         // After the ring is drained: a frame that came meanwhile was told the old PSN and
         // wakes the helper as without a bell.
         flow.ring_for(conn.bell_psn());
@@ -197,9 +203,16 @@ fn progress_qp(
         received |= c.queue == Queue::Recv;
         qp.out.push_back(c);
     }
-    if received && who == Attended::Yes {
-        // The reply, if one comes, follows the application's poll of this completion.
-        conn.hold_ack_for_reader(now);
+    if who != Attended::No {
+        if received {
+            // The reply, if one comes, follows the application's poll of this completion.
+            conn.hold_ack_for_reader(now);
+        } else if placed && conn.holds_ack() {
+            // What asked for it went to memory, which the application may be spinning on:
+            // the reply, if one comes, is its next call.
+            conn.hold_ack_for_reader(now);
+            qp.awaits_reader = true;
+        }
     }
     sends_first(&mut qp.out, start);
     work

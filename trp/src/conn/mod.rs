@@ -317,6 +317,11 @@ impl Connection {
         self.rx.hold_until(now + self.reader_bound());
     }
 
+    /// Whether an ACK the peer asked for is being held for a reply (`Config::ack_hold`).
+    pub fn holds_ack(&self) -> bool {
+        self.rx.holds()
+    }
+
     /// The longest an ACK waits for the reply of an application that has yet to see what
     /// it answers ([`Connection::hold_ack_for_reader`]): a quarter of the RTO, at most
     /// `LONGEST_HOLD` (2 ms).

@@ -1,5 +1,6 @@
 //! The ACK a Send asks for, held for the reply until B's application has polled the
-//! Send's completion (`trp::Connection::hold_ack_for_reader`).
+//! Send's completion, and the ACK a Write asks for, held until B's application's next call
+//! (`trp::Connection::hold_ack_for_reader`).
 
 use super::*;
 use std::time::Duration;
@@ -166,4 +167,118 @@ fn a_measured_hold_is_kept_between_trp_s_and_the_reader_s_bound() {
         rounds_until(&mut t, read + hold + 10 * US);
         assert_eq!(acks(&t), 1, "{measured:?} is held for {hold:?}");
     }
+}
+
+/// How B's application goes on after the helper placed A's Write in its memory.
+#[derive(Clone, Copy, Debug)]
+enum After {
+    /// It writes back (a ping-pong of Writes).
+    Replies,
+    /// It makes a call that is no reply.
+    Calls,
+    /// It makes no call.
+    Stays,
+}
+
+/// A's signaled Write of 8 bytes, placed in B's memory by a helper's round at `t.now` while
+/// B's application is nearby. Returns A's and B's memory and their addresses.
+fn a_write_placed_by_the_helper(t: &mut Bed) -> (Vec<u8>, Vec<u8>, u64, u64) {
+    t.connect();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let mut a_mem = vec![1u8; 64];
+    let a_addr = t.reg(1, 0x100, 1, &mut a_mem, access);
+    let mut b_mem = vec![2u8; 64];
+    let b_addr = t.reg(2, 0x200, 2, &mut b_mem, access);
+    let sge = [Sge {
+        addr: a_addr,
+        len: 8,
+        lkey: 0x100,
+    }];
+    t.e.post_send(A, &write(1, &sge, b_addr + 8, 0x200))
+        .unwrap();
+    // One round sends the Write, the next places it.
+    t.e.progress_for_app(t.now);
+    t.e.progress_for_app(t.now);
+    assert_eq!(t.ab.lock().unwrap().len(), 0, "the Write was taken");
+    assert_eq!(b_mem[8..16], [1; 8], "placed");
+    (a_mem, b_mem, a_addr, b_addr)
+}
+
+fn helper_rounds_until(t: &mut Bed, at: Instant) {
+    while t.now < at {
+        t.now = (t.now + 10 * US).min(at);
+        t.e.progress_for_app(t.now);
+    }
+}
+
+#[test]
+fn an_ack_held_for_a_placed_write_waits_for_the_application_s_next_call() {
+    for after in [After::Replies, After::Calls, After::Stays] {
+        let mut t = Bed::new();
+        let (a_mem, _b_mem, a_addr, b_addr) = a_write_placed_by_the_helper(&mut t);
+        let placed = t.now;
+        let bound = t.e.qps[&B].conn.as_ref().unwrap().reader_bound();
+        assert!(bound >= 250 * US, "the bound leaves room for the test");
+        // Past the hold (100 us), the application spinning on its memory: still held.
+        helper_rounds_until(&mut t, placed + 120 * US);
+        assert_eq!(acks(&t), 0, "held ({after:?})");
+        match after {
+            After::Replies => {
+                let sge = [Sge {
+                    addr: b_addr,
+                    len: 8,
+                    lkey: 0x200,
+                }];
+                t.e.post_send(B, &write(2, &sge, a_addr + 8, 0x100))
+                    .unwrap();
+                t.e.progress(t.now);
+                helper_rounds_until(&mut t, placed + bound + 10 * US);
+                assert_eq!(acks(&t), 0, "the reply carried the ACK");
+                assert_eq!(a_mem[8..16], [2; 8]);
+            }
+            After::Calls => {
+                assert!(t.poll(BCQ).is_empty());
+                t.e.progress(t.now);
+                let called = t.now;
+                helper_rounds_until(&mut t, called + 90 * US);
+                assert_eq!(acks(&t), 0, "within the hold from the call");
+                helper_rounds_until(&mut t, called + 110 * US);
+                assert!(t.now < placed + bound, "before the bound");
+                assert_eq!(acks(&t), 1, "no reply within the hold: an ACK of its own");
+            }
+            After::Stays => {
+                helper_rounds_until(&mut t, placed + (bound - 10 * US));
+                assert_eq!(acks(&t), 0, "held while the application makes no call");
+                helper_rounds_until(&mut t, placed + bound + 10 * US);
+                assert_eq!(acks(&t), 1, "the bound ends the wait");
+            }
+        }
+        t.e.progress_for_app(t.now);
+        let wcs = t.poll(ACQ);
+        assert_eq!(wcs.len(), 1, "A's Write completed ({after:?})");
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (1, IBV_WC_SUCCESS));
+    }
+}
+
+#[test]
+fn an_unattended_round_sends_the_ack_of_a_write_at_once() {
+    let mut t = Bed::new();
+    t.connect();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let mut a_mem = vec![1u8; 64];
+    let a_addr = t.reg(1, 0x100, 1, &mut a_mem, access);
+    let mut b_mem = vec![2u8; 64];
+    let b_addr = t.reg(2, 0x200, 2, &mut b_mem, access);
+    let sge = [Sge {
+        addr: a_addr,
+        len: 8,
+        lkey: 0x100,
+    }];
+    t.e.post_send(A, &write(1, &sge, b_addr + 8, 0x200))
+        .unwrap();
+    t.e.progress_unattended(t.now);
+    t.e.progress_unattended(t.now);
+    assert_eq!(acks(&t), 1);
+    t.e.progress_unattended(t.now);
+    assert_eq!(t.poll(ACQ).len(), 1);
 }
