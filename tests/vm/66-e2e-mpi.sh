@@ -7,7 +7,7 @@
 # 1. Two ranks in node A: both on device urdmaA, connected to each other through it.
 # 2. One rank in each node: mpirun in node A launches its daemons through tests/e2e/netns-rsh
 #    (a hostfile naming the nodes A and B; the agent runs each daemon in its node's
-#    namespace), each rank on its node's device.
+#    namespace, under the node's name), each rank on its node's device.
 # Expected: Open MPI selects PML cm and the ofi MTL on the urdma devices (mtl:ofi:provider
 # urdmaA / urdmaB), both ranks print "mpi: ok", and afterwards every QP, CQ, MR and PD is gone.
 #
