@@ -82,6 +82,9 @@ fn progress_qp(
         return false;
     };
     let mut work = false;
+    // An ACK held since an earlier round keeps the wait that round gave it: a later frame
+    // (the peer's ACK of our data) must not start it again.
+    let held_before = conn.holds_ack();
     let mut placed = false;
     if let Some(flow) = qp.flow.as_mut() {
         let srq = qp.init.srq.and_then(|k| srqs.get_mut(&k)).map(|(_, q)| q);
@@ -207,7 +210,7 @@ fn progress_qp(
         if received {
             // The reply, if one comes, follows the application's poll of this completion.
             conn.hold_ack_for_reader(now);
-        } else if placed && conn.holds_ack() {
+        } else if placed && !held_before && conn.holds_ack() {
             // What asked for it went to memory, which the application may be spinning on:
             // the reply, if one comes, is its next call.
             conn.hold_ack_for_reader(now);
