@@ -341,8 +341,9 @@ impl Connection {
         self.rx.set_hold(hold.clamp(self.cfg.ack_hold, most));
     }
 
-    /// The application polled a receive completion of this connection: a held ACK waits
-    /// `Config::ack_hold` from now at most.
+    /// The application has seen what a held ACK answers (it polled the receive completion,
+    /// or made its next call after a Write was placed): the ACK waits `Config::ack_hold`
+    /// from now at most.
     pub fn reader_saw(&mut self, now: Instant) {
         self.rx.hold_from(now);
     }

@@ -180,9 +180,12 @@ enum After {
     Stays,
 }
 
-/// A's signaled Write of 8 bytes, placed in B's memory by a helper's round at `t.now` while
-/// B's application is nearby. Returns A's and B's memory and their addresses.
-fn a_write_placed_by_the_helper(t: &mut Bed) -> (Vec<u8>, Vec<u8>, u64, u64) {
+/// A helper's round: [`Engine::progress_for_app`] or [`Engine::progress_unattended`].
+type HelperRound = fn(&mut Engine, Instant) -> Progress;
+
+/// A's signaled Write of 8 bytes, placed in B's memory by two of the helper's rounds
+/// `round` at `t.now`. Returns A's and B's memory and their addresses.
+fn a_write_placed_by(t: &mut Bed, round: HelperRound) -> (Vec<u8>, Vec<u8>, u64, u64) {
     t.connect();
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
     let mut a_mem = vec![1u8; 64];
@@ -197,8 +200,8 @@ fn a_write_placed_by_the_helper(t: &mut Bed) -> (Vec<u8>, Vec<u8>, u64, u64) {
     t.e.post_send(A, &write(1, &sge, b_addr + 8, 0x200))
         .unwrap();
     // One round sends the Write, the next places it.
-    t.e.progress_for_app(t.now);
-    t.e.progress_for_app(t.now);
+    round(&mut t.e, t.now);
+    round(&mut t.e, t.now);
     assert_eq!(t.ab.lock().unwrap().len(), 0, "the Write was taken");
     assert_eq!(b_mem[8..16], [1; 8], "placed");
     (a_mem, b_mem, a_addr, b_addr)
@@ -215,7 +218,7 @@ fn helper_rounds_until(t: &mut Bed, at: Instant) {
 fn an_ack_held_for_a_placed_write_waits_for_the_application_s_next_call() {
     for after in [After::Replies, After::Calls, After::Stays] {
         let mut t = Bed::new();
-        let (a_mem, _b_mem, a_addr, b_addr) = a_write_placed_by_the_helper(&mut t);
+        let (a_mem, _b_mem, a_addr, b_addr) = a_write_placed_by(&mut t, Engine::progress_for_app);
         let placed = t.now;
         let bound = t.e.qps[&B].conn.as_ref().unwrap().reader_bound();
         assert!(bound >= 250 * US, "the bound leaves room for the test");
@@ -263,21 +266,7 @@ fn an_ack_held_for_a_placed_write_waits_for_the_application_s_next_call() {
 #[test]
 fn an_unattended_round_sends_the_ack_of_a_write_at_once() {
     let mut t = Bed::new();
-    t.connect();
-    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    let mut a_mem = vec![1u8; 64];
-    let a_addr = t.reg(1, 0x100, 1, &mut a_mem, access);
-    let mut b_mem = vec![2u8; 64];
-    let b_addr = t.reg(2, 0x200, 2, &mut b_mem, access);
-    let sge = [Sge {
-        addr: a_addr,
-        len: 8,
-        lkey: 0x100,
-    }];
-    t.e.post_send(A, &write(1, &sge, b_addr + 8, 0x200))
-        .unwrap();
-    t.e.progress_unattended(t.now);
-    t.e.progress_unattended(t.now);
+    let _mem = a_write_placed_by(&mut t, Engine::progress_unattended);
     assert_eq!(acks(&t), 1);
     t.e.progress_unattended(t.now);
     assert_eq!(t.poll(ACQ).len(), 1);
