@@ -519,11 +519,13 @@ pub(crate) unsafe extern "C" fn query_qp(
 
 pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     catch(PANIC_ERRNO, || {
+        // Before the kernel hears of it: urdmad then aborts the connection.
+        // SAFETY: qp came from create_qp.
+        let key = unsafe { qp_key(qp) };
+        runtime::with(|sh, now| sh.engine.send_held_ack(key, now));
         // SAFETY: qp came from create_qp.
         let cmd = || unsafe { ibv_cmd_destroy_qp(qp) };
         let forget = || {
-            // SAFETY: qp came from create_qp and is not freed yet.
-            let key = unsafe { qp_key(qp) };
             if runtime::with_engine(|e| e.destroy_qp(key)) {
                 runtime::unregister_qp(key);
             }

@@ -46,6 +46,21 @@ pub(super) fn progress_one(
     }
 }
 
+/// [`Engine::send_held_ack`]'s work: the held ACK, and whatever else is ready to go with it.
+pub(super) fn send_held_ack(mrs: &mut MrTable, key: QpKey, qp: &mut Qp, now: Instant) {
+    let inline = qp.inline_region();
+    let (Some(conn), Some(flow)) = (qp.conn.as_mut(), qp.flow.as_mut()) else {
+        return;
+    };
+    if !conn.holds_ack() {
+        return;
+    }
+    conn.release_held_ack();
+    let mem = mrs.view(key.0, Some(key.1), inline, None);
+    let dg = conn.max_datagram();
+    flow.transmit(dg, &mut |buf| conn.poll_transmit(now, &mem, buf));
+}
+
 /// A connection's figures as urdmad's table holds them ([`urdma_shared::qpstats`]).
 pub(super) fn figures(conn: &Connection) -> qpstats::Values {
     let (rx, tx) = (conn.stats(), conn.sender_stats());

@@ -94,6 +94,31 @@ fn an_unattended_round_sends_the_ack_at_once_though_unpolled() {
     assert_eq!(acks(&t), 1);
 }
 
+/// B's application reads A's Send and ends its connection at once, as perftest does after
+/// its closing handshake: it destroys the QP, or destroys its rdma_cm id first (the kernel
+/// moves the QP to ERR: an abort). The held ACK leaves first, and A's Send completes,
+/// delivered; an abort then fails only what was left.
+#[test]
+fn a_qp_destroyed_or_aborted_sends_the_ack_it_holds_first() {
+    for destroyed in [true, false] {
+        let mut t = Bed::new();
+        let _bufs = a_send_received(&mut t);
+        assert_eq!(t.poll(BCQ).len(), 1);
+        assert!(t.e.qps[&B].conn.as_ref().unwrap().holds_ack());
+        if destroyed {
+            t.e.send_held_ack(B, t.now);
+            assert!(t.e.destroy_qp(B));
+        } else {
+            t.e.abort(B, t.now);
+        }
+        t.e.progress(t.now);
+        t.e.progress(t.now);
+        let wcs = t.poll(ACQ);
+        assert_eq!(wcs.len(), 1, "A's Send completed (destroyed {destroyed})");
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (1, IBV_WC_SUCCESS));
+    }
+}
+
 /// B answers each of A's Sends 200 us after reading it, twice trp's hold: its first answer
 /// comes after an ACK of its own; once its answer time is measured
 /// (`Engine::request_posted`), every answer carries the ACK.
