@@ -1056,6 +1056,60 @@ fn a_lost_last_ack_still_closes_the_peer_gracefully() {
     );
 }
 
+/// B receives A's Send and aborts while it holds the Send's ACK for a reply: its Abort
+/// acknowledges the Send, which completes as delivered; what B had not received fails.
+/// urdmad's Abort, without the flag, acknowledges nothing.
+#[test]
+fn an_abort_acknowledges_what_its_sender_received() {
+    for own in [true, false] {
+        let cfg = Config {
+            ack_hold: core::time::Duration::from_millis(50),
+            ..Config::default()
+        };
+        let mut p = pair(Config::default(), cfg);
+        post_recv(&mut p.b, 10, 0, 4096);
+        send(&mut p, 1, PLAIN_SEND, &sge(8192, 100));
+        let limit = trp::Instant(p.now.0 + 10_000_000);
+        assert!(p.run_until(limit, |p| p.b.conn.poll_completion().is_some()));
+        assert!(p.b.conn.holds_ack());
+        // Behind the Send, one B never receives.
+        p.ab.up = false;
+        send(&mut p, 2, PLAIN_SEND, &sge(8192, 100));
+        if own {
+            p.b.conn.abort(p.now);
+        } else {
+            // As urdmad sends it: no stream state, no flag.
+            let h = trp::wire::trp::Repr {
+                opcode: trp::wire::trp::Opcode::Abort,
+                flags: 0,
+                dst_conn: p.a.conn.local_conn(),
+                psn: 0,
+                ack_psn: 0,
+                window: 0,
+                sack: trp::wire::trp::SackRanges::new(),
+            };
+            let mut d = vec![0u8; h.buffer_len() + crc::TRAILER_LEN];
+            h.emit(&mut d);
+            crc::seal(&mut d, h.buffer_len());
+            let now = p.now;
+            let _ = p.a.conn.handle_datagram(now, &mut p.a.mem, &d);
+        }
+        let limit = trp::Instant(p.now.0 + 10_000_000);
+        assert!(p.run_until(limit, |p| p.a.conn.state() == QpState::Closed));
+        let got: Vec<_> = drain(&mut p.a.conn)
+            .iter()
+            .filter(|c| c.queue == Queue::Send)
+            .map(|c| (c.wr_id, c.status))
+            .collect();
+        let first = if own {
+            WcStatus::Success
+        } else {
+            WcStatus::Flush
+        };
+        assert_eq!(got, vec![(1, first), (2, WcStatus::Flush)], "own {own}");
+    }
+}
+
 #[test]
 fn a_fin_the_peer_never_answers_fails_the_connection() {
     // The peer's FIN never came: B cannot know that A has everything, so B's FIN

@@ -240,7 +240,7 @@ pub struct Cm {
 
 /// An Abort for the peer's connection `peer_conn`, sealed with the CRC32C trailer: a sealed
 /// datagram says so itself, so every peer reads it, whether its connection uses the trailer
-/// or not.
+/// or not. urdmad knows nothing of the stream: no `FLAG_ACKS`, so its ACK fields are not read.
 pub fn abort_packet(peer_conn: u32) -> Vec<u8> {
     let h = tw::Repr {
         opcode: tw::Opcode::Abort,

@@ -180,6 +180,13 @@ impl Connection {
         match h.opcode {
             trp::Opcode::Reject => return Ok(()),
             trp::Opcode::Abort => {
+                // What the peer says it received before it aborted was delivered: `fail`
+                // completes it as such, and flushes only the rest.
+                if h.flags & trp::FLAG_ACKS != 0
+                    && matches!(self.state, Phase::Rts | Phase::Closing(_))
+                {
+                    self.tx.on_ack(now, h.ack_psn, &h.sack);
+                }
                 self.fail(Failure::peer_aborted());
                 return Ok(());
             }

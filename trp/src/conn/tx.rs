@@ -689,7 +689,7 @@ impl Connection {
 
     fn emit_control(&mut self, buf: &mut [u8], op: trp::Opcode) -> usize {
         let psn = self.tx.nxt();
-        self.emit_header(buf, op, psn, 0, SackRanges::new())
+        self.emit_header(buf, op, psn, trp::FLAG_ACKS, SackRanges::new())
     }
 
     #[inline]

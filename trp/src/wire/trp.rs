@@ -34,6 +34,10 @@ pub const FLAG_CRC: u8 = 0x02;
 /// the same message, or the Immediate Data that ends an RDMA Write. Only a hint for whom to
 /// wake (urdma.ko's bell): a receiver processes the packet the same either way.
 pub const FLAG_FOLLOWS: u8 = 0x04;
+/// On an Abort: its cumulative ACK and SACK ranges are its sender's, and what they acknowledge
+/// was received. The connection's own end sets it; urdmad's Abort for a process that is gone
+/// knows nothing of the stream and leaves it clear (its ACK fields are 0).
+pub const FLAG_ACKS: u8 = 0x08;
 
 pub(crate) mod field {
     pub const VERSION: usize = 0;
