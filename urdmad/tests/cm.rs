@@ -1026,6 +1026,13 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
         };
 
     // A Send from A to B, every datagram through the two sockets, none through urdmad.
+    // (urdmad may have passed on a handshake packet the requester repeated while a slow
+    // host kept the Accept waiting: that is the design, and not what is counted here.)
+    let via = |s: &Side| {
+        let st = s.status();
+        find::<Flow>(&st, |f| f.path == "direct").map(|f| f.via_urdmad)
+    };
+    let via_before = [via(&a), via(&b)];
     let rx_b = port_rx(&b);
     post_ping(&mut conn_a, &mut conn_b, &mut mem_a, &mem_b);
     let end = Instant::now() + WAIT;
@@ -1057,7 +1064,7 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     assert_eq!((wc.wr_id, wc.status), (7, trp::WcStatus::Success));
     assert_eq!(&mem_b.bytes[100..105], b"ping!");
     assert_eq!(done_a.unwrap().status, trp::WcStatus::Success);
-    for (s, side) in [(&a, "A"), (&b, "B")] {
+    for ((s, side), before) in [(&a, "A"), (&b, "B")].into_iter().zip(via_before) {
         let st = s.status();
         let flow = find::<Flow>(&st, |f| f.path == "direct")
             .unwrap_or_else(|| panic!("no direct flow on {side}: {st:?}"));
@@ -1066,8 +1073,9 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
             "{side}'s flow counts what its socket received: {st:?}"
         );
         assert_eq!(
-            flow.via_urdmad, 0,
-            "urdmad {side} forwarded none of the connection's frames: {st:?}"
+            Some(flow.via_urdmad),
+            before,
+            "urdmad {side} forwarded none of the Send's frames: {st:?}"
         );
     }
 
