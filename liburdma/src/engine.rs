@@ -367,10 +367,11 @@ impl Engine {
     }
 
     /// QP `key` is about to be destroyed: the ACK it holds for a reply that cannot come now
-    /// leaves at once. Its connection ends with it (urdmad aborts what is left of it), and
-    /// the peer's last message, received here and not yet acknowledged, would fail there,
-    /// as would an application's closing handshake (perftest's last Send). [`Engine::abort`]
-    /// does the same.
+    /// leaves at once. Its connection ends with it, and urdmad's Abort acknowledges nothing,
+    /// so the peer's last message, received here and not yet acknowledged, would fail there,
+    /// as would an application's closing handshake (perftest's last Send). An abort of the
+    /// provider's own ([`Engine::abort`]) needs none: its Abort carries the ACK
+    /// (`trp::wire::trp::FLAG_ACKS`).
     pub fn send_held_ack(&mut self, key: QpKey, now: Instant) {
         if let Some(qp) = self.qps.get_mut(&key) {
             round::send_held_ack(&mut self.mrs, key, qp, now);
@@ -450,11 +451,6 @@ impl Engine {
         let Some(qp) = self.qps.get_mut(&key) else {
             return;
         };
-        if qp.conn.is_some() {
-            // What this end received is delivered: the ACK it holds goes ahead of the Abort,
-            // or the peer's last message would fail with whatever else it had outstanding.
-            round::send_held_ack(&mut self.mrs, key, qp, now);
-        }
         match qp.conn.as_mut() {
             Some(conn) => conn.abort(now),
             None => {

@@ -96,8 +96,8 @@ fn an_unattended_round_sends_the_ack_at_once_though_unpolled() {
 
 /// B's application reads A's Send and ends its connection at once, as perftest does after
 /// its closing handshake: it destroys the QP, or destroys its rdma_cm id first (the kernel
-/// moves the QP to ERR: an abort). The held ACK leaves first, and A's Send completes,
-/// delivered; an abort then fails only what was left.
+/// moves the QP to ERR: an abort). The held ACK leaves before urdmad's Abort, or in B's own
+/// Abort, and A's Send completes, delivered; an abort fails only what was left.
 #[test]
 fn a_qp_destroyed_or_aborted_sends_the_ack_it_holds_first() {
     for destroyed in [true, false] {
