@@ -41,7 +41,8 @@ struct urdma_uresp_alloc_ctx {
  * URDMA_CQ_ARM_OFF and, having won the swap, fires the CQ's event: the
  * provider (with REQ_NOTIFY_CQ) when it pushes the completion, or urdma.ko
  * when a frame that completes a receive reaches a QP of the CQ on its
- * direct socket (URDMA_CM_BELL).
+ * direct socket (URDMA_CM_BELL), or urdmad says one reached its ring
+ * (URDMA_CM_RING).
  * So exactly one event fires per arm.  urdma.ko pins the word's page from
  * create_cq to destroy_cq.
  */
@@ -92,6 +93,7 @@ enum urdma_cm_op {
 	URDMA_CM_REQUEST_GONE = 8,	/* req abandoned before accept/reject */
 	URDMA_CM_STATS = 9,		/* ifname's port counters, in pdata */
 	URDMA_CM_BELL = 10,		/* dev/qpn's frames: socket req, verdicts id */
+	URDMA_CM_RING = 11,		/* a frame of dev/qpn's ring: verdict status */
 	/* kernel -> urdmad */
 	URDMA_CM_LISTEN = 32,		/* listener id on local addr:port (addr 0 = any) */
 	URDMA_CM_UNLISTEN = 33,		/* listener id is gone */
@@ -147,6 +149,16 @@ enum urdma_stat {
  * the process's hush map: a BPF_MAP_TYPE_ARRAY whose entry 0 is a __u64
  * that the process maps and keeps (the hush word, below).  Without it,
  * pdata_len is 0.
+ */
+/*
+ * URDMA_CM_RING: urdmad put a frame of dev/qpn on the QP's ring (a
+ * connection off the direct path), and status holds its verdict, as
+ * urdmad's filter would have left it (URDMA_BELL_RECV or
+ * URDMA_BELL_RECV_SOLICITED; any other fires nothing).  urdma.ko fires the
+ * QP's receive CQ's event if the CQ is armed for it, as the bell does for
+ * a direct socket's frame.  The write returns the message's size when the
+ * event fired, 0 when it did not (the CQ not armed for it): urdmad then
+ * wakes the process's helper for the frame.
  */
 enum urdma_bell_verdict {
 	URDMA_BELL_NONE = 0,		/* completes nothing the bell announces */

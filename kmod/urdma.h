@@ -278,6 +278,7 @@ void urdma_cq_arm_unpin(struct urdma_cq *cq);
 int urdma_bell_attach(struct urdma_qp *qp, int sock_fd, int map_fd,
 		      int hush_fd);
 void urdma_bell_detach(struct urdma_qp *qp);
+bool urdma_bell_ring(struct urdma_qp *qp, u32 verdict);
 
 /* urdma_cm.c */
 void urdma_qp_get(struct ib_qp *ibqp);

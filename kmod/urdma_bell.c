@@ -160,6 +160,17 @@ static bool urdma_cq_ring(struct ib_cq *ibcq, u32 verdict)
 	return true;
 }
 
+/*
+ * A frame of the QP that urdmad put on its ring completes a receive, as
+ * verdict says (URDMA_CM_RING): the same event as for a frame of a direct
+ * socket, fired from urdmad's write instead of the softirq.  Whether it
+ * fired.
+ */
+bool urdma_bell_ring(struct urdma_qp *qp, u32 verdict)
+{
+	return urdma_cq_ring(qp->ibqp.recv_cq, verdict);
+}
+
 /* Whether a next call is due at until, after now and not too far off. */
 static bool urdma_hush_ahead(u64 until, u64 now)
 {

@@ -1172,6 +1172,21 @@ static int urdma_cm_bell(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 	return urdma_bell_attach(ep->qp, (int)msg->req, (int)msg->id, hush);
 }
 
+/*
+ * A frame of the connection that urdmad put on the QP's ring completes a
+ * receive (URDMA_CM_RING).  0: the receive CQ's event fired;
+ * URDMA_CM_NOT_RUNG: it was not armed for it.
+ */
+#define URDMA_CM_NOT_RUNG	1
+static int urdma_cm_ring(struct urdma_chan *chan, struct urdma_cm_msg *msg)
+{
+	struct urdma_ep *ep = urdma_ep_by_qpn(chan, msg->dev_id, msg->qpn);
+
+	if (!ep)
+		return -ENOENT;
+	return urdma_bell_ring(ep->qp, (u32)msg->status) ? 0 : URDMA_CM_NOT_RUNG;
+}
+
 /* The port counters of the interface msg->ifname, if this channel serves it. */
 static void urdma_cm_stats(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 {
@@ -1248,6 +1263,9 @@ static int urdma_cm_dispatch(struct urdma_chan *chan, struct urdma_cm_msg *msg)
 		break;
 	case URDMA_CM_BELL:
 		rv = urdma_cm_bell(chan, msg);
+		break;
+	case URDMA_CM_RING:
+		rv = urdma_cm_ring(chan, msg);
 		break;
 	default:
 		rv = -EINVAL;
@@ -1393,6 +1411,8 @@ static ssize_t urdma_cm_write(struct file *file, const char __user *buf,
 		return PTR_ERR(msg);
 	rv = urdma_cm_dispatch(chan, msg);
 	kfree(msg);
+	if (rv == URDMA_CM_NOT_RUNG)
+		return 0;
 	return rv ? rv : len;
 }
 

@@ -217,6 +217,11 @@ impl Cq {
         &self.arm
     }
 
+    /// Whether the queue has a completion channel: its event can be armed.
+    pub fn has_channel(&self) -> bool {
+        self.notify.is_some()
+    }
+
     /// `ibv_req_notify_cq`. Arming for any completion supersedes a
     /// solicited-only arm, never the other way round.
     pub fn arm(&mut self, solicited_only: bool) {

@@ -221,6 +221,12 @@ impl Flow for SocketFlow {
         self.hushed
     }
 
+    fn events(&mut self, yes: bool) {
+        if let Some(b) = self.bell.as_mut() {
+            b.events(yes);
+        }
+    }
+
     fn ring_for(&mut self, next: Option<u32>) {
         if let Some(b) = self.bell.as_mut() {
             b.publish(next);

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use dpdk_sys as sys;
+use urdma_shared::bell::BellWord;
 use urdma_shared::doorbell::Ringer;
 use urdma_shared::lending::Borrower;
 use urdma_shared::proto::Attachment;
@@ -178,6 +179,8 @@ impl Rings {
                 },
                 _ => std::ptr::null(),
             },
+            bell: None,
+            hushed: false,
             ep: Endpoints {
                 local_mac,
                 remote_mac,
@@ -204,6 +207,11 @@ pub struct DpdkFlow {
     /// The QP's slot in urdmad's table of figures (null: none).
     figures: *const Slot,
     ep: Endpoints,
+    /// The word of urdma.ko's bell, which urdmad reads for each frame it puts on the ring.
+    bell: Option<BellWord>,
+    /// urdmad reads the process's hush word for the frames it puts on the ring
+    /// ([`Flow::hushed`]).
+    hushed: bool,
 }
 
 impl Drop for DpdkFlow {
@@ -220,6 +228,15 @@ impl Drop for DpdkFlow {
 unsafe impl Send for DpdkFlow {}
 
 impl DpdkFlow {
+    /// The flow with `bell`, the word urdmad passed for a connection whose frames ring
+    /// urdma.ko's bell from urdmad (`urdmad::ringbell`); `hushed` when urdmad follows the
+    /// process's hush word for them too.
+    pub fn with_bell(mut self, bell: Option<BellWord>, hushed: bool) -> DpdkFlow {
+        self.hushed = hushed && bell.is_some();
+        self.bell = bell;
+        self
+    }
+
     /// Both ends of the flow.
     pub fn endpoints(&self) -> Endpoints {
         self.ep
@@ -380,11 +397,36 @@ impl Flow for DpdkFlow {
         // producer on the parent's free ring. The figures are the parent's QP's.
         self.spare = std::ptr::null_mut();
         self.figures = std::ptr::null();
+        // The parent's connection: the child says nothing of it.
+        self.bell = None;
+        self.hushed = false;
+    }
+
+    fn hushed(&self) -> bool {
+        self.hushed
     }
 
     fn figures(&self) -> Option<&Slot> {
         // SAFETY: a slot urdmad gave this connection, in memory mapped while attached.
         unsafe { self.figures.as_ref() }
+    }
+
+    fn events(&mut self, yes: bool) {
+        if let Some(b) = self.bell.as_mut() {
+            b.events(yes);
+        }
+    }
+
+    fn ring_for(&mut self, next: Option<u32>) {
+        if let Some(b) = self.bell.as_mut() {
+            b.publish(next);
+        }
+    }
+
+    fn acks_can_wait(&mut self, yes: bool) {
+        if let Some(b) = self.bell.as_mut() {
+            b.acks_can_wait(yes);
+        }
     }
 }
 

@@ -73,6 +73,9 @@ pub trait Flow: Send {
     /// The PSN whose arrival completes a receive now (`Connection::bell_psn`), for a flow
     /// whose frames ring urdma.ko's bell ([`urdma_shared::bell`]).
     fn ring_for(&mut self, _next: Option<u32>) {}
+    /// Whether the QP's receive CQ has a completion channel, whose event a frame may fire
+    /// (`urdma_shared::bell::EVENTS`): told once, before the first [`Flow::ring_for`].
+    fn events(&mut self, _yes: bool) {}
     /// Whether an ACK that carries nothing else can wait unread for whatever wakes the
     /// process next (`Connection::acks_can_wait`), for a flow whose frames ring urdma.ko's
     /// bell: told before each transmit, so that nothing that needs its ACK read at once
@@ -512,6 +515,12 @@ impl Engine {
         if qp.errored {
             conn.abort(now);
         }
+        let mut flow = flow;
+        flow.events(
+            self.cqs
+                .get(&qp.init.recv_cq)
+                .is_some_and(|c| c.has_channel()),
+        );
         qp.conn = Some(conn);
         qp.flow = Some(flow);
         Ok(())

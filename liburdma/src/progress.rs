@@ -198,9 +198,9 @@ impl Tuning {
     /// stopped watching at every poll had to be kicked back at every arm, a wake-up per
     /// message on top of the frame's.
     ///
-    /// `hushed`: besides, urdma.ko wakes nobody for a frame that comes while an application
-    /// thread is in a call that reads every socket, or between the calls of one that polls
-    /// without pause ([`Tuning::next_call_by`]). The helper then watches also while the
+    /// `hushed`: urdma.ko (urdmad, for the frames it puts on the rings) wakes nobody for a
+    /// frame that comes while an application thread is in a call that reads every socket, or
+    /// between the calls of one that polls without pause ([`Tuning::next_call_by`]). The helper then watches also while the
     /// application polls: a frame wakes it only when no call will take the frame, such
     /// as a Write to an application that polls its memory between calls, which waited for
     /// the helper's next look otherwise. Its alarm is the
@@ -216,7 +216,7 @@ impl Tuning {
         deadline: impl FnOnce() -> Option<Instant>,
     ) -> Sleep {
         if self.polling(a, now) && !(direct && self.waits_on_events(a, now)) {
-            if hushed && direct {
+            if hushed {
                 return Sleep {
                     until: self.watching_until(a, now, deadline),
                     watching: true,

@@ -27,14 +27,20 @@ pub const ACKS_AT: usize = 8;
 pub const ACKS_WAIT: u64 = 1;
 /// Set in the word when its low 32 bits are a PSN whose arrival completes a receive.
 pub const OPEN: u64 = 1 << 32;
+/// Set with [`OPEN`] when the receive CQ has a completion channel, so that its event may be
+/// armed: only then does urdmad ask urdma.ko to ring for a frame it puts on a ring (a system
+/// call per message, which an application that polls its CQ would pay for nothing). The
+/// socket filter ignores it.
+pub const EVENTS: u64 = 1 << 33;
 
 /// The word for `next`: the PSN whose arrival completes a receive at once, or none.
 pub fn word(next: Option<u32>) -> u64 {
     next.map_or(0, |psn| OPEN | u64::from(psn))
 }
 
-/// Maps the first page of the array `map`, whose first value is a word.
-fn map_word(map: &OwnedFd) -> io::Result<(*const AtomicU64, usize)> {
+/// Maps the first page of the array `map`, whose first value is a word: the address of the
+/// word and the mapping's length, for `munmap`.
+pub fn map_word(map: &OwnedFd) -> io::Result<(*const AtomicU64, usize)> {
     // SAFETY: sysconf has no preconditions.
     let len = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
         .ok()
@@ -64,6 +70,8 @@ pub struct BellWord {
     /// The last values written: most rounds change nothing.
     last: u64,
     last_acks: u64,
+    /// [`EVENTS`] or 0, with every PSN published.
+    events: u64,
     _map: OwnedFd,
 }
 
@@ -81,6 +89,7 @@ impl BellWord {
             len,
             last: u64::MAX,
             last_acks: 0,
+            events: 0,
             _map: map,
         };
         b.store(0);
@@ -110,9 +119,16 @@ impl BellWord {
         }
     }
 
+    /// Says whether the connection's receive CQ has a completion channel ([`EVENTS`]), for
+    /// the PSNs published from now on.
+    pub fn events(&mut self, yes: bool) {
+        self.events = if yes { EVENTS } else { 0 };
+    }
+
     /// Says which PSN's arrival completes a receive now (`None`: none does).
     pub fn publish(&mut self, next: Option<u32>) {
         let w = word(next);
+        let w = if w == 0 { 0 } else { w | self.events };
         if w != self.last {
             self.store(w);
             self.last = w;
@@ -236,21 +252,94 @@ impl Hush {
     /// The same for a frame that comes at `now` (ns).
     #[cfg(test)]
     fn frame_at(self, now: u64) -> bool {
-        let v = self.0.word.load(Ordering::SeqCst);
-        (v & HUSH_CALLS != 0 || now < self.0.until.load(Ordering::SeqCst))
-            && self
-                .0
-                .word
-                .compare_exchange(v, v | HUSH_MISSED, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
+        self.0.hush_frame(now).is_some()
     }
 
     /// What urdma.ko's timer does at `now`, the time given for the next call (tests):
     /// whether it wakes the helper.
     #[cfg(test)]
     fn late_at(self, now: u64) -> bool {
-        let v = self.0.word.load(Ordering::SeqCst);
-        v & HUSH_MISSED != 0 && v & HUSH_CALLS == 0 && now >= self.0.until.load(Ordering::SeqCst)
+        self.0.late(now)
+    }
+}
+
+/// The furthest ahead a process's next call may be said to be due (urdma.ko's
+/// `URDMA_HUSH_AHEAD_MAX_NS`): a time further off, the word being the process's own, is
+/// taken for none, so that no value keeps a frame unread for long.
+pub const HUSH_AHEAD_MAX_NS: u64 = 100_000_000;
+
+/// Whether a next call is due at `until`, after `now` and not too far off.
+fn ahead(until: u64, now: u64) -> bool {
+    until > now && until - now <= HUSH_AHEAD_MAX_NS
+}
+
+impl HushValue {
+    /// urdma.ko's rule for a frame that fires no event and comes at `now` (CLOCK_MONOTONIC
+    /// ns), which urdmad follows for the frames it puts on the process's rings: whether it is
+    /// left to a thread of the process, which then finds [`HUSH_MISSED`] and the frame.
+    /// `Some(0)`: a thread is in a call; `Some(t)`: the next call is due by `t`, and if none
+    /// has read the frame by then ([`HushValue::late`]) the helper must be woken.
+    pub fn hush_frame(&self, now: u64) -> Option<u64> {
+        let v = self.word.load(Ordering::SeqCst);
+        let mut until = 0;
+        if v & HUSH_CALLS == 0 {
+            until = self.until.load(Ordering::SeqCst);
+            if !ahead(until, now) {
+                return None;
+            }
+        }
+        // A lost race with the process wakes, as without a hush.
+        self.word
+            .compare_exchange(v, v | HUSH_MISSED, Ordering::SeqCst, Ordering::SeqCst)
+            .ok()?;
+        Some(until)
+    }
+
+    /// At `now`, the time given for the next call when a frame was hushed: whether no call
+    /// has read it (the mark still there, no thread in a call, no later time given), so the
+    /// helper must be woken.
+    pub fn late(&self, now: u64) -> bool {
+        let v = self.word.load(Ordering::SeqCst);
+        v & HUSH_MISSED != 0
+            && v & HUSH_CALLS == 0
+            && !ahead(self.until.load(Ordering::SeqCst), now)
+    }
+}
+
+/// A process's hush word as urdmad maps it, to follow urdma.ko's rule for the frames it puts
+/// on the process's rings; unmapped when dropped.
+pub struct HushMap {
+    value: *const HushValue,
+    len: usize,
+    _map: OwnedFd,
+}
+
+// SAFETY: the mapping is this value's alone and lives as long as it; every access is atomic.
+unsafe impl Send for HushMap {}
+
+impl HushMap {
+    /// Maps the array `map` ([`HUSH_SIZE`]-byte values).
+    pub fn map(map: OwnedFd) -> io::Result<HushMap> {
+        let (word, len) = map_word(&map)?;
+        Ok(HushMap {
+            value: word.cast::<HushValue>(),
+            len,
+            _map: map,
+        })
+    }
+
+    /// The value.
+    pub fn value(&self) -> &HushValue {
+        // SAFETY: the mapping holds the 16-byte, 8-aligned value at its start while self
+        // lives.
+        unsafe { &*self.value }
+    }
+}
+
+impl Drop for HushMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, not used after this.
+        unsafe { libc::munmap(self.value as *mut libc::c_void, self.len) };
     }
 }
 
@@ -330,6 +419,19 @@ mod tests {
         h.next_call_by(None);
         assert!(!h.leave());
         assert!(!h.frame_at(10), "nothing said a call comes");
+    }
+
+    #[test]
+    fn a_time_given_too_far_ahead_is_taken_for_none() {
+        let h = Hush::unshared();
+        h.enter();
+        h.next_call_by(Some(1_000 + HUSH_AHEAD_MAX_NS + 1));
+        assert!(!h.leave());
+        assert!(!h.frame_at(1_000), "the frame wakes at once");
+        h.enter();
+        h.next_call_by(Some(1_000 + HUSH_AHEAD_MAX_NS));
+        assert!(!h.leave());
+        assert!(h.frame_at(1_000));
     }
 
     #[test]

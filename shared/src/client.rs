@@ -11,8 +11,9 @@
 //! events that the socket no longer shows as readable), or checks [`Connection::has_events`].
 //!
 //! An `EVENT CONNECTED` whose connection takes the direct path (`direct` frames, not 0)
-//! comes with the connection's packet socket attached (`SCM_RIGHTS`, [`crate::direct`]):
-//! [`Connection::take_socket`] hands it over.
+//! comes with the connection's packet socket attached (`SCM_RIGHTS`, [`crate::direct`]), and
+//! one whose frames ring urdma.ko's bell with the map of its word: [`Connection::take_fds`]
+//! hands them over.
 //!
 //! Replies come in the order of the requests, so each reply line read is matched with the
 //! oldest request not yet answered, whoever reads it. [`Connection::post`] sends a request
@@ -32,11 +33,11 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// What comes with a direct connection's `EVENT CONNECTED`.
+/// What comes with a connection's `EVENT CONNECTED`.
 #[derive(Debug)]
-pub struct DirectFds {
-    /// Its packet socket ([`crate::direct`]).
-    pub socket: OwnedFd,
+pub struct ConnectionFds {
+    /// Its packet socket ([`crate::direct`]), on the direct path.
+    pub socket: Option<OwnedFd>,
     /// The map of its bell's word ([`crate::bell`]), when urdma.ko rings it.
     pub bell: Option<OwnedFd>,
     /// The map of the process's hush word ([`crate::bell::Hush`]), when urdma.ko reads it
@@ -55,8 +56,8 @@ pub struct Connection {
     closed: bool,
     /// Descriptors received and not yet matched with their event.
     fds: VecDeque<OwnedFd>,
-    /// The packet sockets of direct connections, by (dev, qpn), until taken.
-    sockets: HashMap<(u32, u32), DirectFds>,
+    /// What came with connections' `EVENT CONNECTED`, by (dev, qpn), until taken.
+    handed: HashMap<(u32, u32), ConnectionFds>,
     /// The requests sent and not answered yet, oldest first.
     pending: VecDeque<Awaiting>,
     /// Replies of [`Connection::send`]'s requests not taken yet, by ticket.
@@ -168,7 +169,7 @@ impl Connection {
             events: VecDeque::new(),
             closed: false,
             fds: VecDeque::new(),
-            sockets: HashMap::new(),
+            handed: HashMap::new(),
             pending: VecDeque::new(),
             answers: HashMap::new(),
             refusals: Vec::new(),
@@ -272,27 +273,30 @@ impl Connection {
             if let Event::Connected(c) = &e {
                 // Its socket (and the bell's and hush's words) came with the line's first bytes, so
                 // they are queued by now.
-                if c.direct > 0 {
-                    if let Some(socket) = self.fds.pop_front() {
-                        let bell = if c.bell { self.fds.pop_front() } else { None };
-                        let hush = if c.bell && c.hush {
-                            self.fds.pop_front()
-                        } else {
-                            None
-                        };
-                        self.sockets
-                            .insert((c.dev, c.qpn), DirectFds { socket, bell, hush });
-                    }
+                let socket = if c.direct > 0 {
+                    self.fds.pop_front()
+                } else {
+                    None
+                };
+                if socket.is_some() || c.bell {
+                    let bell = if c.bell { self.fds.pop_front() } else { None };
+                    let hush = if c.bell && c.hush {
+                        self.fds.pop_front()
+                    } else {
+                        None
+                    };
+                    self.handed
+                        .insert((c.dev, c.qpn), ConnectionFds { socket, bell, hush });
                 }
             }
             self.events.push_back(e);
         }
     }
 
-    /// The packet socket (and the bell's word) that came with the `EVENT CONNECTED` of QP
-    /// (dev, qpn), if one did.
-    pub fn take_socket(&mut self, dev: u32, qpn: u32) -> Option<DirectFds> {
-        self.sockets.remove(&(dev, qpn))
+    /// The packet socket and the bell's words that came with the `EVENT CONNECTED` of QP
+    /// (dev, qpn), if any did.
+    pub fn take_fds(&mut self, dev: u32, qpn: u32) -> Option<ConnectionFds> {
+        self.handed.remove(&(dev, qpn))
     }
 
     /// Sends one request whose reply is not waited for; it is dropped when it comes, a
@@ -506,7 +510,7 @@ mod tests {
             events: VecDeque::new(),
             closed: false,
             fds: VecDeque::new(),
-            sockets: HashMap::new(),
+            handed: HashMap::new(),
             pending: VecDeque::new(),
             answers: HashMap::new(),
             refusals: Vec::new(),

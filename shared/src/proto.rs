@@ -15,7 +15,7 @@
 //! how many report lines (JSON records, `crate::status`) follow it.
 //!
 //! ```text
-//! {"req":"HELLO","version":11,"pid":4242}     -> {"reply":"HELLO","version":11,"daemon":"urdmad 0.1.0"}
+//! {"req":"HELLO","version":12,"pid":4242}     -> {"reply":"HELLO","version":12,"daemon":"urdmad 0.1.0"}
 //! {"req":"ATTACH"}                            -> {"reply":"ATTACHED","client":3,"prefix":"urdma","lcore":3,
 //!                                                 "alloc":"urd_alloc_3","free":"urd_free_3","ports":[{"index":0,
 //!                                                 "name":"port0","mac":"02:00:00:00:00:01","tx":"urd_tx_3_0",
@@ -79,8 +79,10 @@ use std::str::FromStr;
 /// bell's word (`CONNECTED`'s `bell`, a second descriptor after the socket,
 /// [`crate::bell`]); version 10 the process's hush word (`hush`, a third descriptor,
 /// [`crate::bell::HushWord`]); version 11 every message as one JSON object, derived from
-/// the types of this module, in place of `VERB key=value` text.
-pub const VERSION: u32 = 11;
+/// the types of this module, in place of `VERB key=value` text; version 12 the bell's word
+/// for a connection through urdmad's rings too (`bell` without `direct`: the word is the
+/// only descriptor), which urdmad reads for each frame it puts on the ring.
+pub const VERSION: u32 = 12;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -409,11 +411,13 @@ pub struct Connected {
     /// and its rings hold this many frames each way (`direct::Geometry::new(datagram,
     /// direct)`).
     pub direct: u32,
-    /// A direct connection whose frames ring urdma.ko's bell: the map of its word
-    /// ([`crate::bell`]) comes with this event, after the socket.
+    /// A connection whose frames ring urdma.ko's bell: the map of its word
+    /// ([`crate::bell`]) comes with this event, after the socket on the direct path, alone
+    /// otherwise (urdmad rings the bell for the frames it puts on the ring).
     pub bell: bool,
-    /// With `bell`: the map of the process's hush word ([`crate::bell::HushWord`]), which
-    /// urdma.ko reads for the connection's frames, comes after the bell's word.
+    /// With `bell`, on the direct path: the map of the process's hush word
+    /// ([`crate::bell::HushWord`]), which urdma.ko reads for the connection's frames, comes
+    /// after the bell's word.
     pub hush: bool,
     /// The connection's slot in urdmad's table of QP figures ([`crate::qpstats`]), which the
     /// process keeps current; `None` when every slot is taken.

@@ -71,6 +71,10 @@ pub enum Op {
     /// The connection dev/qpn's frames come on urdmad's packet socket `req`: urdma.ko fires
     /// the QP's armed CQs when one does (urdma-abi.h).
     Bell,
+    /// A frame of dev/qpn that urdmad put on the QP's ring completes a receive (status:
+    /// the verdict): urdma.ko fires the QP's receive CQ if it is armed for it
+    /// ([`Channel::ring`]).
+    Ring,
     Listen,
     Unlisten,
     Connect,
@@ -82,7 +86,7 @@ pub enum Op {
     Unknown,
 }
 
-const OPS: [(Op, abi::urdma_cm_op); 16] = [
+const OPS: [(Op, abi::urdma_cm_op); 17] = [
     (Op::Register, abi::urdma_cm_op_URDMA_CM_REGISTER),
     (Op::Request, abi::urdma_cm_op_URDMA_CM_REQUEST),
     (Op::Connected, abi::urdma_cm_op_URDMA_CM_CONNECTED),
@@ -93,6 +97,7 @@ const OPS: [(Op, abi::urdma_cm_op); 16] = [
     (Op::RequestGone, abi::urdma_cm_op_URDMA_CM_REQUEST_GONE),
     (Op::Stats, abi::urdma_cm_op_URDMA_CM_STATS),
     (Op::Bell, abi::urdma_cm_op_URDMA_CM_BELL),
+    (Op::Ring, abi::urdma_cm_op_URDMA_CM_RING),
     (Op::Listen, abi::urdma_cm_op_URDMA_CM_LISTEN),
     (Op::Unlisten, abi::urdma_cm_op_URDMA_CM_UNLISTEN),
     (Op::Connect, abi::urdma_cm_op_URDMA_CM_CONNECT),
@@ -361,6 +366,30 @@ impl Channel {
                     format!("message of {n} bytes, expected {MSG_SIZE}"),
                 )
             });
+        }
+    }
+
+    /// Tells urdma.ko that a frame of QP `dev`/`qpn` that urdmad put on the QP's ring
+    /// completes a receive, as `verdict` says (`verdict::RECV` or `verdict::RECV_SOLICITED`):
+    /// urdma.ko fires the QP's receive CQ if it is armed for it. Whether it fired. One write,
+    /// never waited for: a channel that cannot take it now fired nothing.
+    pub fn ring(&self, dev: u32, qpn: u32, verdict: u32) -> io::Result<bool> {
+        let mut m = Msg::new(Op::Ring);
+        (m.dev, m.qpn, m.status) = (dev, qpn, verdict as i32);
+        let b = m.to_bytes();
+        loop {
+            // SAFETY: writing from a buffer of the given length.
+            let n = unsafe { libc::write(self.fd.as_raw_fd(), b.as_ptr().cast(), b.len()) };
+            if n >= 0 {
+                // The message's size: fired; 0: the CQ was not armed for it (urdma-abi.h).
+                return Ok(n as usize == b.len());
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => return Ok(false),
+                _ => return Err(e),
+            }
         }
     }
 

@@ -127,8 +127,9 @@ struct Client {
     /// Descriptors that came with its requests, for the `GIVEBACK`s among them.
     fds: VecDeque<OwnedFd>,
     /// The map of its hush word (`urdma_shared::bell::Hush`), made with its first
-    /// connection that rings urdma.ko's bell.
-    hush: Option<OwnedFd>,
+    /// connection that rings urdma.ko's bell, and urdmad's own mapping of it, to follow
+    /// urdma.ko's rule for the frames it puts on the process's rings (wakes.rs).
+    hush: Option<(OwnedFd, crate::bell::HushMap)>,
 }
 
 pub struct Daemon {
@@ -154,6 +155,9 @@ pub struct Daemon {
     /// Processes that asked for one `EVENT WAKE` (wakes.rs), by client id, with their flows'
     /// received-frame count then.
     armed: BTreeMap<u32, u64>,
+    /// Processes that were left a frame to read by a call due at the given time
+    /// (CLOCK_MONOTONIC ns), by client id: their helper is woken then if none has (wakes.rs).
+    late: BTreeMap<u32, u64>,
     /// What ends an idle sleep.
     idle: idle::Idle,
     /// Released processes, (pid, client id), until they no longer run: then the mbufs they
@@ -402,6 +406,7 @@ impl Daemon {
             tap: connections::Tap::default(),
             next_open: None,
             armed: BTreeMap::new(),
+            late: BTreeMap::new(),
             idle,
             departed: Vec::new(),
             swept_at: Instant::now(),

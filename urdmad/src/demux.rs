@@ -3,6 +3,7 @@
 
 use crate::frame::udp4_addresses;
 use crate::holder;
+use crate::ringbell::{Burst, RingBell};
 use dpdk_sys as sys;
 use std::net::SocketAddrV4;
 
@@ -41,10 +42,71 @@ pub struct Flow {
     pub drops: u64,
     /// The process that takes the ring's frames: what marks them (`crate::holder`).
     pub holder: u32,
+    /// The connection's word for urdma.ko's bell ([`crate::ringbell`]), once handed over.
+    pub bell: Option<RingBell>,
+    /// Frames enqueued that wake the process's helper when it asked (`ARM`): all of them
+    /// but those that rang the bell or are quiet.
+    pub wakes: u64,
     next: u32,
     live: bool,
     /// This burst's frames for the flow, enqueued together after classification.
     staged: Vec<*mut sys::rte_mbuf>,
+}
+
+/// A frame on a flow's ring that completes a receive: urdma.ko is to ring the QP's bell
+/// (`Channel::ring`), and if that fires nothing, the frame wakes the process's helper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ring {
+    pub flow: u32,
+    pub dev: u32,
+    pub qpn: u32,
+    pub verdict: u32,
+}
+
+/// The bell's verdicts on a burst of one flow's frames (`crate::cm_channel::verdict`).
+pub type Verdicts = [u32; MAX_BURST];
+
+impl Flow {
+    /// The bell's verdicts on `mbufs` (at most [`MAX_BURST`]), this flow's frames about to
+    /// go onto its ring: read before, since the process may free a frame as soon as it is
+    /// there. Without a bell, every frame's is `NONE`.
+    ///
+    /// # Safety
+    /// Every pointer in `mbufs` is a valid mbuf.
+    pub unsafe fn judge(&self, mbufs: &[*mut sys::rte_mbuf]) -> Verdicts {
+        let mut v = [crate::cm_channel::verdict::NONE; MAX_BURST];
+        if let Some(b) = &self.bell {
+            for (v, &m) in v.iter_mut().zip(mbufs) {
+                let frame = std::slice::from_raw_parts(
+                    sys::rte_pktmbuf_mtod::<u8>(m) as *const u8,
+                    usize::from((*m).data_len),
+                );
+                *v = b.verdict(frame);
+            }
+        }
+        v
+    }
+
+    /// Counts what the frames judged `verdicts`, now on the ring, ask for; adds to `rings`
+    /// the one ring of the bell they need, if any. `idx`: this flow's.
+    pub fn enqueued(&mut self, idx: u32, verdicts: &[u32], rings: &mut Vec<Ring>) {
+        let mut b = Burst::default();
+        for &v in verdicts {
+            b.add(v);
+        }
+        self.wakes += b.wakes;
+        let Some(verdict) = b.ring else { return };
+        match &self.bell {
+            Some(bell) if bell.events() => rings.push(Ring {
+                flow: idx,
+                dev: bell.dev,
+                qpn: bell.qpn,
+                verdict,
+            }),
+            // No event to fire: the frame wakes the helper, as without a bell.
+            _ => self.wakes += 1,
+        }
+    }
 }
 
 /// The flows of one port, indexed by local UDP port so that classification costs one array
@@ -55,6 +117,8 @@ pub struct FlowTable {
     free: Vec<u32>,
     /// Flows with staged frames in the current burst.
     touched: Vec<u32>,
+    /// The bells to ring for frames enqueued since the last [`FlowTable::take_rings`].
+    rings: Vec<Ring>,
 }
 
 impl Default for FlowTable {
@@ -64,6 +128,7 @@ impl Default for FlowTable {
             flows: Vec::new(),
             free: Vec::new(),
             touched: Vec::with_capacity(MAX_BURST),
+            rings: Vec::new(),
         }
     }
 }
@@ -91,6 +156,8 @@ impl FlowTable {
             rx_bytes: 0,
             drops: 0,
             holder: 0,
+            bell: None,
+            wakes: 0,
             next: *head,
             live: true,
             staged: Vec::with_capacity(MAX_BURST),
@@ -139,6 +206,7 @@ impl FlowTable {
         let f = &mut self.flows[idx as usize];
         f.live = false;
         f.next = NONE;
+        f.bell = None;
         self.free.push(idx);
         Some(std::mem::replace(&mut f.ring, std::ptr::null_mut()))
     }
@@ -153,6 +221,17 @@ impl FlowTable {
 
     pub fn len(&self) -> usize {
         self.flows.len() - self.free.len()
+    }
+
+    /// Adds the bells to ring for frames a flow queue moved onto its flow's ring.
+    pub fn add_rings(&mut self, rings: &[Ring]) {
+        self.rings.extend_from_slice(rings);
+    }
+
+    /// The bells to ring for the frames enqueued since the last call, in order; ring them
+    /// before a flow can go ([`FlowTable::remove`]), as the flow of each is named by index.
+    pub fn take_rings(&mut self) -> std::vec::Drain<'_, Ring> {
+        self.rings.drain(..)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -221,6 +300,7 @@ impl FlowTable {
         for &i in &self.touched {
             let f = &mut self.flows[i as usize];
             let n = f.staged.len();
+            let verdicts = f.judge(&f.staged);
             // Marked before they are on the ring: from then on the process may take them.
             for &m in &f.staged {
                 holder::mark(m, f.holder);
@@ -240,6 +320,7 @@ impl FlowTable {
             f.rx_packets += done as u64;
             f.drops += (n - done) as u64;
             f.staged.clear();
+            f.enqueued(i, &verdicts[..done], &mut self.rings);
         }
         self.touched.clear();
     }

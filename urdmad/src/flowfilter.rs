@@ -25,28 +25,28 @@ use trp::wire::trp::{FLAG_ACK_REQUEST, FLAG_FOLLOWS};
 /// Offsets in the frame after `X` = the IP header's length: the UDP payload, which starts
 /// with the TRP header (docs/protocol.md).
 const TRP_AT_X: u32 = direct::PORTS_AT_X + 8;
-const TRP_VERSION: u32 = TRP_AT_X;
-const TRP_OPCODE: u32 = TRP_AT_X + 1;
-const TRP_FLAGS: u32 = TRP_AT_X + 2;
-const TRP_SACKS: u32 = TRP_AT_X + 3;
-const TRP_PSN: u32 = TRP_AT_X + 8;
+pub(crate) const TRP_VERSION: u32 = TRP_AT_X;
+pub(crate) const TRP_OPCODE: u32 = TRP_AT_X + 1;
+pub(crate) const TRP_FLAGS: u32 = TRP_AT_X + 2;
+pub(crate) const TRP_SACKS: u32 = TRP_AT_X + 3;
+pub(crate) const TRP_PSN: u32 = TRP_AT_X + 8;
 /// A Data packet has no SACK ranges: its DDP segment follows the 20-byte header.
 const DDP_AT_X: u32 = TRP_AT_X + 20;
 /// The frame's bytes up to the end of the TRP header, after `X`.
-const TRP_HEADER_END_X: i32 = DDP_AT_X as i32;
-const DDP_CONTROL: u32 = DDP_AT_X;
-const RDMAP_CONTROL: u32 = DDP_AT_X + 1;
-const DDP_QN: u32 = DDP_AT_X + 6;
+pub(crate) const TRP_HEADER_END_X: i32 = DDP_AT_X as i32;
+pub(crate) const DDP_CONTROL: u32 = DDP_AT_X;
+pub(crate) const RDMAP_CONTROL: u32 = DDP_AT_X + 1;
+pub(crate) const DDP_QN: u32 = DDP_AT_X + 6;
 /// The frame's bytes up to the end of the untagged header's QN, after `X`.
-const CLASSIFIED_LEN_X: i32 = (DDP_QN + 4) as i32;
+pub(crate) const CLASSIFIED_LEN_X: i32 = (DDP_QN + 4) as i32;
 /// DDP's first byte with T (tagged) and L (last) and the version bits: untagged, last,
 /// version 1.
-const DDP_T_L_DV: u32 = 0xc3;
-const UNTAGGED_LAST_V1: u32 = 0x41;
+pub(crate) const DDP_T_L_DV: u32 = 0xc3;
+pub(crate) const UNTAGGED_LAST_V1: u32 = 0x41;
 /// RDMAP's control byte (RDMAP version 1, reserved bits 0) of the messages that complete a
 /// receive, plain and solicited.
-const RECV_OPS: [u32; 3] = [0x43, 0x44, 0x48]; // Send, Send with Invalidate, Immediate Data
-const SOLICITED_OPS: [u32; 3] = [0x45, 0x46, 0x49]; // the same with SE
+pub(crate) const RECV_OPS: [u32; 3] = [0x43, 0x44, 0x48]; // Send, Send with Invalidate, Immediate Data
+pub(crate) const SOLICITED_OPS: [u32; 3] = [0x45, 0x46, 0x49]; // the same with SE
 
 /// The entry of a filter's `addrs` map: three words in the CPU's order, the values the
 /// program's packet loads give for the connection's frames.
@@ -87,7 +87,7 @@ pub struct FlowFilter {
 }
 
 /// A connection's [`bell`] word: a map of its own, which the process maps.
-fn word_map() -> io::Result<OwnedFd> {
+pub(crate) fn word_map() -> io::Result<OwnedFd> {
     ebpf::create_map(
         BPF_MAP_TYPE_ARRAY,
         4,
@@ -442,14 +442,25 @@ mod tests {
             u64::from_ne_bytes(v[..8].try_into().unwrap())
         }
 
+        /// The word's map's whole value.
+        fn value(&self) -> [u8; bell::WORD_SIZE as usize] {
+            let mut v = [0u8; bell::WORD_SIZE as usize];
+            ebpf::map_lookup(self.f.word(), &0u32.to_ne_bytes(), &mut v).unwrap();
+            v
+        }
+
         /// The filter's verdict on `frame` and the bell's: the one slot of the per-CPU
-        /// array that is set (all are cleared first, so a run on any CPU shows).
+        /// array that is set (all are cleared first, so a run on any CPU shows). For a frame
+        /// it admits, urdmad's own verdict for a connection through its rings
+        /// ([`crate::ringbell::verdict`]), run on the word as it was, must be the same and
+        /// leave the word the same.
         fn run(&self, frame: &[u8]) -> (u32, u32) {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) * 4;
             let zero = vec![0u8; 8 * cpus.max(256)];
             let key = 0u32.to_ne_bytes();
             // The kernel reads a value per possible CPU, 8 bytes each: room for more.
             ebpf::map_update(&self.f.verdicts, &key, &zero, 0).unwrap();
+            let before = self.value();
             let accept = ebpf::test_run(&self.f.prog, frame).unwrap();
             let mut all = zero.clone();
             ebpf::map_lookup(&self.f.verdicts, &key, &mut all).unwrap();
@@ -458,6 +469,14 @@ mod tests {
                 .map(|c| u32::from_ne_bytes(c[..4].try_into().unwrap()))
                 .max()
                 .unwrap();
+            if accept != 0 {
+                let after = self.value();
+                ebpf::map_update(self.f.word(), &key, &before, 0).unwrap();
+                let map = self.f.word().try_clone().unwrap();
+                let ours = crate::ringbell::RingBell::of(map, 0, 0).unwrap();
+                assert_eq!(ours.verdict(frame), v, "urdmad's verdict on {frame:02x?}");
+                assert_eq!(self.value(), after, "the word urdmad left for {frame:02x?}");
+            }
             (accept, v)
         }
     }

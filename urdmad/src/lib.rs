@@ -25,6 +25,7 @@ pub mod logging;
 pub mod netlink;
 pub mod port;
 pub mod portfilter;
+pub mod ringbell;
 pub mod service;
 pub mod socket_keeper;
 pub mod status;

@@ -885,9 +885,9 @@ impl DirectEnd {
     fn of(c: &mut Connection, ev: &Connected, local_mac: Mac) -> DirectEnd {
         assert!(ev.direct > 0, "connection not on the direct path: {ev:?}");
         let sock = c
-            .take_socket(ev.dev, ev.qpn)
-            .expect("the connection's socket with its event")
-            .socket;
+            .take_fds(ev.dev, ev.qpn)
+            .and_then(|f| f.socket)
+            .expect("the connection's socket with its event");
         let geo = urdmad::direct::Geometry::new(ev.datagram, ev.direct);
         DirectEnd {
             rings: urdmad::direct::Rings::map(sock, geo).expect("mapping its rings"),

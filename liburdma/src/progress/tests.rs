@@ -209,9 +209,21 @@ fn hushed_the_helper_always_watches() {
     };
     let s = T.sleep(steady, now, true, true, || None);
     assert!(s.watching && s.look);
-    // Not when some connection's frames come through urdmad.
+    // Also when some connection's frames come through urdmad, which follows the hush for
+    // them: the helper asks urdmad to wake it (ARM), once.
     let r = Round {
         hushed: true,
+        needs_arm: true,
+        ..round(false, 0)
+    };
+    let (step, _) = T.after_round(r, app(0, 99_900), now, || None);
+    assert!(matches!(step, Step::Sleep { sleep, arm: true } if sleep.watching && sleep.look));
+    let r = Round { armed: true, ..r };
+    let (step, _) = T.after_round(r, app(0, 99_900), now, || None);
+    assert!(matches!(step, Step::Sleep { sleep, arm: false } if sleep.watching));
+    // Not when some connection's frames wake the helper without a hush.
+    let r = Round {
+        hushed: false,
         needs_arm: true,
         ..round(false, 0)
     };

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use trp::Instant;
 use urdma_shared::bell::BellWord;
-use urdma_shared::client::{Connection as Control, DirectFds};
+use urdma_shared::client::{Connection as Control, ConnectionFds};
 use urdma_shared::proto::{Event, Request, Response};
 
 use super::helper::kick_helper;
@@ -270,7 +270,7 @@ impl Shared {
                 let Some(a) = self.attached.as_mut() else {
                     return;
                 };
-                let sock = a.ctl.as_mut().and_then(|ctl| ctl.take_socket(c.dev, c.qpn));
+                let sock = a.ctl.as_mut().and_then(|ctl| ctl.take_fds(c.dev, c.qpn));
                 let r = a
                     .rings
                     .flow(c.port, &c.rx_ring, c.local, c.remote, c.mac.0, c.stats)
@@ -334,28 +334,17 @@ impl Shared {
 }
 
 /// The flow of a connection urdmad handed over: on the direct path when it passed the
-/// connection's socket, through urdmad's rings otherwise.
+/// connection's socket, through urdmad's rings otherwise; either way with the word of
+/// urdma.ko's bell when urdmad passed one.
 fn make_flow(
     ring: DpdkFlow,
     c: &urdma_shared::proto::Connected,
-    fds: Option<DirectFds>,
+    fds: Option<ConnectionFds>,
 ) -> Result<Box<dyn Flow>, String> {
-    if c.direct == 0 {
-        return Ok(Box::new(ring));
-    }
-    // urdmad no longer takes the connection's frames: without the socket nothing arrives.
-    let DirectFds {
-        socket: sock,
-        bell,
-        hush,
-    } = fds.ok_or("urdmad put the connection on the direct path but passed no socket")?;
-    let epoll = rt()
-        .sockets
-        .get()
-        .ok_or("no epoll set for the direct path")?
-        .as_raw_fd();
-    let ep = ring.endpoints();
-    let geo = urdma_shared::direct::Geometry::new(c.datagram, c.direct);
+    let (sock, bell, hush) = match fds {
+        Some(f) => (f.socket, f.bell, f.hush),
+        None => (None, None, None),
+    };
     // Without its word the bell never rings for the connection: it works all the same.
     let bell = bell.and_then(|map| {
         BellWord::map(map)
@@ -363,6 +352,18 @@ fn make_flow(
             .ok()
     });
     let hushed = hush.is_some_and(|map| super::adopt_hush(map, c));
+    if c.direct == 0 {
+        return Ok(Box::new(ring.with_bell(bell, hushed)));
+    }
+    // urdmad no longer takes the connection's frames: without the socket nothing arrives.
+    let sock = sock.ok_or("urdmad put the connection on the direct path but passed no socket")?;
+    let epoll = rt()
+        .sockets
+        .get()
+        .ok_or("no epoll set for the direct path")?
+        .as_raw_fd();
+    let ep = ring.endpoints();
+    let geo = urdma_shared::direct::Geometry::new(c.datagram, c.direct);
     Ok(Box::new(SocketFlow::new(
         ring, sock, geo, ep, epoll, bell, hushed,
     )?))

@@ -13,9 +13,10 @@
 //! that at once) the helper stays out of its way: it sleeps without watching
 //! for frames and looks again when the application may have stopped, less
 //! often the longer it polls ([`crate::progress::LOOK_MAX`]). Where urdma.ko
-//! hushes every connection's frames (a frame that comes while an application
-//! thread is in a call wakes nobody, `urdma_shared::bell::Hush`), it watches
-//! all the same: only a frame no call will read wakes it. Its rounds leave
+//! (or urdmad, for the frames it puts on the rings) hushes every connection's
+//! frames (a frame that comes while an application thread is in a call wakes
+//! nobody, `urdma_shared::bell::Hush`), it watches all the same: only a frame
+//! no call will read wakes it. Its rounds leave
 //! the ACKs peers asked for to the application's reply while the application
 //! may still post one (`Shared::helper_round`), as the application's own rounds
 //! do. Otherwise, while traffic flows it keeps going (yielding the CPU between

@@ -216,17 +216,41 @@ impl Daemon {
         }
     }
 
+    /// Gives a connection through urdmad's rings, flow `flow`, urdma.ko's bell rung by
+    /// urdmad ([`crate::ringbell`]): its word's map, for the process, or None where urdma.ko
+    /// is not there to ring it or the word cannot be made (its frames then wake the
+    /// process's helper, as before).
+    fn ring_bell(&mut self, flow: u32, dev: u32, qpn: u32) -> Option<RawFd> {
+        self.chan.as_ref()?;
+        let rec = self.flows.get(&flow)?;
+        let f = self
+            .ports
+            .get_mut(usize::from(rec.port))?
+            .flows
+            .get_mut(rec.slot)?;
+        match crate::ringbell::RingBell::new(dev, qpn) {
+            Ok(b) => Some(f.bell.insert(b).map()),
+            Err(e) => {
+                tracing::warn!(dev, qpn, "urdma.ko rings no bell for this connection: {e}");
+                None
+            }
+        }
+    }
+
     /// The map of client `i`'s hush word, made on first use; None where it cannot be made
     /// (its connections' frames then wake its helper as before).
     fn client_hush(&mut self, i: usize) -> Option<RawFd> {
         let c = &mut self.clients[i];
         if c.hush.is_none() {
-            match crate::flowfilter::hush_map() {
-                Ok(m) => c.hush = Some(m),
+            let made = crate::flowfilter::hush_map()
+                .and_then(|m| Ok((m.try_clone()?, m)))
+                .and_then(|(m, ours)| Ok((m, crate::bell::HushMap::map(ours)?)));
+            match made {
+                Ok(h) => c.hush = Some(h),
                 Err(e) => tracing::warn!(client = c.id, "no hush word: {e}"),
             }
         }
-        c.hush.as_ref().map(|m| m.as_raw_fd())
+        c.hush.as_ref().map(|(m, _)| m.as_raw_fd())
     }
 
     /// Reads what the kernel sent (bounded per call).
@@ -424,9 +448,17 @@ impl Daemon {
                     fds.extend(hush);
                 }
             }
+            connected.bell = fds.len() >= 2;
+            connected.hush = fds.len() == 3;
+        } else if let Some(word) = self.ring_bell(opened.flow, dev, qpn) {
+            fds.push(word);
+            connected.bell = true;
+            // urdmad follows urdma.ko's hush for the frames it puts on the ring (wakes.rs).
+            if let Some(hush) = self.client_hush(i) {
+                fds.push(hush);
+                connected.hush = true;
+            }
         }
-        connected.bell = fds.len() >= 2;
-        connected.hush = fds.len() == 3;
         let text = Event::Connected(Box::new(connected)).encode();
         if let Err(e) = self.send_with(i, &text, &fds) {
             self.close_flow(opened.flow);

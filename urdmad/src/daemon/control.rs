@@ -441,6 +441,7 @@ impl Daemon {
         // The process's connections end first (an Abort to each peer, CLOSED to the
         // kernel); that closes their flows too.
         self.armed.remove(&id);
+        self.late.remove(&id);
         self.cm_release(id);
         for f in flows {
             self.close_flow(f);

@@ -100,6 +100,7 @@ pub(super) unsafe fn poll_flow_queue(
     match q.state {
         QueueUse::Flow { slot, ring, .. } => {
             let client = flows.get(slot).map_or(0, |f| f.holder);
+            let verdicts = flows.get(slot).map(|f| f.judge(&rx[..n]));
             for &m in &rx[..n] {
                 holder::mark(m, client);
             }
@@ -119,10 +120,13 @@ pub(super) unsafe fn poll_flow_queue(
             q.rx_packets += done as u64;
             q.rx_bytes += bytes;
             q.drops += (n - done) as u64;
-            if let Some(f) = flows.get_mut(slot) {
+            if let (Some(f), Some(v)) = (flows.get_mut(slot), verdicts) {
                 f.rx_packets += done as u64;
                 f.rx_bytes += bytes;
                 f.drops += (n - done) as u64;
+                let mut rings = Vec::new();
+                f.enqueued(slot, &v[..done], &mut rings);
+                flows.add_rings(&rings);
             }
         }
         QueueUse::Free | QueueUse::Quarantined => {
@@ -336,12 +340,14 @@ impl Daemon {
                     }
                 }
             }
+            self.ring_bells();
             if !self.tap.frames.is_empty() {
                 work += self.cm_frames();
             }
             if work > 0 && !self.armed.is_empty() {
                 self.check_wakes();
             }
+            let late = self.check_late();
             let now = Instant::now();
             if now >= next_control {
                 next_control = now + CONTROL_PERIOD;
@@ -365,6 +371,7 @@ impl Daemon {
                         }
                     }
                 }
+                self.ring_bells();
                 self.serve_control();
             }
             if port_woke {
@@ -400,6 +407,8 @@ impl Daemon {
                     let d = self.cm.poll_timeout().map_or(d, |t| {
                         d.min(t.max(next_control).saturating_duration_since(now))
                     });
+                    // Nor past the time a process gave for its next call (wakes.rs).
+                    let d = late.map_or(d, |l| d.min(l));
                     match self.sleep(d) {
                         Woken::Request => {
                             next_control = Instant::now();
