@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 /// How often the control socket is polled; bounds how late a dead process is noticed.
 const CONTROL_PERIOD: Duration = Duration::from_millis(2);
-/// Empty polls before the loop starts sleeping between polls (small machines share cores).
+/// Empty polls before the loop sleeps, where only a timer ends its sleeps: a burst's next
+/// frame then finds urdmad awake rather than a sleep away.
 const IDLE_POLLS: u32 = 256;
 /// How long an idle urdmad sleeps when every port's frames end a sleep and no handshake is
 /// under way: it then has nothing a timer must start (a few request expiries of seconds).
@@ -349,6 +350,12 @@ impl Daemon {
             }
             let late = self.check_late();
             let now = Instant::now();
+            // A pass that moved nothing looks for requests as a sleep would: a request
+            // met while urdmad polls on (a connection's ACCEPT, a process's QP) is served
+            // now, not at the next CONTROL_PERIOD.
+            if work == 0 && now < next_control && self.requests_waiting() {
+                next_control = now;
+            }
             if now >= next_control {
                 next_control = now + CONTROL_PERIOD;
                 // Queues of no flow receive nothing while the catch-all rule holds; they
@@ -385,7 +392,7 @@ impl Daemon {
             }
             if work == 0 {
                 idle = idle.saturating_add(1);
-                if idle > IDLE_POLLS && !idle_sleep.is_zero() {
+                if idle > self.idle_polls() && !idle_sleep.is_zero() {
                     // Idle. When frames end a sleep (idle.rs), sleep idle_sleep_max at
                     // once; otherwise sleep idle_sleep between looks, and after
                     // BACKOFF_AFTER double it up to idle_sleep_max.
@@ -428,7 +435,8 @@ impl Daemon {
                         self.idle.spurious = false;
                     }
                     // A sweep follows at once; it decides whether the next sleep can
-                    // trust the ports' descriptors.
+                    // trust the ports' descriptors, and if it finds nothing, urdmad sleeps
+                    // again without a spin.
                     idle = IDLE_POLLS;
                 }
             } else {
@@ -436,6 +444,18 @@ impl Daemon {
                 idle_since = None;
                 sleep = idle_sleep;
             }
+        }
+    }
+
+    /// Empty passes before a sleep. None where a frame, a request and a kick each end the
+    /// sleep: a spin there would only hold requests back until the next `CONTROL_PERIOD`
+    /// (a connection's ACCEPT, a process's QP) and take the CPU that the processes it
+    /// serves need on a host whose cores they share.
+    fn idle_polls(&self) -> u32 {
+        if self.idle.frames_wake() {
+            0
+        } else {
+            IDLE_POLLS
         }
     }
 
@@ -455,10 +475,7 @@ impl Daemon {
         } else {
             &[]
         };
-        let control: Vec<std::os::fd::RawFd> = std::iter::once(self.listener.as_raw_fd())
-            .chain(self.clients.iter().map(|c| c.stream.as_raw_fd()))
-            .chain(self.chan.as_ref().map(|ch| ch.as_raw_fd()))
-            .collect();
+        let control = self.control_fds();
         let mut fds: Vec<libc::pollfd> = control
             .iter()
             .chain(std::iter::once(&self.idle.kick_fd()))
@@ -496,6 +513,30 @@ impl Daemon {
             return Woken::Kick;
         }
         Woken::Frame
+    }
+
+    /// What carries requests: the control socket, every process's socket, the kernel's
+    /// channel.
+    fn control_fds(&self) -> Vec<std::os::fd::RawFd> {
+        std::iter::once(self.listener.as_raw_fd())
+            .chain(self.clients.iter().map(|c| c.stream.as_raw_fd()))
+            .chain(self.chan.as_ref().map(|ch| ch.as_raw_fd()))
+            .collect()
+    }
+
+    /// Whether a request waits on any of [`Daemon::control_fds`].
+    fn requests_waiting(&self) -> bool {
+        let mut fds: Vec<libc::pollfd> = self
+            .control_fds()
+            .into_iter()
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: fds is a valid array of pollfd; a zero timeout only looks.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) > 0 }
     }
 
     /// Whether any process's TX ring holds frames, or its alloc ring wants a refill.
