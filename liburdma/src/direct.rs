@@ -221,22 +221,8 @@ impl Flow for SocketFlow {
         self.hushed
     }
 
-    fn events(&mut self, yes: bool) {
-        if let Some(b) = self.bell.as_mut() {
-            b.events(yes);
-        }
-    }
-
-    fn ring_for(&mut self, next: Option<u32>) {
-        if let Some(b) = self.bell.as_mut() {
-            b.publish(next);
-        }
-    }
-
-    fn acks_can_wait(&mut self, yes: bool) {
-        if let Some(b) = self.bell.as_mut() {
-            b.acks_can_wait(yes);
-        }
+    fn bell(&mut self) -> Option<&mut BellWord> {
+        self.bell.as_mut()
     }
 
     fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {

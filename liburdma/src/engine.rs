@@ -70,17 +70,33 @@ pub trait Flow: Send {
     fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {
         None
     }
+    /// The flow's word of urdma.ko's bell ([`urdma_shared::bell`]), if its frames ring it.
+    fn bell(&mut self) -> Option<&mut urdma_shared::bell::BellWord> {
+        None
+    }
     /// The PSN whose arrival completes a receive now (`Connection::bell_psn`), for a flow
-    /// whose frames ring urdma.ko's bell ([`urdma_shared::bell`]).
-    fn ring_for(&mut self, _next: Option<u32>) {}
+    /// whose frames ring urdma.ko's bell.
+    fn ring_for(&mut self, next: Option<u32>) {
+        if let Some(b) = self.bell() {
+            b.publish(next);
+        }
+    }
     /// Whether the QP's receive CQ has a completion channel, whose event a frame may fire
     /// (`urdma_shared::bell::EVENTS`): told once, before the first [`Flow::ring_for`].
-    fn events(&mut self, _yes: bool) {}
+    fn events(&mut self, yes: bool) {
+        if let Some(b) = self.bell() {
+            b.events(yes);
+        }
+    }
     /// Whether an ACK that carries nothing else can wait unread for whatever wakes the
     /// process next (`Connection::acks_can_wait`), for a flow whose frames ring urdma.ko's
     /// bell: told before each transmit, so that nothing that needs its ACK read at once
     /// leaves while the flow says otherwise.
-    fn acks_can_wait(&mut self, _yes: bool) {}
+    fn acks_can_wait(&mut self, yes: bool) {
+        if let Some(b) = self.bell() {
+            b.acks_can_wait(yes);
+        }
+    }
 }
 
 /// What a QP was created with.
