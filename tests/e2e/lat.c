@@ -4,7 +4,7 @@
  * RDMA device (urdma, rxe, siw), timed with CLOCK_MONOTONIC.
  *
  *   lat server ADDR PORT -p PATTERN [-s SIZE] [-n ITERS] [-t SECONDS]
- *   lat client ADDR PORT -p PATTERN [-s SIZE] [-n ITERS] [-t SECONDS]
+ *   lat client ADDR PORT -p PATTERN [-s SIZE] [-n ITERS] [-t SECONDS] [-T]
  *
  * Both sides must be given the same -p, -s and -n. Patterns:
  *   poll-send    Send/Recv ping-pong, both sides busy-polling the CQ
@@ -29,6 +29,10 @@
  *   phases resolve_us= qp_us= established_us= message_us= disconnected_us= destroy_us=
  * (rdma_resolve_addr and _route; the PD, CQ and QP; rdma_connect to ESTABLISHED;
  * the Send and its reply; rdma_disconnect to DISCONNECTED; destroying the QP and id).
+ * With -T the client also prints, for each timed cycle, when each phase began and
+ * when the last ended, in CLOCK_MONOTONIC microseconds (scripts/trace-wakes lines
+ * them up with the scheduler's events):
+ *   cycle I T0 T1 T2 T3 T4 T5 T6
  * A few warm-up iterations come first, untimed. The server prints "lat server
  * done". Bad arguments: a usage line, exit 2; any failure, a completion in
  * error, an unexpected rdma_cm event or the -t bound (default 60 s) reached:
@@ -53,7 +57,7 @@
 
 #define USAGE "usage: lat server|client ADDR PORT -p poll-send|chan-send|chan-write|fd-send|" \
 	      "mem-write|poll-write|sleep-read|sleep-write|busy-read|connect [-s SIZE] [-n ITERS] " \
-	      "[-t SECONDS]"
+	      "[-t SECONDS] [-T]"
 
 enum pattern {
 	POLL_SEND, CHAN_SEND, CHAN_WRITE, FD_SEND, MEM_WRITE, POLL_WRITE,
@@ -480,6 +484,8 @@ static void report(double *t)
 
 /* The phases of a connection cycle, in order, as the connect pattern's client times them. */
 #define CYCLE_PHASES 6
+static int print_cycles;
+
 static const char *const phase_names[CYCLE_PHASES] = {
 	"resolve", "qp", "established", "message", "disconnected", "destroy",
 };
@@ -959,6 +965,12 @@ static void connect_client(const char *addr, const char *port)
 			t[i - warm] = tp[6] - t0;
 			for (k = 0; k < CYCLE_PHASES; k++)
 				ph[(size_t)k * iters + i - warm] = tp[k + 1] - tp[k];
+			if (print_cycles) {
+				printf("cycle %u", i - warm);
+				for (k = 0; k <= CYCLE_PHASES; k++)
+					printf(" %.1f", tp[k]);
+				printf("\n");
+			}
 		}
 	}
 	shared_free(&s);
@@ -993,7 +1005,7 @@ int main(int argc, char **argv)
 	}
 	is_client = !strcmp(argv[1], "client");
 	optind = 4;
-	while ((o = getopt(argc, argv, "p:s:n:t:")) != -1) {
+	while ((o = getopt(argc, argv, "p:s:n:t:T")) != -1) {
 		switch (o) {
 		case 'p':
 			for (i = 0; i < NPATTERNS && strcmp(optarg, names[i]); i++)
@@ -1012,6 +1024,9 @@ int main(int argc, char **argv)
 			break;
 		case 't':
 			limit = num(optarg, 1, 86400);
+			break;
+		case 'T':
+			print_cycles = 1;
 			break;
 		default:
 			fprintf(stderr, USAGE "\n");
