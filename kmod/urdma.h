@@ -290,7 +290,8 @@ int urdma_accept(struct iw_cm_id *id, struct iw_cm_conn_param *param);
 int urdma_reject(struct iw_cm_id *id, const void *pdata, u8 pdata_len);
 int urdma_create_listen(struct iw_cm_id *id, int backlog);
 int urdma_destroy_listen(struct iw_cm_id *id);
-void urdma_cm_qp_modified(struct urdma_qp *qp, enum ib_qp_state state);
+void urdma_cm_qp_modified(struct urdma_qp *qp, enum ib_qp_state state,
+			  bool by_owner);
 void urdma_cm_qp_destroy(struct urdma_qp *qp);
 void urdma_cm_dev_gone(struct urdma_dev *udev);
 void urdma_cm_netdev_unregister(struct net_device *netdev);

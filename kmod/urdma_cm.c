@@ -576,18 +576,28 @@ static struct urdma_ep *urdma_ep_by_qpn(struct urdma_chan *chan,
 /* QP hooks, called by urdma_verbs.c */
 
 /*
- * iw_cm moved a QP to SQD (graceful close) or ERR (abort).  Either may
- * come more than once, or after the connection ended: only the first of
- * each kind on a live connection is passed on.
+ * A QP moved to SQD (graceful close) or ERR (abort), by iw_cm or, with
+ * @by_owner, by its process.  Either may come more than once, or after
+ * the connection ended: only the first of each kind on a live connection
+ * is passed on.  The owner's provider begins a graceful close itself when
+ * it moves its QP to SQD, as rdma_disconnect does just before iw_cm's own
+ * move, so that one is not passed on: the daemon would only tell the
+ * process what it already does.
  */
-void urdma_cm_qp_modified(struct urdma_qp *qp, enum ib_qp_state state)
+void urdma_cm_qp_modified(struct urdma_qp *qp, enum ib_qp_state state,
+			  bool by_owner)
 {
 	struct urdma_ep *ep;
 
 	mutex_lock(&urdma_cm_mutex);
 	ep = urdma_ep_by_qp(qp);
-	if (ep && ep->state == URDMA_EP_ESTABLISHED)
-		urdma_send_disconnect(ep, state == IB_QPS_SQD ? 0 : -ECONNRESET);
+	if (ep && ep->state == URDMA_EP_ESTABLISHED) {
+		if (!by_owner)
+			urdma_send_disconnect(ep, state == IB_QPS_SQD ?
+					      0 : -ECONNRESET);
+		else if (state == IB_QPS_SQD)
+			ep->disc_sent |= URDMA_DISC_GRACEFUL;
+	}
 	mutex_unlock(&urdma_cm_mutex);
 }
 

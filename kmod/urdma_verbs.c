@@ -626,7 +626,7 @@ int urdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	 */
 	if (!udata && (mask & IB_QP_STATE) &&
 	    (attr->qp_state == IB_QPS_SQD || attr->qp_state == IB_QPS_ERR))
-		urdma_cm_qp_modified(qp, attr->qp_state);
+		urdma_cm_qp_modified(qp, attr->qp_state, false);
 
 	mutex_lock(&qp->lock);
 	if ((mask & IB_QP_CUR_STATE) && attr->cur_qp_state != qp->state) {
@@ -657,6 +657,10 @@ int urdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	qp->state = next;
 out:
 	mutex_unlock(&qp->lock);
+	/* The owner's own move to SQD: its provider is closing. */
+	if (!rv && udata && (mask & IB_QP_STATE) &&
+	    attr->qp_state == IB_QPS_SQD)
+		urdma_cm_qp_modified(qp, IB_QPS_SQD, true);
 	return rv;
 }
 

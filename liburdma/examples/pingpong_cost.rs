@@ -238,6 +238,7 @@ fn connect(a: &mut End, b: &mut End, ab: *mut Wire, ba: *mut Wire, now: Instant)
         isn: 500,
         pdata: Vec::new(),
         pkt: req,
+        accept_sent: false,
     };
     let fb = FrameFlow::new(&passive, ab, ba);
     b.e.connected(QP, &passive, Box::new(fb), now)
@@ -256,6 +257,7 @@ fn connect(a: &mut End, b: &mut End, ab: *mut Wire, ba: *mut Wire, now: Instant)
         conn: 0xA,
         isn: 100,
         pkt: accept,
+        accept_sent: false,
         ..passive
     };
     let fa = FrameFlow::new(&active, ba, ab);

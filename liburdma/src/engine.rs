@@ -518,6 +518,12 @@ impl Engine {
         let mut conn = conn;
         let inline = qp.inline_region();
         let mem = self.mrs.view(key.0, Some(key.1), inline, None);
+        if h.role == Role::Passive && h.accept_sent {
+            // urdmad sent this Accept, the same bytes, when it handed the connection over
+            // (docs/connection.md): taken as sent here, repeated only while unacknowledged.
+            let mut sent = vec![0u8; usize::from(h.datagram.max(trp::config::MIN_DATAGRAM))];
+            let _ = conn.poll_transmit(now, &mem, &mut sent);
+        }
         while let Some((wr_id, sges)) = qp.early_recv.pop_front() {
             if let Err(e) = conn.post_recv(&mem, &RecvWr { wr_id, sges: &sges }) {
                 // Checked when posted; an MR deregistered since fails here.

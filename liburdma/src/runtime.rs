@@ -14,7 +14,7 @@ mod attach;
 mod control;
 mod helper;
 
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -24,7 +24,7 @@ use trp::Instant;
 use urdma_shared::bell::Hush;
 use urdma_shared::client::Connection as Control;
 
-pub use control::{register_qp, unregister_qp};
+pub use control::unregister_qp;
 
 use crate::dpdk::Rings;
 use crate::engine::{Engine, PostFail, QpKey, SendReq};
@@ -214,9 +214,6 @@ pub struct Shared {
     armed: bool,
     /// When an application's round next reads urdmad's socket ([`EVENT_LOOK`]).
     event_look: Instant,
-    /// The eventfds of the threads waiting for urdmad's answer (`control::ask`), rung by
-    /// whichever thread reads an answer.
-    ask_bells: Vec<RawFd>,
 }
 
 struct Runtime {
@@ -242,7 +239,6 @@ fn rt() -> &'static Runtime {
                 helper_direct: false,
                 armed: false,
                 event_look: Instant::ZERO,
-                ask_bells: Vec::new(),
             }),
             kick: OnceLock::new(),
             alarm: OnceLock::new(),
@@ -252,13 +248,9 @@ fn rt() -> &'static Runtime {
 }
 
 pub(crate) fn lock() -> MutexGuard<'static, Shared> {
-    lock_of(&rt().state)
-}
-
-fn lock_of(state: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
     // A panic under the lock (caught at the C boundary) leaves the state
     // as it was at that point; keep going rather than fail every verb.
-    state.lock().unwrap_or_else(|p| p.into_inner())
+    rt().state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Runs `f` under the engine lock for an application call, then delivers

@@ -432,17 +432,14 @@ pub(crate) unsafe extern "C" fn create_qp(
         };
         // SAFETY: the context's device is libibverbs' record of it.
         let ibdev_path = unsafe { c_path(&(*(*ctx).device).ibdev_path) };
-        // The first QP of the process attaches it to urdmad; every QP is
-        // registered with it (not under the lock: see runtime::ask).
+        // The first QP of the process attaches it to urdmad; every QP is registered with
+        // it, posted (runtime::Shared::register_qp).
         let registered = runtime::with(|sh, _| {
             sh.ensure_attached_for(&ibdev_path)?;
             sh.engine.create_qp((dev, qpn), init);
-            Ok(())
-        })
-        .and_then(|()| {
-            runtime::register_qp((dev, qpn)).map_err(|e| {
-                log::error(format_args!("urdmad refused QP {dev}/{qpn}: {e}"));
-                runtime::with_engine(|e| e.destroy_qp((dev, qpn)));
+            sh.register_qp((dev, qpn)).map_err(|e| {
+                log::error(format_args!("registering QP {dev}/{qpn} with urdmad: {e}"));
+                sh.engine.destroy_qp((dev, qpn));
                 libc::EPROTO
             })
         });
@@ -480,7 +477,16 @@ pub(crate) unsafe extern "C" fn modify_qp(
             let key = unsafe { qp_key(qp) };
             runtime::with(|sh, now| {
                 match state {
-                    IBV_QPS_SQD => sh.engine.close(key),
+                    IBV_QPS_SQD => {
+                        // urdma.ko tells urdmad nothing of this close: the provider does
+                        // it. urdmad's EVENT CONNECTED is in the socket by the time the
+                        // application can have seen the connection (docs/connection.md,
+                        // "Ordering"), so a connection not yet read is read first.
+                        if !sh.engine.is_connected(key) {
+                            sh.pump(now);
+                        }
+                        sh.engine.close(key)
+                    }
                     IBV_QPS_ERR => sh.engine.abort(key, now),
                     _ => return,
                 }

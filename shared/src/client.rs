@@ -341,11 +341,6 @@ impl Connection {
         Some(Response::decode(&line).map_err(|e| bad_reply(&line, e)))
     }
 
-    /// Whether a reply read waits for [`Connection::answer`].
-    pub fn has_answers(&self) -> bool {
-        !self.answers.is_empty()
-    }
-
     /// Gives up waiting for `ticket`'s reply: it is dropped when it comes.
     pub fn abandon(&mut self, ticket: Ticket) {
         self.answers.remove(&ticket.0);

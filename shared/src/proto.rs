@@ -15,7 +15,7 @@
 //! how many report lines (JSON records, `crate::status`) follow it.
 //!
 //! ```text
-//! {"req":"HELLO","version":12,"pid":4242}     -> {"reply":"HELLO","version":12,"daemon":"urdmad 0.1.0"}
+//! {"req":"HELLO","version":13,"pid":4242}     -> {"reply":"HELLO","version":13,"daemon":"urdmad 0.1.0"}
 //! {"req":"ATTACH"}                            -> {"reply":"ATTACHED","client":3,"prefix":"urdma","lcore":3,
 //!                                                 "alloc":"urd_alloc_3","free":"urd_free_3","ports":[{"index":0,
 //!                                                 "name":"port0","mac":"02:00:00:00:00:01","tx":"urd_tx_3_0",
@@ -81,8 +81,9 @@ use std::str::FromStr;
 /// [`crate::bell::HushWord`]); version 11 every message as one JSON object, derived from
 /// the types of this module, in place of `VERB key=value` text; version 12 the bell's word
 /// for a connection through urdmad's rings too (`bell` without `direct`: the word is the
-/// only descriptor), which urdmad reads for each frame it puts on the ring.
-pub const VERSION: u32 = 12;
+/// only descriptor), which urdmad reads for each frame it puts on the ring; version 13
+/// urdmad's sending of a passive connection's Accept (`CONNECTED`'s `accept_sent`).
+pub const VERSION: u32 = 13;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -434,6 +435,11 @@ pub struct Connected {
     /// ConnectRequest when passive.
     #[serde(with = "hex_bytes")]
     pub pkt: Vec<u8>,
+    /// Passive: urdmad sends the connection's Accept, the first datagram the connection
+    /// would send, right after this event; the provider's connection takes it as sent and
+    /// repeats it until the requester acknowledges it.
+    #[serde(default)]
+    pub accept_sent: bool,
 }
 
 impl Connected {

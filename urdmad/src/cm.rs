@@ -192,12 +192,14 @@ enum Handing {
         ord: u16,
         peer_pdata: Vec<u8>,
     },
-    /// The kernel accepted request `req`.
+    /// The kernel accepted request `req`; `accept` is the Accept datagram to send once the
+    /// process has the connection.
     Passive {
         req: u64,
         conn: QpConn,
         dev: u32,
         qpn: u32,
+        accept: Vec<u8>,
     },
 }
 
@@ -395,7 +397,7 @@ impl Cm {
                 self.refresh_udp_ports();
             }
             Op::Connect => self.connect(now, m, addr_port),
-            Op::Accept => self.accept(m),
+            Op::Accept => self.accept(now, m),
             Op::Reject => self.reject(m),
             Op::Disconnect => self.disconnect(m),
             other => {
@@ -480,11 +482,18 @@ impl Cm {
                     mut conn,
                     dev,
                     qpn,
+                    accept,
                 },
                 Ok(flow),
             ) => {
                 conn.flow = flow;
                 tracing::info!(req, dev, qpn, client = conn.client, flow, remote = %conn.remote, peer_conn = format_args!("{:#x}", conn.peer_conn), "connected (passive)");
+                // The process has the connection: its flow is open and `EVENT CONNECTED`
+                // written. The requester may start now, and waits for no wake-up of the
+                // process (docs/connection.md, "Where the handshake runs").
+                if !accept.is_empty() {
+                    self.send(conn.port, conn.mac, conn.local, conn.remote, accept);
+                }
                 if let Some(r) = self.requests.get_mut(&req) {
                     r.state = ReqState::Accepted;
                 }

@@ -119,9 +119,8 @@ impl Bed {
     }
 }
 
-/// Connects QP `a` (active) to QP `b` (passive) of engine `e` over the wires `(a to b, b to
-/// a)`, the handshake done the way urdmad does it.
-fn connect_pair(e: &mut Engine, a: QpKey, b: QpKey, (ab, ba): (&Wire, &Wire), now: Instant) {
+/// The ConnectRequest of active QP `a`'s handshake, as urdmad's `Connecting` sends it.
+fn connect_request(now: Instant) -> Vec<u8> {
     let cfg = Config {
         pd: 1,
         ..Config::default()
@@ -130,8 +129,13 @@ fn connect_pair(e: &mut Engine, a: QpKey, b: QpKey, (ab, ba): (&Wire, &Wire), no
     let mut req = vec![0u8; 1500];
     let n = c.poll_transmit(now, &mut req).unwrap();
     req.truncate(n);
+    req
+}
+
+/// urdmad's `EVENT CONNECTED` for passive QP `b`, which `req` asked for.
+fn passive_event(b: QpKey, req: Vec<u8>, accept_sent: bool) -> Connected {
     // The engine reads the handshake's fields; the flow's are the runtime's.
-    let passive = Connected {
+    Connected {
         dev: b.0,
         qpn: b.1,
         role: Role::Passive,
@@ -153,7 +157,14 @@ fn connect_pair(e: &mut Engine, a: QpKey, b: QpKey, (ab, ba): (&Wire, &Wire), no
         isn: 500,
         pdata: b"ok".to_vec(),
         pkt: req,
-    };
+        accept_sent,
+    }
+}
+
+/// Connects QP `a` (active) to QP `b` (passive) of engine `e` over the wires `(a to b, b to
+/// a)`, the handshake done the way urdmad does it.
+fn connect_pair(e: &mut Engine, a: QpKey, b: QpKey, (ab, ba): (&Wire, &Wire), now: Instant) {
+    let passive = passive_event(b, connect_request(now), false);
     let flow = MemFlow {
         rx: ab.clone(),
         tx: ba.clone(),
@@ -177,6 +188,47 @@ fn connect_pair(e: &mut Engine, a: QpKey, b: QpKey, (ab, ba): (&Wire, &Wire), no
     };
     e.connected(a, &active, Box::new(flow), now).unwrap();
     assert!(e.is_connected(a) && e.is_connected(b));
+}
+
+/// urdmad sends a passive connection's Accept when it hands the connection over: the
+/// process's connection takes it as sent, and repeats it only while nothing acknowledges it.
+#[test]
+fn an_accept_urdmad_sent_is_not_sent_again_until_it_is_due_again() {
+    let mut t = Bed::new();
+    let passive = passive_event(B, connect_request(t.now), true);
+    let flow = MemFlow {
+        rx: t.ab.clone(),
+        tx: t.ba.clone(),
+    };
+    t.e.connected(B, &passive, Box::new(flow), t.now).unwrap();
+    t.run(10);
+    assert!(t.ba.lock().unwrap().is_empty(), "the Accept went out once");
+    // Unacknowledged, it is repeated like any datagram: the same Accept.
+    for _ in 0..100 {
+        t.run(1_000);
+        if !t.ba.lock().unwrap().is_empty() {
+            break;
+        }
+    }
+    let again =
+        t.ba.lock()
+            .unwrap()
+            .pop_front()
+            .expect("the Accept repeated");
+    // What a connection that sends its own Accept sends first.
+    let first = passive_event(B, connect_request(t.now), false);
+    let mut e = Engine::new();
+    e.create_cq(BCQ, 64, None);
+    e.create_qp(B, init(2, BCQ));
+    let wire: Wire = Default::default();
+    let flow = MemFlow {
+        rx: Default::default(),
+        tx: wire.clone(),
+    };
+    e.connected(B, &first, Box::new(flow), t.now).unwrap();
+    e.progress(t.now);
+    let sent_by_urdmad = wire.lock().unwrap().pop_front().expect("Accept");
+    assert_eq!(again, sent_by_urdmad);
 }
 
 /// `buf` registered on device `dev` (its PD too) as STag `stag`: the first `len` bytes.

@@ -9,14 +9,12 @@
 //! round to the control socket (it reads it every couple of milliseconds
 //! while it forwards traffic).
 //!
-//! Nor do application calls wait for urdmad under the lock, but for the
-//! first `create_qp` (attaching) and the rare `SYNC` of a post that finds its
-//! QP not yet connected: `QP` and `UNQP` are sent and their replies waited
-//! for with the lock released ([`ask`]), and `PEERCLOSED` and `QPCLOSED` are
-//! posted.
+//! Nor do application calls wait for urdmad, but for the first `create_qp`
+//! (attaching) and the rare `SYNC` of a post that finds its QP not yet
+//! connected: `QP`, `UNQP`, `PEERCLOSED` and `QPCLOSED` are posted, and a
+//! refusal is logged where its reply is read.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Mutex;
+use std::os::fd::AsRawFd;
 
 use trp::Instant;
 use urdma_shared::bell::BellWord;
@@ -24,124 +22,11 @@ use urdma_shared::client::{Connection as Control, ConnectionFds};
 use urdma_shared::proto::{Event, Request, Response};
 
 use super::helper::kick_helper;
-use super::{lock, lock_of, ms_between, now, rt, Shared, CONTROL_TIMEOUT, SLOW_MS};
+use super::{lock, rt, Shared};
 use crate::direct::SocketFlow;
 use crate::dpdk::{self, DpdkFlow};
 use crate::engine::{Flow, Notice, QpKey};
 use crate::log;
-
-/// Sends `req` to urdmad and waits for an `OK`, without holding the lock while urdmad gets
-/// round to answering: the helper and the process's other threads make progress meanwhile.
-/// (urdmad answers between its forwarding rounds, and when it is short of CPU that takes
-/// a second or more; a process whose threads each created a QP under the lock stood still
-/// for all of their waits in a row, long enough for its peers to give its connections up.)
-/// The reply is read by whichever thread reads the socket first; one that is not the asker
-/// rings the asker's bell (an eventfd of this call's), so the asker wakes at once either way.
-fn ask(req: &Request) -> Result<(), String> {
-    ask_on(&rt().state, req)
-}
-
-fn ask_on(state: &Mutex<Shared>, req: &Request) -> Result<(), String> {
-    let asked = now();
-    // SAFETY: plain flags; the result is checked.
-    let bell = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    // SAFETY: a descriptor just made, ours alone (none: waits end by the timeout below).
-    let bell = (bell >= 0).then(|| unsafe { OwnedFd::from_raw_fd(bell) });
-    let (ticket, fd) = {
-        let mut g = lock_of(state);
-        let Some(ctl) = g.control() else {
-            return Err("not attached to urdmad".into());
-        };
-        (ctl.send(req).map_err(|e| e.to_string())?, ctl.as_raw_fd())
-    };
-    let deadline = asked + CONTROL_TIMEOUT;
-    // Time spent waiting for this process's own lock, which a slow answer's log line tells
-    // apart from urdmad's: under overload a thread preempted while it holds the lock delays
-    // every look at the socket, and the answer with it.
-    let mut lock_wait_ns = 0u64;
-    let mut wait_ms = ASK_POLL_MS;
-    loop {
-        {
-            let before = now();
-            let mut g = lock_of(state);
-            let now = now();
-            lock_wait_ns += now.as_nanos().saturating_sub(before.as_nanos());
-            // Off the list before this thread reads: its own bell need not ring.
-            if let Some(b) = &bell {
-                g.ask_bells.retain(|&f| f != b.as_raw_fd());
-            }
-            g.pump(now);
-            let Some(ctl) = g.control() else {
-                return Err("urdmad closed the connection".into());
-            };
-            if let Some(r) = ctl.answer(ticket) {
-                let took = ms_between(asked, now);
-                if took >= SLOW_MS {
-                    log::info(format_args!(
-                        "urdmad took {took} ms to answer {} ({} ms of it waiting for the provider's lock)",
-                        req.encode().trim_end(),
-                        lock_wait_ns / 1_000_000
-                    ));
-                }
-                return match r.map_err(|e| e.to_string())? {
-                    Response::Ok => Ok(()),
-                    other => Err(urdma_shared::client::refusal(other).to_string()),
-                };
-            }
-            if now >= deadline {
-                ctl.abandon(ticket);
-                return Err(format!("urdmad did not answer within {CONTROL_TIMEOUT:?}"));
-            }
-            if let Some(b) = &bell {
-                g.ask_bells.push(b.as_raw_fd());
-            }
-        }
-        // Woken by the reply, by anything else on the socket, or by the bell of a thread
-        // that read the reply first.
-        let mut p = [fd, bell.as_ref().map_or(-1, |b| b.as_raw_fd())].map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        // SAFETY: two valid pollfds (a negative fd is skipped). The socket stays open while
-        // the control connection does, which the look above checks after every wait.
-        unsafe { libc::poll(p.as_mut_ptr(), 2, wait_ms) };
-        if let Some(b) = bell.as_ref().filter(|_| p[1].revents != 0) {
-            let mut n = 0u64;
-            // SAFETY: an 8-byte read into a u64 (it empties the counter).
-            unsafe { libc::read(b.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
-        }
-        wait_ms = (wait_ms * 2).min(ASK_POLL_MAX_MS);
-    }
-}
-
-/// Rings each asker's bell (`ask`).
-fn ring_askers(bells: &[RawFd]) {
-    for &b in bells {
-        let one = 1u64;
-        // SAFETY: an 8-byte write from a u64 to an eventfd its asker keeps open while the
-        // lock holds it in `bells`. A full counter (EAGAIN) is a rung bell all the same.
-        unsafe { libc::write(b, (&one as *const u64).cast(), 8) };
-    }
-}
-
-/// How long [`ask`] first waits before looking again (milliseconds) when nothing wakes it:
-/// a reply another thread read wakes it by the asker's bell, so this is for a bell that
-/// could not be made.
-const ASK_POLL_MS: i32 = 2;
-/// ... doubling up to this. Every look takes the lock: in the overload test each of a
-/// process's 32 threads waited seconds in `rdma_create_qp` for urdmad's answer; looking
-/// every 2 ms, they would take the lock up to 16,000 times a second between them, and the
-/// CPU with it, from the threads that had work to do.
-const ASK_POLL_MAX_MS: i32 = 32;
-
-/// `QP dev= qpn=`: the QP is this process's.
-pub fn register_qp(key: QpKey) -> Result<(), String> {
-    ask(&Request::Qp {
-        dev: key.0,
-        qpn: key.1,
-    })
-}
 
 /// `UNQP dev= qpn=`, when urdmad is still there. Posted: urdmad answers it `OK` whatever it
 /// finds, so `ibv_destroy_qp` need not wait a round trip for it (a refusal would still be
@@ -164,6 +49,23 @@ pub fn unregister_qp(key: QpKey) {
 }
 
 impl Shared {
+    /// `QP dev= qpn=`: the QP is this process's. Posted: the application's next call that
+    /// concerns the QP (`rdma_accept`, `rdma_connect`) reaches urdmad through the kernel,
+    /// after this line is in urdmad's socket, and urdmad reads the kernel's messages before
+    /// and handles them after its processes' lines (docs/connection.md). A refusal (a QP
+    /// number urdmad still sees another live process own) is logged where its reply is read,
+    /// and that connection then fails as for a QP urdmad does not know.
+    pub fn register_qp(&mut self, key: QpKey) -> Result<(), String> {
+        let Some(ctl) = self.control() else {
+            return Err("not attached to urdmad".into());
+        };
+        ctl.post(&Request::Qp {
+            dev: key.0,
+            qpn: key.1,
+        })
+        .map_err(|e| e.to_string())
+    }
+
     /// urdmad's control connection, while it lasts.
     fn control(&mut self) -> Option<&mut Control> {
         self.attached.as_mut().and_then(|a| a.ctl.as_mut())
@@ -217,10 +119,6 @@ impl Shared {
         let polled = ctl.poll_events();
         for r in ctl.take_refusals() {
             log::error(format_args!("{r}"));
-        }
-        // An answer read here, or the connection gone, ends the waits of `ask`.
-        if ctl.has_answers() || polled.is_err() {
-            ring_askers(&self.ask_bells);
         }
         match polled {
             Ok(events) => {
@@ -371,11 +269,12 @@ fn make_flow(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Attached, EVENT_LOOK};
+    use super::super::{now, Attached, EVENT_LOOK};
     use super::*;
     use crate::dpdk::Rings;
     use crate::engine::Engine;
     use std::path::Path;
+    use std::sync::Mutex;
     use std::time::Duration;
 
     #[test]
@@ -495,7 +394,6 @@ mod tests {
             helper_direct: false,
             armed: false,
             event_look: Instant::ZERO,
-            ask_bells: Vec::new(),
         };
         (Mutex::new(sh), daemon)
     }
@@ -546,110 +444,6 @@ mod tests {
         assert!(sh.armed, "a poll within EVENT_LOOK reads nothing");
         sh.full_round(t + EVENT_LOOK);
         assert!(!sh.armed);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_thread_that_reads_an_answer_rings_the_waiting_askers_bells() {
-        use std::io::Write;
-        let dir = std::env::temp_dir().join(format!("urdma-bell-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (state, daemon) = attached_to_fake(&dir);
-        let mut sh = state.into_inner().unwrap();
-        // SAFETY: plain flags.
-        let bell = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        assert!(bell >= 0);
-        // SAFETY: just made, ours.
-        let bell = unsafe { OwnedFd::from_raw_fd(bell) };
-        let rung = || {
-            let mut n = 0u64;
-            // SAFETY: an 8-byte read into a u64.
-            let r = unsafe { libc::read(bell.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
-            r == 8 && n > 0
-        };
-        let ticket = sh.control().unwrap().send(&Request::Sync).unwrap();
-        sh.ask_bells.push(bell.as_raw_fd());
-        // An event is no answer: no bell.
-        (&daemon)
-            .write_all(Event::Wake.encode().as_bytes())
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(20));
-        sh.pump(now());
-        assert!(!rung());
-        (&daemon)
-            .write_all(Response::Ok.encode().as_bytes())
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(20));
-        sh.pump(now());
-        assert!(rung(), "the answer's reader did not ring the asker's bell");
-        assert!(sh.control().unwrap().answer(ticket).is_some());
-        // urdmad gone: the askers are woken to see it.
-        drop(daemon);
-        sh.pump(now());
-        assert!(rung());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_request_waits_for_urdmad_without_the_lock() {
-        use std::io::{BufRead, Write};
-        let dir = std::env::temp_dir().join(format!("urdma-ask-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (state, daemon) = attached_to_fake(&dir);
-        let mut from = std::io::BufReader::new(daemon.try_clone().unwrap());
-        std::thread::scope(|s| {
-            let asking = s.spawn(|| ask_on(&state, &Request::Qp { dev: 0, qpn: 5 }));
-            let mut line = String::new();
-            from.read_line(&mut line).unwrap();
-            assert_eq!(line, Request::Qp { dev: 0, qpn: 5 }.encode());
-            // While urdmad has not answered, the lock is free for the process's other
-            // threads, which post and read what comes meanwhile.
-            {
-                let mut g = (0..200)
-                    .find_map(|_| {
-                        let g = state.try_lock().ok();
-                        if g.is_none() {
-                            std::thread::sleep(Duration::from_millis(10));
-                        }
-                        g
-                    })
-                    .expect("the lock is free while urdmad has not answered");
-                g.post(&Request::Arm);
-                (&daemon)
-                    .write_all(Event::Wake.encode().as_bytes())
-                    .unwrap();
-                std::thread::sleep(Duration::from_millis(20));
-                assert!(g.pump(now()), "the event is read by the thread that looks");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-            assert!(!asking.is_finished());
-            // The QP's reply, read by another thread first, still reaches its asker.
-            (&daemon)
-                .write_all(Response::Ok.encode().repeat(2).as_bytes())
-                .unwrap();
-            std::thread::sleep(Duration::from_millis(20));
-            lock_of(&state).pump(now());
-            assert_eq!(asking.join().unwrap(), Ok(()));
-            // A refusal is the asker's error.
-            let asking = s.spawn(|| ask_on(&state, &Request::Unqp { dev: 0, qpn: 5 }));
-            (&daemon)
-                .write_all(
-                    Response::Error {
-                        code: urdma_shared::proto::ErrorCode::Exists,
-                        message: "taken".into(),
-                    }
-                    .encode()
-                    .as_bytes(),
-                )
-                .unwrap();
-            let e = asking.join().unwrap().unwrap_err();
-            assert!(e.contains("taken"), "{e}");
-            // urdmad gone while a request waits: an error, not a hang.
-            let asking = s.spawn(|| ask_on(&state, &Request::Qp { dev: 0, qpn: 6 }));
-            std::thread::sleep(Duration::from_millis(20));
-            daemon.shutdown(std::net::Shutdown::Both).unwrap();
-            assert!(asking.join().unwrap().is_err());
-        });
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -25,6 +25,7 @@ fn connected() -> Connected {
         isn: 7,
         pdata: vec![],
         pkt: vec![0, 1, 0xfe, 0xff],
+        accept_sent: false,
     }
 }
 
@@ -153,8 +154,14 @@ fn the_wire_form_is_the_documented_one() {
     assert!(line.starts_with("{\"event\":\"CONNECTED\",\"dev\":1,\"qpn\":17,\"role\":\"passive\""));
     assert!(line.contains(",\"rx\":\"urd_rx_9\","), "{line}");
     assert!(
-        line.ends_with(",\"pdata\":\"\",\"pkt\":\"0001feff\"}\n"),
+        line.ends_with(",\"pdata\":\"\",\"pkt\":\"0001feff\",\"accept_sent\":false}\n"),
         "{line}"
+    );
+    // `accept_sent` may be left out: it is then false.
+    let short = line.replace(",\"accept_sent\":false", "");
+    assert_eq!(
+        Event::decode(&short).unwrap(),
+        Event::Connected(Box::new(connected()))
     );
 }
 

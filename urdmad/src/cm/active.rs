@@ -236,6 +236,7 @@ impl Cm {
             isn: h.isn,
             pdata: h.pdata.clone(),
             pkt: pkt.to_vec(),
+            accept_sent: false,
         };
         let conn = QpConn {
             client,

@@ -68,6 +68,11 @@ impl Cm {
         });
     }
 
+    /// The process that registered QP `qpn` of device `dev`.
+    pub fn qp_owner(&self, dev: u32, qpn: u32) -> Option<u32> {
+        self.qps.get(&(dev, qpn)).copied()
+    }
+
     /// A connection line of the control protocol (`QP`, `UNQP`, `QPCLOSED`, `PEERCLOSED`,
     /// `SYNC`) from `client`; the reply.
     pub fn client_request(&mut self, client: u32, req: &Request) -> Response {

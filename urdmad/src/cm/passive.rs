@@ -181,7 +181,7 @@ impl Cm {
         }
     }
 
-    pub(super) fn accept(&mut self, m: Msg) {
+    pub(super) fn accept(&mut self, now: Instant, m: Msg) {
         let Some(r) = self
             .requests
             .get(&m.req)
@@ -196,18 +196,26 @@ impl Cm {
         let pkt = r.pkt.clone();
         let cfg = self.trp_config(port, m.ird, m.ord);
         let (conn, isn) = self.new_ids();
-        // The provider repeats this exactly: check that it will succeed. Its connection, not
-        // urdmad, sends the Accept: the Accept tells the requester that this process is
-        // ready, and the requester's data path gives up after trp's few retries (about a
-        // second) while a process's first QP may take seconds to attach (docs/connection.md).
-        if let Err(e) =
-            Incoming::parse(&pkt).and_then(|inc| inc.accept(cfg, conn, isn, &m.pdata).map(|_| ()))
-        {
-            tracing::warn!(req = m.req, "ACCEPT refused: {e}");
-            self.actions
-                .push_back(accepted(m.req, m.dev, m.qpn, EINVAL));
-            return;
-        }
+        // The provider builds the same connection from `EVENT CONNECTED`; this one only
+        // says whether that will succeed and gives the Accept's bytes, which urdmad sends
+        // once the process has the connection. The provider's copy takes it as sent and
+        // repeats it until acknowledged.
+        let accept =
+            match Incoming::parse(&pkt).and_then(|inc| inc.accept(cfg, conn, isn, &m.pdata)) {
+                Ok(mut c) => {
+                    let mut buf =
+                        vec![0u8; usize::from(cfg.max_datagram.max(trp::config::MIN_DATAGRAM))];
+                    let n = c.poll_transmit(self.trp_now(now), &trp::VecMemory::new(0), &mut buf);
+                    buf.truncate(n.unwrap_or(0));
+                    buf
+                }
+                Err(e) => {
+                    tracing::warn!(req = m.req, "ACCEPT refused: {e}");
+                    self.actions
+                        .push_back(accepted(m.req, m.dev, m.qpn, EINVAL));
+                    return;
+                }
+            };
         let Some(&client) = self.qps.get(&(m.dev, m.qpn)) else {
             tracing::warn!(
                 req = m.req,
@@ -241,6 +249,7 @@ impl Cm {
             isn,
             pdata: m.pdata.clone(),
             pkt,
+            accept_sent: true,
         };
         let qp = QpConn {
             client,
@@ -258,6 +267,7 @@ impl Cm {
             conn: qp,
             dev: m.dev,
             qpn: m.qpn,
+            accept,
         };
         self.hand_over(client, connected, handing);
     }

@@ -224,7 +224,12 @@ fn connect_and_accept_hand_both_ends_to_their_processes() {
     assert!(a.udp_ports().contains(&40000));
     let req = request_at_b(&mut b, t, &f[0]);
     b.kernel(t, accept_msg(req), None);
-    let h = hand_over_of(drain(&mut b));
+    let out = drain(&mut b);
+    assert!(
+        frames(&out, MAC_B).is_empty(),
+        "no Accept before the hand-over"
+    );
+    let h = hand_over_of(out);
     assert_eq!(h.client, CLIENT_B);
     assert_eq!(h.spec.local, addr(2, 7000));
     assert_eq!(h.spec.remote, Some(addr(1, 40000)));
@@ -240,8 +245,16 @@ fn connect_and_accept_hand_both_ends_to_their_processes() {
     );
     assert_eq!(conn_records(&b)[0].flow, 31);
     assert_eq!(conn_records(&b)[0].role, "passive");
+    // Once the process has the connection, urdmad sends its Accept: the one the process's
+    // connection would send first, which that connection then takes as sent.
+    let accept = frames(&out, MAC_B);
+    assert_eq!(accept, [provider_accept(&h, trp::Instant::from_nanos(1))]);
+    assert!(
+        matches!(out[0], Action::Datagram { .. }),
+        "the Accept leaves before the kernel is told: {out:?}"
+    );
 
-    a.frame(t, 0, &provider_accept(&h, trp::Instant::from_nanos(1)));
+    a.frame(t, 0, &accept[0]);
     let h = hand_over_of(drain(&mut a));
     assert_eq!((h.client, h.connected.role), (CLIENT_A, Role::Active));
     assert_eq!(h.connected.pdata, b"hello");
@@ -482,7 +495,12 @@ fn a_process_gone_mid_handshake_fails_both_ends_and_aborts_the_peer() {
     b3.kernel(t, accept_msg(req), None);
     let hb = hand_over_of(drain(&mut b3));
     b3.handed_over(hb.token, Err("the QP's process is not attached".into()));
-    assert_eq!(only_kernel(&drain(&mut b3)).status, ENOTCONN);
+    let out = drain(&mut b3);
+    assert_eq!(only_kernel(&out).status, ENOTCONN);
+    assert!(
+        frames(&out, MAC_B).is_empty(),
+        "no Accept for a failed hand-over"
+    );
     assert!(conn_records(&b3).is_empty());
     a3.frame(t, 0, &provider_accept(&hb, trp::Instant::from_nanos(1)));
     let ha = hand_over_of(drain(&mut a3));

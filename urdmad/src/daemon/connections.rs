@@ -2,6 +2,7 @@
 //! receive path takes for it ([`Tap`]), and carrying out what the core (`crate::cm`)
 //! decides: messages to urdma.ko, datagrams, hand-overs to processes.
 
+use super::control::runs;
 use super::Daemon;
 use crate::cm::{self, Action, HandOver, PortView};
 use crate::cm_channel::{Channel, Msg, Op};
@@ -254,21 +255,13 @@ impl Daemon {
     }
 
     /// Reads what the kernel sent (bounded per call).
-    pub(super) fn cm_read_kernel(&mut self) -> usize {
-        let mut n = 0;
-        while n < 64 {
+    /// Reads up to 64 of the kernel's messages, for [`Daemon::cm_handle_kernel`].
+    pub(super) fn cm_read_kernel(&mut self) -> Vec<Msg> {
+        let mut read = Vec::new();
+        while read.len() < 64 {
             let Some(chan) = &self.chan else { break };
             match chan.recv() {
-                Ok(Some(m)) => {
-                    n += 1;
-                    let addr_port = if m.op == Op::Connect && m.ifname.is_empty() {
-                        self.port_of_addr(*m.local.ip())
-                    } else {
-                        None
-                    };
-                    self.cm.kernel(Instant::now(), m, addr_port);
-                    self.cm_act();
-                }
+                Ok(Some(m)) => read.push(m),
                 Ok(None) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                     tracing::warn!("connection channel: {e}");
@@ -282,7 +275,20 @@ impl Daemon {
                 }
             }
         }
-        n
+        read
+    }
+
+    /// Hands the kernel's messages to the connection manager and carries out its actions.
+    pub(super) fn cm_handle_kernel(&mut self, msgs: Vec<Msg>) {
+        for m in msgs {
+            let addr_port = if m.op == Op::Connect && m.ifname.is_empty() {
+                self.port_of_addr(*m.local.ip())
+            } else {
+                None
+            };
+            self.cm.kernel(Instant::now(), m, addr_port);
+            self.cm_act();
+        }
     }
 
     /// The port whose exception interface has IPv4 address `ip` (in urdmad's namespace).
@@ -347,7 +353,22 @@ impl Daemon {
 
     /// A connection line of the control protocol from client `i`; the reply.
     pub(super) fn cm_client_request(&mut self, i: usize, req: &Request) -> proto::Response {
-        let r = self.cm.client_request(self.clients[i].id, req);
+        let id = self.clients[i].id;
+        if let Request::Qp { dev, qpn } = *req {
+            // The kernel gives a QP's number again once the QP is destroyed; a process that
+            // died with it may not have been seen going yet (its socket is read later).
+            let dead = self
+                .cm
+                .qp_owner(dev, qpn)
+                .filter(|&other| other != id)
+                .and_then(|other| self.clients.iter().find(|c| c.id == other))
+                .filter(|c| !runs(c.peer.pid))
+                .map(|c| c.id);
+            if let Some(other) = dead {
+                self.cm_release(other);
+            }
+        }
+        let r = self.cm.client_request(id, req);
         self.cm_act();
         r
     }

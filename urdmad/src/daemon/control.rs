@@ -63,17 +63,30 @@ pub(super) fn free_new_rings(tx: Vec<TxRing>) {
 
 impl Daemon {
     pub(super) fn serve_control(&mut self) {
-        if self.chan.is_some() {
-            self.cm_read_kernel();
-            self.cm_tick();
+        // The kernel's messages are read before the processes' lines and handled after
+        // them: a process posts `QP` before the call that makes the kernel's `ACCEPT` or
+        // `CONNECT` for that QP, so its line is in the socket by the time the message can
+        // be read (docs/connection.md, "Ordering").
+        let from_kernel = if self.chan.is_some() {
+            self.cm_read_kernel()
         } else {
             self.cm_retry();
+            Vec::new()
+        };
+        self.serve_clients();
+        if self.chan.is_some() || !from_kernel.is_empty() {
+            self.cm_handle_kernel(from_kernel);
+            self.cm_tick();
         }
         self.devices_create();
         self.counters_push();
         if !self.departed.is_empty() && self.swept_at.elapsed() >= Duration::from_millis(500) {
             self.sweep();
         }
+    }
+
+    /// Reads and answers every process's lines, and takes new control connections.
+    fn serve_clients(&mut self) {
         let mut fds = Vec::with_capacity(self.clients.len() + 1);
         fds.push(libc::pollfd {
             fd: self.listener.as_raw_fd(),
