@@ -46,6 +46,13 @@ pub struct Daemon {
     /// sockets waiting to be closed (`socket_keeper`); `None` without the keeper.
     pub sockets_ready: Option<usize>,
     pub sockets_closing: Option<usize>,
+    /// Connections that found no socket ready (`socket_keeper`) and had urdmad's thread
+    /// make theirs, waiting for the grace periods, since start; of them, those that found a
+    /// keeper's thread holding the keeper's lock. `None` without the keeper.
+    #[serde(default)]
+    pub sockets_missed: Option<u64>,
+    #[serde(default)]
+    pub sockets_missed_busy: Option<u64>,
     /// Direct-path filters used again for a new connection (`filter_pool`), since start.
     #[serde(default)]
     pub filters_reused: u64,

@@ -24,6 +24,7 @@ use crate::direct::Geometry;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -73,6 +74,9 @@ pub struct SocketKeeper<T: Ready = OwnedFd> {
     /// What calls that found the lock taken left for the next call that finds it free to
     /// pass on. Only urdmad's thread takes this lock.
     deferred: Mutex<Deferred>,
+    /// Takes that found no socket ready, and of them those that found the lock taken.
+    missed: AtomicU64,
+    missed_busy: AtomicU64,
 }
 
 /// Left by calls that found the keeper's lock taken.
@@ -136,6 +140,14 @@ pub struct Figures {
     pub ready: usize,
     pub closing: usize,
     pub failures: u64,
+}
+
+/// Takes that found no socket ready (each connection then had urdmad's thread make its
+/// own), and of them those that found a keeper's thread holding the lock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Misses {
+    pub missed: u64,
+    pub busy: u64,
 }
 
 /// The thread's next step, decided under the lock.
@@ -253,6 +265,8 @@ impl<T: Ready> SocketKeeper<T> {
             shared,
             threads: Vec::with_capacity(MAKERS),
             deferred: Mutex::new(Deferred::default()),
+            missed: AtomicU64::new(0),
+            missed_busy: AtomicU64::new(0),
         };
         for _ in 0..MAKERS {
             let (s, m) = (Arc::clone(&keeper.shared), Arc::clone(&make));
@@ -297,6 +311,8 @@ impl<T: Ready> SocketKeeper<T> {
     /// (the geometry is then asked for by the next call that finds it free).
     pub fn take(&self, geo: Geometry) -> Option<T> {
         let Some(mut s) = self.try_lock() else {
+            self.missed.fetch_add(1, Ordering::Relaxed);
+            self.missed_busy.fetch_add(1, Ordering::Relaxed);
             let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
             if !d.wants.contains(&geo) {
                 d.wants.push(geo);
@@ -310,6 +326,7 @@ impl<T: Ready> SocketKeeper<T> {
             .position(|(g, _)| *g == geo)
             .map(|i| s.ready.swap_remove(i).1);
         if got.is_none() {
+            self.missed.fetch_add(1, Ordering::Relaxed);
             s.missed(Instant::now());
         }
         drop(s);
@@ -331,6 +348,14 @@ impl<T: Ready> SocketKeeper<T> {
                 .push(at),
         }
         self.shared.changed.notify_one();
+    }
+
+    /// Takes that found no socket ready so far (read without the lock).
+    pub fn misses(&self) -> Misses {
+        Misses {
+            missed: self.missed.load(Ordering::Relaxed),
+            busy: self.missed_busy.load(Ordering::Relaxed),
+        }
     }
 
     /// What the keeper holds; None while a keeper's thread holds the lock.

@@ -974,6 +974,8 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     // configuration's default `direct_ready`), rings set, so that the next connection
     // need not wait for the kernel to set them up.
     status_reaches(&b, "sockets_ready=4", |d| d.sockets_ready == Some(4));
+    // The first found none ready: the keeper makes sockets of a geometry once asked.
+    assert_eq!(one::<Daemon>(&st).sockets_missed, Some(1), "{st:?}");
 
     // The process cannot widen what its socket receives.
     let zero: libc::c_int = 0;

@@ -19,6 +19,7 @@ impl Daemon {
             .filter(|q| q.rule.is_some())
             .count();
         let keeper = self.keeper.as_ref().ok().and_then(|k| k.figures());
+        let misses = self.keeper.as_ref().ok().map(|k| k.misses());
         out.push(Record::Daemon(status::Daemon {
             version: env!("CARGO_PKG_VERSION").into(),
             pid: std::process::id(),
@@ -32,6 +33,8 @@ impl Daemon {
             spurious_wakes: self.idle.spurious_wakes,
             sockets_ready: keeper.map(|k| k.ready),
             sockets_closing: keeper.map(|k| k.closing),
+            sockets_missed: misses.map(|m| m.missed),
+            sockets_missed_busy: misses.map(|m| m.busy),
             filters_reused: self.filters.reused(),
         }));
         // SAFETY: the pool lives as long as the daemon.
