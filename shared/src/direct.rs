@@ -49,47 +49,59 @@ const VNET_HDR: usize = 10;
 /// A filter's verdict that keeps the frame (the bytes of it to keep: all).
 pub const ACCEPT: u32 = 0x0004_0000;
 
-/// The rings of a connection's socket: `frames` slots of `frame_size` bytes each way.
-/// Both sides compute it from what `EVENT CONNECTED` says (the datagram size and the frame
-/// count), so it is stated once, here.
+/// Most slots of a connection's transmit ring. The kernel hands a slot back once the
+/// frame it held has left (on a veth within the send; on a NIC at its transmit
+/// completion, 128 full frames being 150 us of a 10 Gb/s link), so the ring holds what
+/// the provider writes between sends, while each slot costs every connection half a page
+/// that the kernel clears and the process maps (the rings' pages were the largest part
+/// of a connection cycle's CPU).
+pub const TX_FRAMES_MAX: u32 = 128;
+
+/// The rings of a connection's socket: `frames` receive slots and `tx_frames` transmit
+/// slots (at most [`TX_FRAMES_MAX`]), of `frame_size` bytes each. Both sides compute it from
+/// what `EVENT CONNECTED` says (the datagram size and the frame count), so it is stated
+/// once, here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
     pub frames: u32,
+    pub tx_frames: u32,
     pub frame_size: u32,
     block_size: u32,
 }
 
 impl Geometry {
-    /// Rings of at least `frames` slots, each large enough for a frame carrying `datagram`
-    /// bytes of UDP payload.
+    /// A receive ring of at least `frames` slots and a transmit ring of as many up to
+    /// [`TX_FRAMES_MAX`], each slot large enough for a frame carrying `datagram` bytes of
+    /// UDP payload.
     pub fn new(datagram: u16, frames: u32) -> Geometry {
         let frame_size = (usize::from(datagram) + frame::HEADERS + RX_HEADROOM).next_power_of_two();
         let page = page_size();
         let block_size = frame_size.max(page);
         let per_block = (block_size / frame_size) as u32;
-        let frames = frames.max(1).div_ceil(per_block) * per_block;
+        let whole = |n: u32| n.max(1).div_ceil(per_block) * per_block;
         Geometry {
-            frames,
+            frames: whole(frames),
+            tx_frames: whole(frames.min(TX_FRAMES_MAX)),
             frame_size: frame_size as u32,
             block_size: block_size as u32,
         }
     }
 
-    fn ring_bytes(&self) -> usize {
-        self.frames as usize * self.frame_size as usize
+    fn ring_bytes(&self, slots: u32) -> usize {
+        slots as usize * self.frame_size as usize
     }
 
     /// Bytes of the mapping: the receive ring, then the transmit ring.
     pub fn map_len(&self) -> usize {
-        2 * self.ring_bytes()
+        self.ring_bytes(self.frames) + self.ring_bytes(self.tx_frames)
     }
 
-    fn req(&self) -> libc::tpacket_req {
+    fn req(&self, slots: u32) -> libc::tpacket_req {
         libc::tpacket_req {
             tp_block_size: self.block_size,
-            tp_block_nr: (self.ring_bytes() / self.block_size as usize) as u32,
+            tp_block_nr: (self.ring_bytes(slots) / self.block_size as usize) as u32,
             tp_frame_size: self.frame_size,
-            tp_frame_nr: self.frames,
+            tp_frame_nr: slots,
         }
     }
 }
@@ -291,12 +303,21 @@ pub fn prepare_socket(geo: Geometry) -> io::Result<OwnedFd> {
         libc::PACKET_VERSION,
         &(libc::tpacket_versions::TPACKET_V2 as i32),
     )?;
-    let req = geo.req();
-    setsockopt(fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
-    setsockopt(fd, libc::SOL_PACKET, libc::PACKET_TX_RING, &req)?;
+    setsockopt(
+        fd,
+        libc::SOL_PACKET,
+        libc::PACKET_RX_RING,
+        &geo.req(geo.frames),
+    )?;
+    setsockopt(
+        fd,
+        libc::SOL_PACKET,
+        libc::PACKET_TX_RING,
+        &geo.req(geo.tx_frames),
+    )?;
     // Room in the socket's send budget for a full transmit ring (best effort: root may
     // exceed wmem_max, anyone else gets what the system allows).
-    let budget = i32::try_from(2 * geo.ring_bytes()).unwrap_or(i32::MAX);
+    let budget = i32::try_from(2 * geo.ring_bytes(geo.tx_frames)).unwrap_or(i32::MAX);
     if setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &budget).is_err() {
         let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &budget);
     }
@@ -567,9 +588,16 @@ impl Rings {
         self.sock.as_raw_fd()
     }
 
-    fn slot(&self, ring: usize, i: u32) -> *mut u8 {
-        let off = ring * self.geo.ring_bytes() + i as usize * self.geo.frame_size as usize;
-        // SAFETY: within the mapping: ring < 2, i < frames.
+    /// Slot `i` of the receive ring (`tx` false, `i` < frames) or the transmit ring (`tx`
+    /// true, `i` < tx_frames), which follows it in the mapping.
+    fn slot(&self, tx: bool, i: u32) -> *mut u8 {
+        let ring = if tx {
+            self.geo.ring_bytes(self.geo.frames)
+        } else {
+            0
+        };
+        let off = ring + i as usize * self.geo.frame_size as usize;
+        // SAFETY: within the mapping, for the `i` the callers pass.
         unsafe { self.map.add(off) }
     }
 
@@ -585,7 +613,7 @@ impl Rings {
         if i >= self.geo.frames {
             return None;
         }
-        let s = self.slot(0, (self.rx_next + i) % self.geo.frames);
+        let s = self.slot(false, (self.rx_next + i) % self.geo.frames);
         if self.status(s).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
             return None;
         }
@@ -602,7 +630,7 @@ impl Rings {
     /// Gives the first `n` received frames back to the kernel.
     pub fn release(&mut self, n: u32) {
         for _ in 0..n {
-            let s = self.slot(0, self.rx_next);
+            let s = self.slot(false, self.rx_next);
             self.status(s)
                 .store(libc::TP_STATUS_KERNEL, Ordering::Release);
             self.rx_next = (self.rx_next + 1) % self.geo.frames;
@@ -611,7 +639,7 @@ impl Rings {
 
     /// The next transmit slot's frame buffer, if the kernel is done with it.
     pub fn tx_slot(&mut self) -> Option<&mut [u8]> {
-        let s = self.slot(1, self.tx_next);
+        let s = self.slot(true, self.tx_next);
         let st = self.status(s).load(Ordering::Acquire);
         if st == libc::TP_STATUS_WRONG_FORMAT {
             // The kernel refused what was there (it never is, for our frames): the slot is
@@ -629,7 +657,7 @@ impl Rings {
     /// Hands the slot [`Rings::tx_slot`] gave, holding a frame of `len` bytes, to the kernel
     /// (sent at the next [`Rings::kick`]).
     pub fn tx_commit(&mut self, len: usize) {
-        let s = self.slot(1, self.tx_next);
+        let s = self.slot(true, self.tx_next);
         // The frame's virtio header (host byte order, as for a legacy device): no offload,
         // and the whole frame in the buffer the kernel allocates. A part left in the ring's
         // pages makes the frame zero-copy, and the port's own sockets (urdmad's, which take
@@ -646,7 +674,7 @@ impl Rings {
         }
         self.status(s)
             .store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
-        self.tx_next = (self.tx_next + 1) % self.geo.frames;
+        self.tx_next = (self.tx_next + 1) % self.geo.tx_frames;
     }
 
     /// Sends the committed frames (one system call, not waiting). An error, `WouldBlock`
@@ -770,7 +798,11 @@ mod tests {
     fn geometry_fits_a_frame_of_the_datagram_and_whole_blocks() {
         let g = Geometry::new(1472, 100);
         assert_eq!(g.frame_size, 2048);
-        assert!(g.frames >= 100 && g.ring_bytes().is_multiple_of(g.block_size as usize));
+        assert!(g.frames >= 100 && g.ring_bytes(g.frames).is_multiple_of(g.block_size as usize));
+        assert_eq!(g.tx_frames, 100);
+        let big = Geometry::new(1472, 512);
+        assert_eq!((big.frames, big.tx_frames), (512, TX_FRAMES_MAX));
+        assert_eq!(big.map_len(), (512 + TX_FRAMES_MAX) as usize * 2048);
         assert!(g.frame_size as usize - TX_DATA - VNET_HDR >= 1472 + frame::HEADERS);
         let j = Geometry::new(8972, 16);
         assert_eq!(j.frame_size, 16384);

@@ -15,7 +15,7 @@
 //! how many report lines (JSON records, `crate::status`) follow it.
 //!
 //! ```text
-//! {"req":"HELLO","version":13,"pid":4242}     -> {"reply":"HELLO","version":13,"daemon":"urdmad 0.1.0"}
+//! {"req":"HELLO","version":14,"pid":4242}     -> {"reply":"HELLO","version":14,"daemon":"urdmad 0.1.0"}
 //! {"req":"ATTACH"}                            -> {"reply":"ATTACHED","client":3,"prefix":"urdma","lcore":3,
 //!                                                 "alloc":"urd_alloc_3","free":"urd_free_3","ports":[{"index":0,
 //!                                                 "name":"port0","mac":"02:00:00:00:00:01","tx":"urd_tx_3_0",
@@ -82,8 +82,10 @@ use std::str::FromStr;
 /// the types of this module, in place of `VERB key=value` text; version 12 the bell's word
 /// for a connection through urdmad's rings too (`bell` without `direct`: the word is the
 /// only descriptor), which urdmad reads for each frame it puts on the ring; version 13
-/// urdmad's sending of a passive connection's Accept (`CONNECTED`'s `accept_sent`).
-pub const VERSION: u32 = 13;
+/// urdmad's sending of a passive connection's Accept (`CONNECTED`'s `accept_sent`);
+/// version 14 a direct connection's transmit ring of at most
+/// [`crate::direct::TX_FRAMES_MAX`] slots (`direct` counts the receive ring's).
+pub const VERSION: u32 = 14;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
