@@ -24,7 +24,7 @@
 //! answering, rather than stall every thread of the process meanwhile; [`Connection::request`]
 //! sends and waits.
 
-use crate::direct;
+use crate::fdpass;
 use crate::proto::{self, ErrorCode, Event, Request, Response, MAX_LINE};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
@@ -214,7 +214,7 @@ impl Connection {
     fn fill(&mut self, deadline: Option<Instant>) -> Result<usize, Error> {
         let mut chunk = [0u8; 4096];
         let r = match deadline {
-            None => direct::try_recv_with_fds(&self.stream, &mut chunk, &mut self.fds),
+            None => fdpass::try_recv_with_fds(&self.stream, &mut chunk, &mut self.fds),
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
                 if left.is_zero() {
@@ -223,7 +223,7 @@ impl Connection {
                 self.stream
                     .set_read_timeout(Some(left))
                     .map_err(|e| Error::io("socket setup", e))?;
-                direct::recv_with_fds(&self.stream, &mut chunk, &mut self.fds)
+                fdpass::recv_with_fds(&self.stream, &mut chunk, &mut self.fds)
             }
         };
         match r {
@@ -316,7 +316,7 @@ impl Connection {
     /// kernel's grace periods ([`crate::direct`]).
     pub fn give_back(&mut self, sock: OwnedFd) -> Result<(), Error> {
         let mut line = Request::GiveBack.encode();
-        direct::send_with_fd(&self.stream, line.as_bytes(), sock.as_raw_fd())
+        fdpass::send_with_fd(&self.stream, line.as_bytes(), sock.as_raw_fd())
             .map_err(|e| Error::io("writing to urdmad", e))?;
         drop(sock);
         line.truncate(line.trim_end().len());
@@ -524,7 +524,7 @@ mod tests {
         c.give_back(OwnedFd::from(mine)).unwrap();
         let mut buf = [0u8; 64];
         let mut fds = VecDeque::new();
-        let n = direct::recv_with_fds(&d, &mut buf, &mut fds).unwrap();
+        let n = fdpass::recv_with_fds(&d, &mut buf, &mut fds).unwrap();
         assert_eq!(&buf[..n], b"{\"req\":\"GIVEBACK\"}\n");
         assert_eq!(fds.len(), 1);
         // Still open through the copy that came over: the peer sees no end of file.

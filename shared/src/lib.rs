@@ -8,6 +8,7 @@
 //! | [`client`] | its client side: connect, greet, send, read replies and events |
 //! | [`frame`] | the Ethernet/IPv4/UDP framing of TRP datagrams |
 //! | [`direct`] | a connection's own packet socket (the direct path): its filter and rings |
+//! | [`fdpass`] | descriptors sent with the control socket's lines (`SCM_RIGHTS`) |
 //! | [`doorbell`] | waking an idle urdmad after a frame is put on a TX ring |
 //! | [`qpstats`] | each connected QP's transport figures, kept by its process for urdmad |
 //! | [`lending`] | the two rings through which a process borrows the mbufs it sends (`secondary`) |
@@ -20,6 +21,7 @@ pub mod bell;
 pub mod client;
 pub mod direct;
 pub mod doorbell;
+pub mod fdpass;
 pub mod frame;
 pub mod proto;
 pub mod qpstats;

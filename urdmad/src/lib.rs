@@ -6,7 +6,7 @@
 //! `urdma-shared` crate's, re-exported here under the same names so that the daemon's code
 //! reads `crate::proto` as before.
 
-pub use urdma_shared::{bell, client, direct, doorbell, frame, proto, qpstats, secondary};
+pub use urdma_shared::{bell, client, direct, doorbell, fdpass, frame, proto, qpstats, secondary};
 
 pub mod access;
 pub mod cm;

@@ -43,7 +43,7 @@ fn send_nowait(
 ) -> std::io::Result<usize> {
     let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
     if !fds.is_empty() {
-        return crate::direct::send_with_fds_flags(s, bytes, fds, flags);
+        return crate::fdpass::send_with_fds_flags(s, bytes, fds, flags);
     }
     // SAFETY: a valid buffer of that length.
     let n = unsafe { libc::send(s.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), flags) };
@@ -174,7 +174,7 @@ impl Daemon {
         let mut chunk = [0u8; 1024];
         loop {
             let c = &mut self.clients[i];
-            match crate::direct::recv_with_fds(&c.stream, &mut chunk, &mut c.fds) {
+            match crate::fdpass::recv_with_fds(&c.stream, &mut chunk, &mut c.fds) {
                 Ok(0) => return false,
                 Ok(n) => self.clients[i].buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -266,7 +266,7 @@ impl Daemon {
         let r = if fds.is_empty() {
             s.write_all(rest)
         } else {
-            crate::direct::send_with_fds(s, rest, fds)
+            crate::fdpass::send_with_fds(s, rest, fds)
         };
         let _ = s.set_nonblocking(true);
         r
