@@ -254,7 +254,6 @@ impl Daemon {
         c.hush.as_ref().map(|(m, _)| m.as_raw_fd())
     }
 
-    /// Reads what the kernel sent (bounded per call).
     /// Reads up to 64 of the kernel's messages, for [`Daemon::cm_handle_kernel`].
     pub(super) fn cm_read_kernel(&mut self) -> Vec<Msg> {
         let mut read = Vec::new();
