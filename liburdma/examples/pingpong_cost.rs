@@ -239,6 +239,8 @@ fn connect(a: &mut End, b: &mut End, ab: *mut Wire, ba: *mut Wire, now: Instant)
         pdata: Vec::new(),
         pkt: req,
         accept_sent: false,
+        park: false,
+        reuse: 0,
     };
     let fb = FrameFlow::new(&passive, ab, ba);
     b.e.connected(QP, &passive, Box::new(fb), now)
@@ -258,6 +260,8 @@ fn connect(a: &mut End, b: &mut End, ab: *mut Wire, ba: *mut Wire, now: Instant)
         isn: 100,
         pkt: accept,
         accept_sent: false,
+        park: false,
+        reuse: 0,
         ..passive
     };
     let fa = FrameFlow::new(&active, ba, ab);

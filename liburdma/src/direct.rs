@@ -4,10 +4,19 @@
 //!
 //! The flow's ring from urdmad is read as well: frames that urdmad received before it
 //! stopped taking the connection's frames land there, and the socket takes every later one.
+//!
+//! # Parked sockets
+//! Setting a socket's rings up costs the kernel grace periods and cleared pages, and the
+//! process a mapping, for every connection. So when a connection whose `CONNECTED` said
+//! `park` ends, its socket stays here with its rings mapped ([`PARK_MAX`] at most) and
+//! urdmad hears of it (`PARK`); urdmad aims its filter at a later connection of this
+//! process and names it in that connection's `reuse`. A socket whose copies a forked child
+//! may hold (it was open at a fork) is given back instead: only this process ever sees
+//! what a parked socket receives next.
 
 use std::mem::ManuallyDrop;
 use std::os::fd::{OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use urdma_shared::bell::BellWord;
@@ -25,16 +34,89 @@ const BURST: u32 = 32;
 /// for three RCU grace periods, and urdmad makes it its own. Only touched under the
 /// provider's lock, so never held across a fork.
 static RETURNED: Mutex<Vec<OwnedFd>> = Mutex::new(Vec::new());
-/// Whether [`RETURNED`] holds any: it is looked at after every application call, and is
-/// almost always empty. Set and cleared under the provider's lock, like [`RETURNED`].
+/// Whether [`RETURNED`] holds any, or a socket was parked: it is looked at after every
+/// application call, and is almost always false. Set and cleared under the provider's
+/// lock, like [`RETURNED`].
 static ANY_RETURNED: AtomicBool = AtomicBool::new(false);
 
-/// The sockets to give back, taken.
-pub fn take_returned() -> Vec<OwnedFd> {
+/// What urdmad is to hear of, taken: the sockets to give back (`GIVEBACK`) and the cookies of
+/// those parked since the last call (`PARK`).
+pub fn take_for_urdmad() -> (Vec<OwnedFd>, Vec<u64>) {
     if !ANY_RETURNED.swap(false, Ordering::Relaxed) {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     }
-    std::mem::take(&mut *RETURNED.lock().unwrap_or_else(|e| e.into_inner()))
+    let returned = std::mem::take(&mut *RETURNED.lock().unwrap_or_else(|e| e.into_inner()));
+    (returned, std::mem::take(&mut parked().untold))
+}
+
+/// Most sockets a process keeps parked; each is a connection's rings (1.25 MiB with 512-slot
+/// receive rings at a 1500-byte MTU).
+pub const PARK_MAX: usize = 16;
+
+/// The sockets parked, with their rings mapped, and the cookies urdmad has not heard of
+/// yet. Only touched under the provider's lock, like [`RETURNED`].
+static PARKED: Mutex<Parked> = Mutex::new(Parked {
+    rings: Vec::new(),
+    untold: Vec::new(),
+});
+
+struct Parked {
+    rings: Vec<(u64, Rings)>,
+    untold: Vec<u64>,
+}
+
+fn parked() -> std::sync::MutexGuard<'static, Parked> {
+    PARKED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Forks so far in this process: a socket open at a fork is never parked (see the
+/// module's comment).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// In the parent, after a fork: the sockets open now may have copies in the child.
+pub fn forked_parent() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Takes the parked socket `cookie`, with its rings, for a new connection.
+pub fn take_parked(cookie: u64) -> Option<Rings> {
+    let mut p = parked();
+    let i = p.rings.iter().position(|(c, _)| *c == cookie)?;
+    Some(p.rings.swap_remove(i).1)
+}
+
+/// Unmaps and closes every parked socket: in a forked child (its copies), or when urdmad,
+/// which would have used them again, is gone.
+pub fn forget_parked() {
+    let mut p = parked();
+    p.untold.clear();
+    drop(std::mem::take(&mut p.rings));
+}
+
+/// Parks the rings of an ended connection's socket when it may be (urdmad said `park`, no
+/// fork came since `forks`, fewer than [`PARK_MAX`] parked, its cookie known); gives it
+/// back otherwise.
+fn dispose(mut rings: Rings, park: bool, forks: u64) {
+    let mut p = parked();
+    if park && forks == FORKS.load(Ordering::Relaxed) && p.rings.len() < PARK_MAX {
+        if let Ok(cookie) = urdma_shared::direct::socket_cookie(rings.fd()) {
+            rings.drain();
+            p.rings.push((cookie, rings));
+            p.untold.push(cookie);
+            ANY_RETURNED.store(true, Ordering::Relaxed);
+            return;
+        }
+    }
+    drop(p);
+    give_back(rings.into_socket());
+}
+
+fn give_back(sock: OwnedFd) {
+    RETURNED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(sock);
+    ANY_RETURNED.store(true, Ordering::Relaxed);
 }
 
 pub struct SocketFlow {
@@ -55,22 +137,26 @@ pub struct SocketFlow {
     forked: bool,
     /// Where the connection tells urdma.ko's bell which frame completes a receive.
     bell: Option<BellWord>,
+    /// urdmad takes the socket back parked when the connection ends (`CONNECTED`'s `park`).
+    park: bool,
+    /// [`FORKS`] when the socket came: parked only if no fork came since.
+    forks: u64,
     /// urdma.ko reads the process's hush word for the connection's frames ([`Flow::hushed`]).
     hushed: bool,
 }
 
 impl SocketFlow {
-    /// Maps the rings of `sock` (laid out as `geo`) and adds it to the helper's `epoll` set.
+    /// The flow on `rings` (a new socket's, mapped by [`map`], or a parked one's), added to
+    /// the helper's `epoll` set.
     pub fn new(
         ring: DpdkFlow,
-        sock: OwnedFd,
-        geo: Geometry,
+        rings: Rings,
         ep: Endpoints,
         epoll: RawFd,
         bell: Option<BellWord>,
         hushed: bool,
+        park: bool,
     ) -> Result<SocketFlow, String> {
-        let rings = Rings::map(sock, geo).map_err(|e| format!("cannot map its socket: {e}"))?;
         let mut ev = libc::epoll_event {
             events: libc::EPOLLIN as u32,
             u64: rings.fd() as u64,
@@ -85,6 +171,8 @@ impl SocketFlow {
         Ok(SocketFlow {
             ring,
             rings: ManuallyDrop::new(rings),
+            park,
+            forks: FORKS.load(Ordering::Relaxed),
             ep,
             epoll,
             backlogged: false,
@@ -95,6 +183,11 @@ impl SocketFlow {
             bell,
         })
     }
+}
+
+/// Maps the rings of a new connection's `sock`, laid out as `geo`.
+pub fn map(sock: OwnedFd, geo: Geometry) -> Result<Rings, String> {
+    Rings::map(sock, geo).map_err(|e| format!("cannot map its socket: {e}"))
 }
 
 impl Drop for SocketFlow {
@@ -112,14 +205,11 @@ impl Drop for SocketFlow {
         };
         // SAFETY: taken once, here, and not used after.
         let rings = unsafe { ManuallyDrop::take(&mut self.rings) };
-        let sock = rings.into_socket();
-        if !self.forked {
-            RETURNED
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(sock);
-            ANY_RETURNED.store(true, Ordering::Relaxed);
+        if self.forked {
+            // The parent's socket: the child's copy just closes.
+            return;
         }
+        dispose(rings, self.park, self.forks);
     }
 }
 
@@ -227,5 +317,55 @@ impl Flow for SocketFlow {
 
     fn figures(&self) -> Option<&urdma_shared::qpstats::Slot> {
         self.ring.figures()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use urdma_shared::direct::prepare_socket;
+
+    fn rings() -> Rings {
+        let geo = Geometry::new(1000, 4);
+        let sock = prepare_socket(geo).expect("a packet socket (the tests run as root)");
+        map(sock, geo).unwrap()
+    }
+
+    fn cookie(r: &Rings) -> u64 {
+        urdma_shared::direct::socket_cookie(r.fd()).unwrap()
+    }
+
+    /// The statics are the process's: one test walks every rule.
+    #[test]
+    fn sockets_are_parked_up_to_the_bound_and_never_after_a_fork_or_unasked() {
+        let r = rings();
+        let c = cookie(&r);
+        dispose(r, true, FORKS.load(Ordering::Relaxed));
+        let (returned, told) = take_for_urdmad();
+        assert!(returned.is_empty());
+        assert_eq!(told, [c]);
+        assert_eq!(take_for_urdmad().1, Vec::<u64>::new(), "told once");
+        let again = take_parked(c).expect("parked");
+        assert_eq!(again.geometry(), Geometry::new(1000, 4));
+        assert!(take_parked(c).is_none(), "taken once");
+
+        // Unasked, or open at a fork: given back.
+        dispose(again, false, FORKS.load(Ordering::Relaxed));
+        let r = rings();
+        let before = FORKS.load(Ordering::Relaxed);
+        forked_parent();
+        dispose(r, true, before);
+        let (returned, told) = take_for_urdmad();
+        assert_eq!((returned.len(), told.len()), (2, 0));
+
+        // At most PARK_MAX.
+        let forks = FORKS.load(Ordering::Relaxed);
+        for _ in 0..=PARK_MAX {
+            dispose(rings(), true, forks);
+        }
+        let (returned, told) = take_for_urdmad();
+        assert_eq!((returned.len(), told.len()), (1, PARK_MAX));
+        forget_parked();
+        assert!(told.iter().all(|&c| take_parked(c).is_none()));
     }
 }

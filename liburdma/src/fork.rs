@@ -42,6 +42,7 @@ extern "C" fn before() {
 
 extern "C" fn in_parent() {
     crate::guard::catch((), || {
+        crate::direct::forked_parent();
         HELD.with(|h| h.borrow_mut().take());
     });
 }

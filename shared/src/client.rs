@@ -273,7 +273,7 @@ impl Connection {
             if let Event::Connected(c) = &e {
                 // Its socket (and the bell's and hush's words) came with the line's first bytes, so
                 // they are queued by now.
-                let socket = if c.direct > 0 {
+                let socket = if c.direct > 0 && c.reuse == 0 {
                     self.fds.pop_front()
                 } else {
                     None
@@ -302,7 +302,7 @@ impl Connection {
     /// Sends one request whose reply is not waited for; it is dropped when it comes, a
     /// refusal kept for [`Connection::take_refusals`]. Only for requests the daemon answers
     /// with one line (`OK` or an error) and whose outcome the caller need not wait for:
-    /// `ARM`, `PEERCLOSED`, `QPCLOSED` (`GIVEBACK`: [`Connection::give_back`]).
+    /// `ARM`, `PEERCLOSED`, `QPCLOSED`, `PARK` (`GIVEBACK`: [`Connection::give_back`]).
     pub fn post(&mut self, req: &Request) -> Result<(), Error> {
         let mut line = req.encode();
         self.write(&line)?;

@@ -15,9 +15,10 @@
 //! in the process's receive ring in the softirq of its arrival, where a thread polling the CQ
 //! finds it without any other thread running, and a frame the process sends leaves in its
 //! own system call. urdmad's own sockets get a filter that leaves those connections' frames
-//! out ([`port_filter`]), so it is not woken for them. When the process no longer uses the
-//! socket it gives it back (`GIVEBACK`, [`crate::proto`]) before closing its copy, so that
-//! the last close, which waits for grace periods, is urdmad's.
+//! out ([`port_filter`]), so it is not woken for them. When the connection ends the process
+//! keeps the socket for its next connection (`PARK`, [`crate::proto`]), whose filter urdmad
+//! aims anew, or gives it back (`GIVEBACK`) before closing its copy, so that the last close,
+//! which waits for grace periods, is urdmad's.
 //!
 //! What the process can do with the socket: receive nothing but its connection's frames (the
 //! filter is locked: `SO_LOCK_FILTER`), and send any frame on the interface, which it can
@@ -505,6 +506,21 @@ impl Rings {
                 .store(libc::TP_STATUS_KERNEL, Ordering::Release);
             self.rx_next = (self.rx_next + 1) % self.geo.frames;
         }
+    }
+
+    /// Gives every frame received so far back to the kernel, unread: a socket kept for the
+    /// process's next connection starts with none of the last one's.
+    pub fn drain(&mut self) {
+        let mut n = 0;
+        while self.received(n).is_some() {
+            n += 1;
+        }
+        self.release(n);
+    }
+
+    /// The geometry the rings were mapped with.
+    pub fn geometry(&self) -> Geometry {
+        self.geo
     }
 
     /// The next transmit slot's frame buffer, if the kernel is done with it.

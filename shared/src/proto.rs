@@ -26,7 +26,7 @@
 //! {"req":"STATUS"}                            -> {"reply":"STATUS","lines":N}, then N report lines
 //! {"req":"DETACH"}                            -> {"reply":"DETACHED"}
 //! QP, UNQP, PEERCLOSED {"dev":0,"qpn":17}; QPCLOSED {.., "status":-104}; ARM; SYNC;
-//! GIVEBACK (a packet socket attached)         -> {"reply":"OK"}
+//! GIVEBACK (a packet socket attached); PARK {"cookie":N}  -> {"reply":"OK"}
 //! any error                                   -> {"reply":"ERROR","code":"EACCES","message":"text"}
 //! ```
 //!
@@ -37,7 +37,8 @@
 //! `CONNECTED` with `direct` not 0 carries the connection's packet socket as `SCM_RIGHTS` on
 //! its first byte, and its rings hold that many frames each way; the process then moves the
 //! connection's frames through that socket ([`crate::direct`]), and urdmad no longer sees
-//! them.
+//! them. With `reuse` not 0 no socket comes: the connection takes the socket of an ended
+//! connection of the same process, which the process kept (`PARK`).
 //!
 //! The first request on a connection must be `HELLO`; a daemon refuses other versions with
 //! an `ERROR` of code `EVERSION` and closes the connection. A process of a version before 11
@@ -84,8 +85,10 @@ use std::str::FromStr;
 /// only descriptor), which urdmad reads for each frame it puts on the ring; version 13
 /// urdmad's sending of a passive connection's Accept (`CONNECTED`'s `accept_sent`);
 /// version 14 a direct connection's transmit ring of at most
-/// [`crate::direct::TX_FRAMES_MAX`] slots (`direct` counts the receive ring's).
-pub const VERSION: u32 = 14;
+/// [`crate::direct::TX_FRAMES_MAX`] slots (`direct` counts the receive ring's); version 15
+/// a process's direct sockets used again for its next connections (`PARK`, `CONNECTED`'s
+/// `park` and `reuse`).
+pub const VERSION: u32 = 15;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -323,6 +326,13 @@ pub enum Request {
     /// (`SCM_RIGHTS` on its first byte): the process closes its copy next, and urdmad closes
     /// its own afterwards, so that the close that waits is urdmad's (`direct`).
     GiveBack,
+    /// The process keeps the packet socket of a direct connection that ended (one whose
+    /// `CONNECTED` said `park`), rings mapped, for its next connection: `cookie` is the
+    /// socket's `SO_COOKIE`. urdmad may then name it in a `CONNECTED`'s `reuse`, and the
+    /// process holds it until then or until it detaches.
+    Park {
+        cookie: u64,
+    },
 }
 
 /// A reply from the daemon.
@@ -442,6 +452,19 @@ pub struct Connected {
     /// repeats it until the requester acknowledges it.
     #[serde(default)]
     pub accept_sent: bool,
+    /// On the direct path: when the connection ends the process may keep its socket for
+    /// its next connection (`PARK`) rather than give it back.
+    #[serde(default)]
+    pub park: bool,
+    /// On the direct path: not 0, the `SO_COOKIE` of a socket this process parked, which
+    /// the connection uses; no socket comes with the event (the bell's and hush's words
+    /// do). urdmad has aimed its filter at the connection.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reuse: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl Connected {

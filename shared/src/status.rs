@@ -56,6 +56,12 @@ pub struct Daemon {
     /// Direct-path filters used again for a new connection (`filter_pool`), since start.
     #[serde(default)]
     pub filters_reused: u64,
+    /// Direct-path sockets that processes keep parked for their next connections now, and
+    /// connections that took one, since start.
+    #[serde(default)]
+    pub sockets_parked: usize,
+    #[serde(default)]
+    pub sockets_reused: u64,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

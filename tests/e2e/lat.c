@@ -832,6 +832,8 @@ static void connect_server(const char *addr, const char *port)
 	if (rdma_bind_addr(listen, ai->ai_src_addr) || rdma_listen(listen, 8))
 		fail("listen on %s:%s: %s", addr, port, strerror(errno));
 	rdma_freeaddrinfo(ai);
+	printf("lat server listening\n");
+	fflush(stdout);
 	waiting_for = "connections";
 	while (closed < total) {
 		struct pollfd p[2] = { { .fd = ev->fd, .events = POLLIN },

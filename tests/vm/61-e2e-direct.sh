@@ -14,7 +14,8 @@
 # in a call are left to it and wake no helper (hw counter bell_hushed, "The hush"). A frame
 # left to the next call of a thread polling without pause wakes the helper when that call
 # does not come in time (hw counter bell_late). An ACK that nobody waits for wakes nobody
-# (hw counter bell_quiet).
+# (hw counter bell_quiet). A process that connects again and again takes the socket it
+# parked (daemon counter sockets_reused).
 set -u
 . tests/e2e/lib.sh
 
@@ -114,6 +115,25 @@ unset URDMA_STEADY_CALLS URDMA_STEADY_GAP_US URDMA_APP_ACTIVE_US URDMA_SPIN_ROUN
 quiet0=$(hw_sum bell_quiet)
 mem_write quiet 50
 hw_above bell_quiet "$quiet0" "120 Writes, each answered by a Write"
+
+# A process's sockets serve its next connections (docs/urdmad.md, "The direct path"): in 20
+# connect-message-disconnect cycles between one client and one server, each side's later
+# connections take the socket its process parked.
+reused() { counter "$1" daemon sockets_reused; }
+reused_a=$(reused A)
+reused_b=$(reused B)
+port=$((port + 1))
+start_server B cycles "lat server listening" "$lat" server "$ADDR_B" "$port" -p connect -n 20 -t 120
+t ip netns exec urdmaA "$lat" client "$ADDR_B" "$port" -p connect -n 20 -t 120 \
+	>"$OUT/cycles-client.log" 2>&1 || fail "lat connect: $(tail -n1 "$OUT/cycles-client.log")"
+cat "$OUT/cycles-client.log"
+wait_server cycles 60
+reused_a=$(($(reused A) - reused_a))
+reused_b=$(($(reused B) - reused_b))
+echo "20 connection cycles: $reused_a connections on node A and $reused_b on node B took a parked socket"
+[ "$reused_a" -ge 15 ] && [ "$reused_b" -ge 15 ] ||
+	fail "of 20 connection cycles, $reused_a on node A and $reused_b on node B took a parked socket"
+
 for n in A B; do
 	fp=$(counter "$n" port from_processes)
 	echo "node $n: from_processes=$fp"

@@ -172,6 +172,11 @@ pub struct Daemon {
     filters: Arc<direct::Filters>,
     /// When the ports' counters may next go to the kernel.
     next_push: Instant,
+    /// The direct sockets of processes' ended connections, by client id, until the process
+    /// parks or gives each back (`direct`).
+    shelves: BTreeMap<u32, Vec<direct::DirectSock>>,
+    /// Connections that took a socket their process had parked, since start.
+    sockets_reused: u64,
 }
 
 /// A flow opened for a process.
@@ -414,6 +419,8 @@ impl Daemon {
             keeper,
             filters,
             next_push: Instant::now(),
+            shelves: BTreeMap::new(),
+            sockets_reused: 0,
         };
         d.cm = connections::new_cm((0..d.ports.len()).map(|pi| d.port_view(pi)).collect());
         d.cm_open();

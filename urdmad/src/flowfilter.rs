@@ -165,6 +165,24 @@ impl FlowFilter {
         ebpf::map_update(&self.addrs, &0u32.to_ne_bytes(), &v, 0)
     }
 
+    /// Makes the filter admit nothing and its word read as a new one's, for a socket its
+    /// process keeps for its next connection (`PARK`): the word stays the process's, so it
+    /// need not be renewed. Waits for nothing.
+    pub fn aim_at_nothing(&mut self) -> io::Result<()> {
+        ebpf::map_update(
+            &self.addrs,
+            &0u32.to_ne_bytes(),
+            &[0u8; ADDRS_SIZE as usize],
+            0,
+        )?;
+        ebpf::map_update(
+            &self.word,
+            &0u32.to_ne_bytes(),
+            &[0u8; bell::WORD_SIZE as usize],
+            0,
+        )
+    }
+
     /// For a filter whose socket is gone, before it is aimed again: it admits nothing, and
     /// reads a new word. Waits for an RCU grace period; nothing to do for a filter never
     /// aimed.

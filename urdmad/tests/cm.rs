@@ -1127,3 +1127,123 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     da.send(b"late");
     port_rx_grows(&b, before, "the closed connection's frame");
 }
+
+/// A direct connection from A (QP `qa`, local port `local`) to B's listener at `b_addr`,
+/// accepted by B's process `pb` for its QP `qb`: both processes' events.
+fn connect_direct(
+    (a, pa, qa, local): (&Side, &mut Connection, u32, u16),
+    (b, pb, qb): (&Side, &mut Connection, u32),
+    b_addr: SocketAddrV4,
+) -> (Connected, Connected) {
+    a.send(connect_msg(u64::from(qa), qa, local, b_addr, b.mac, b""));
+    let ev_b = accept(b, pb, qb);
+    let ev_a = connected(pa);
+    assert_eq!(a.expect(Op::Connected).id, u64::from(qa));
+    assert!(ev_a.direct > 0 && ev_b.direct > 0, "{ev_a:?} {ev_b:?}");
+    (ev_a, ev_b)
+}
+
+/// B's process `pb` has its QP `qb`'s connection end.
+fn close_b(b: &Side, pb: &mut Connection, qb: u32) {
+    let closed = Request::QpClosed {
+        dev: 0,
+        qpn: qb,
+        status: 0,
+    };
+    assert_eq!(pb.request(&closed).unwrap(), Response::Ok);
+    assert_eq!(b.expect(Op::PeerClosed).qpn, qb);
+    assert_eq!(b.expect(Op::Closed).status, 0);
+}
+
+#[test]
+fn a_process_parks_its_direct_socket_for_its_next_connection_and_no_other_gets_it() {
+    let bed = Bed::new("pk");
+    let a = start_side(&bed, &bed.ns_a, &bed.veth_a, "a", true);
+    let b = start_side(&bed, &bed.ns_b, &bed.veth_b, "b", true);
+    let b_addr = SocketAddrV4::new(B_IP, 7000);
+    let mut pa = a.process(5);
+    for qpn in [6, 7, 8] {
+        let r = pa.request(&Request::Qp { dev: 0, qpn }).unwrap();
+        assert_eq!(r, Response::Ok);
+    }
+    let mut pb = b.process(9);
+    listen(&b, 1, 7000);
+
+    // The first connection gets a new socket, which its process may park.
+    let (_, ev_b) = connect_direct((&a, &mut pa, 5, 40000), (&b, &mut pb, 9), b_addr);
+    assert!(ev_b.park && ev_b.reuse == 0, "{ev_b:?}");
+    let mut db = DirectEnd::of(&mut pb, &ev_b, b.mac);
+    let cookie = urdmad::direct::socket_cookie(db.rings.fd()).unwrap();
+    close_b(&b, &mut pb, 9);
+    pb.post(&Request::Park { cookie }).unwrap();
+    pb.sync().unwrap();
+    assert!(pb.take_refusals().is_empty());
+    status_reaches(&b, "sockets_parked=1", |d| d.sockets_parked == 1);
+
+    // While QP 9 lives, urdma.ko still watches the socket for it: a new one is made.
+    assert_eq!(
+        pb.request(&Request::Qp { dev: 0, qpn: 10 }).unwrap(),
+        Response::Ok
+    );
+    let (_, ev) = connect_direct((&a, &mut pa, 6, 40001), (&b, &mut pb, 10), b_addr);
+    assert_eq!(ev.reuse, 0, "{ev:?}");
+    let other = pb.take_fds(0, 10).and_then(|f| f.socket).expect("a socket");
+    close_b(&b, &mut pb, 10);
+    pb.give_back(other).unwrap();
+
+    // Once QP 9 is destroyed, B's next connection takes the parked socket: no socket comes
+    // with its event, and the socket's filter admits the new connection's frames.
+    for req in [
+        Request::Unqp { dev: 0, qpn: 9 },
+        Request::Qp { dev: 0, qpn: 11 },
+    ] {
+        assert_eq!(pb.request(&req).unwrap(), Response::Ok);
+    }
+    let (ev_a, ev_b) = connect_direct((&a, &mut pa, 7, 40002), (&b, &mut pb, 11), b_addr);
+    assert!(ev_b.park && ev_b.reuse == cookie, "{ev_b:?}");
+    let fds = pb.take_fds(0, 11).expect("the bell's word");
+    assert!(fds.socket.is_none() && fds.bell.is_some(), "{fds:?}");
+    assert!(BELLS.lock().unwrap().contains(&(0, 11)));
+    let st = b.status();
+    assert_eq!(one::<Daemon>(&st).sockets_reused, 1, "{st:?}");
+    assert_eq!(one::<Daemon>(&st).sockets_parked, 0, "{st:?}");
+    assert_eq!(one::<Port>(&st).direct_flows, Some(1), "{st:?}");
+    db.ep.remote = ev_b.remote;
+    let mut da = DirectEnd::of(&mut pa, &ev_a, a.mac);
+    da.send(b"third");
+    let end = Instant::now() + WAIT;
+    while !db
+        .recv(Duration::from_millis(100))
+        .contains(&b"third".to_vec())
+    {
+        assert!(
+            Instant::now() < end,
+            "the parked socket's new connection got nothing"
+        );
+    }
+    db.send(b"back");
+    assert!(da.recv(WAIT).contains(&b"back".to_vec()));
+
+    // Parked again, it is not another process's: that one gets a new socket, and cannot
+    // park what is not its own.
+    close_b(&b, &mut pb, 11);
+    pb.post(&Request::Park { cookie }).unwrap();
+    assert_eq!(
+        pb.request(&Request::Unqp { dev: 0, qpn: 11 }).unwrap(),
+        Response::Ok
+    );
+    let mut pc = b.process(12);
+    let (_, ev) = connect_direct((&a, &mut pa, 8, 40003), (&b, &mut pc, 12), b_addr);
+    assert_eq!(ev.reuse, 0, "{ev:?}");
+    assert!(matches!(
+        pc.request(&Request::Park { cookie }).unwrap(),
+        Response::Error {
+            code: urdmad::proto::ErrorCode::NotFound,
+            ..
+        }
+    ));
+    status_reaches(&b, "sockets_parked=1", |d| d.sockets_parked == 1);
+    // A process that goes takes its parked sockets with it.
+    drop(pb);
+    status_reaches(&b, "sockets_parked=0", |d| d.sockets_parked == 0);
+}

@@ -158,6 +158,8 @@ fn passive_event(b: QpKey, req: Vec<u8>, accept_sent: bool) -> Connected {
         pdata: b"ok".to_vec(),
         pkt: req,
         accept_sent,
+        park: false,
+        reuse: 0,
     }
 }
 

@@ -130,8 +130,9 @@ impl Shared {
             self.attach_failed.get_or_insert(libc::EMFILE);
         }
         self.engine.forked();
-        // The parent gives these back; the child's copies just close.
-        drop(crate::direct::take_returned());
+        // The parent gives these back or keeps them parked; the child's copies just close.
+        drop(crate::direct::take_for_urdmad());
+        crate::direct::forget_parked();
         if let Some(a) = self.attached.take() {
             if a.ctl.is_none() {
                 // The parent lost urdmad and let go of EAL's memory: nothing to attach with.

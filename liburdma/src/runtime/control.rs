@@ -140,6 +140,8 @@ impl Shared {
                     a.ctl = None;
                 }
                 self.engine.fail_all(now);
+                // Nobody would use them again.
+                crate::direct::forget_parked();
                 // No flow is left and no EVENT CONNECTED can come: nothing
                 // touches urdmad's memory any more.
                 dpdk::detach();
@@ -209,12 +211,23 @@ impl Shared {
                 self.engine.release_closed_flow(key);
             }
         }
-        for sock in crate::direct::take_returned() {
-            // Without urdmad the socket is closed here: its copy is gone too.
-            if let Some(ctl) = self.control() {
-                if let Err(e) = ctl.give_back(sock) {
-                    log::error(format_args!("GIVEBACK: {e}"));
-                }
+        let (returned, parked) = crate::direct::take_for_urdmad();
+        let Some(ctl) = self.control() else {
+            // Without urdmad these close here: its copies are gone too, and nobody would
+            // use a parked one again.
+            if !parked.is_empty() {
+                crate::direct::forget_parked();
+            }
+            return;
+        };
+        for sock in returned {
+            if let Err(e) = ctl.give_back(sock) {
+                log::error(format_args!("GIVEBACK: {e}"));
+            }
+        }
+        for cookie in parked {
+            if let Err(e) = ctl.post(&Request::Park { cookie }) {
+                log::error(format_args!("PARK: {e}"));
             }
         }
     }
@@ -254,16 +267,27 @@ fn make_flow(
         return Ok(Box::new(ring.with_bell(bell, hushed)));
     }
     // urdmad no longer takes the connection's frames: without the socket nothing arrives.
-    let sock = sock.ok_or("urdmad put the connection on the direct path but passed no socket")?;
+    let geo = urdma_shared::direct::Geometry::new(c.datagram, c.direct);
+    let rings = if c.reuse != 0 {
+        let rings = crate::direct::take_parked(c.reuse)
+            .ok_or("urdmad named a parked socket this process does not hold")?;
+        if rings.geometry() != geo {
+            return Err("urdmad named a parked socket of other rings".into());
+        }
+        rings
+    } else {
+        let sock =
+            sock.ok_or("urdmad put the connection on the direct path but passed no socket")?;
+        crate::direct::map(sock, geo)?
+    };
     let epoll = rt()
         .sockets
         .get()
         .ok_or("no epoll set for the direct path")?
         .as_raw_fd();
     let ep = ring.endpoints();
-    let geo = urdma_shared::direct::Geometry::new(c.datagram, c.direct);
     Ok(Box::new(SocketFlow::new(
-        ring, sock, geo, ep, epoll, bell, hushed,
+        ring, rings, ep, epoll, bell, hushed, c.park,
     )?))
 }
 

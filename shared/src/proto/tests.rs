@@ -26,6 +26,8 @@ fn connected() -> Connected {
         pdata: vec![],
         pkt: vec![0, 1, 0xfe, 0xff],
         accept_sent: false,
+        park: false,
+        reuse: 0,
     }
 }
 
@@ -62,6 +64,7 @@ fn requests() -> Vec<Request> {
         Request::Arm,
         Request::Sync,
         Request::GiveBack,
+        Request::Park { cookie: u64::MAX },
     ]
 }
 
@@ -154,14 +157,31 @@ fn the_wire_form_is_the_documented_one() {
     assert!(line.starts_with("{\"event\":\"CONNECTED\",\"dev\":1,\"qpn\":17,\"role\":\"passive\""));
     assert!(line.contains(",\"rx\":\"urd_rx_9\","), "{line}");
     assert!(
-        line.ends_with(",\"pdata\":\"\",\"pkt\":\"0001feff\",\"accept_sent\":false}\n"),
+        line.ends_with(
+            ",\"pdata\":\"\",\"pkt\":\"0001feff\",\"accept_sent\":false,\"park\":false}\n"
+        ),
         "{line}"
     );
-    // `accept_sent` may be left out: it is then false.
-    let short = line.replace(",\"accept_sent\":false", "");
+    // `accept_sent` and `park` may be left out: they are then false; `reuse` 0 is.
+    let short = line.replace(",\"accept_sent\":false,\"park\":false", "");
     assert_eq!(
         Event::decode(&short).unwrap(),
         Event::Connected(Box::new(connected()))
+    );
+    let reused = Connected {
+        direct: 256,
+        park: true,
+        reuse: 0x1234_5678_9abc,
+        ..connected()
+    };
+    let line = Event::Connected(Box::new(reused.clone())).encode();
+    assert!(
+        line.ends_with(",\"park\":true,\"reuse\":20015998343868}\n"),
+        "{line}"
+    );
+    assert_eq!(
+        Event::decode(&line).unwrap(),
+        Event::Connected(Box::new(reused))
     );
 }
 

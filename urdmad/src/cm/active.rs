@@ -237,6 +237,8 @@ impl Cm {
             pdata: h.pdata.clone(),
             pkt: pkt.to_vec(),
             accept_sent: false,
+            park: false,
+            reuse: 0,
         };
         let conn = QpConn {
             client,

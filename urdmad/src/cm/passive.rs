@@ -250,6 +250,8 @@ impl Cm {
             pdata: m.pdata.clone(),
             pkt,
             accept_sent: true,
+            park: false,
+            reuse: 0,
         };
         let qp = QpConn {
             client,

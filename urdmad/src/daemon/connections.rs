@@ -443,8 +443,11 @@ impl Daemon {
         connected.flow = opened.flow;
         connected.rx_ring = opened.rx_ring;
         // The rings are sized for the datagram the event announces.
-        let direct = self.direct_open(opened.flow, &spec, connected.datagram);
+        let qp = (connected.dev, connected.qpn);
+        let direct = self.direct_open(opened.flow, &spec, connected.datagram, qp);
         connected.direct = direct.as_ref().map_or(0, |d| d.frames);
+        connected.park = direct.as_ref().is_some_and(|d| d.park);
+        connected.reuse = direct.as_ref().map_or(0, |d| d.reuse);
         connected.stats = self.qp_table.take();
         if let Some(rec) = self.flows.get_mut(&opened.flow) {
             rec.stats = connected.stats;
@@ -460,16 +463,21 @@ impl Daemon {
         // live on in the socket and urdma.ko, and with the connection's flow in urdmad.
         let mut fds = Vec::new();
         if let Some(d) = &direct {
-            fds.push(d.socket);
+            // A parked socket is the process's already.
+            if d.reuse == 0 {
+                fds.push(d.socket);
+            }
             if let Some((verdicts, word)) = &d.bell {
                 let hush = self.client_hush(i);
                 if self.bell(dev, qpn, d.socket, *verdicts, hush) {
                     fds.push(*word);
-                    fds.extend(hush);
+                    connected.bell = true;
+                    if let Some(h) = hush {
+                        fds.push(h);
+                        connected.hush = true;
+                    }
                 }
             }
-            connected.bell = fds.len() >= 2;
-            connected.hush = fds.len() == 3;
         } else if let Some(word) = self.ring_bell(opened.flow, dev, qpn) {
             fds.push(word);
             connected.bell = true;
@@ -481,6 +489,10 @@ impl Daemon {
         }
         let text = Event::Connected(Box::new(connected)).encode();
         if let Err(e) = self.send_with(i, &text, &fds) {
+            if direct.as_ref().is_some_and(|d| d.reuse != 0) {
+                // The process never heard of the connection: it still has the socket parked.
+                self.direct_reparked(opened.flow);
+            }
             self.close_flow(opened.flow);
             self.clients[i].flows.retain(|&f| f != opened.flow);
             return Err(HandOverError::NotReading(e));

@@ -214,6 +214,11 @@ impl Daemon {
             return error(ErrorCode::Invalid, "GIVEBACK came without a socket");
         };
         let packet = crate::direct::socket_domain(fd.as_raw_fd()) == Some(libc::AF_PACKET);
+        if packet {
+            if let Ok(cookie) = crate::direct::socket_cookie(fd.as_raw_fd()) {
+                self.direct_given_back(i, cookie);
+            }
+        }
         self.close_off_path(fd);
         if packet {
             Response::Ok
@@ -345,6 +350,10 @@ impl Daemon {
                 (Response::Detached.encode(), true)
             }
             Request::GiveBack => (self.give_back(i).encode(), true),
+            Request::Park { cookie } => match self.direct_park(i, cookie) {
+                Ok(()) => (Response::Ok.encode(), true),
+                Err(why) => (error(ErrorCode::NotFound, &why).encode(), true),
+            },
             Request::Qp { .. }
             | Request::Unqp { .. }
             | Request::QpClosed { .. }
@@ -459,6 +468,7 @@ impl Daemon {
         for f in flows {
             self.close_flow(f);
         }
+        self.direct_release(id);
         if let Some(a) = attached {
             for t in &a.tx {
                 // SAFETY: the process detached or died; nothing enqueues any more.

@@ -1,6 +1,14 @@
 //! urdmad's half of the direct path ([`crate::direct`]): which ports offer it, the sockets
 //! of the connections on it, and the filter that keeps their frames off urdmad's own
 //! sockets.
+//!
+//! A socket whose filter urdmad can aim again is not closed when its connection ends while
+//! its process lives: it waits on the process's shelf ([`Daemon::shelves`]) until the
+//! process says it parked its copy (`PARK`, rings still mapped) or gave it back
+//! (`GIVEBACK`). A parked socket serves the process's next connection on its port, once the
+//! QP it served is destroyed (urdma.ko then no longer watches it): urdmad aims its filter at
+//! the new connection and names it in `CONNECTED`'s `reuse`. It never goes to another
+//! process.
 
 use super::Daemon;
 use crate::direct::{self, Geometry};
@@ -86,6 +94,10 @@ fn filter(filters: Option<&Filters>) -> std::io::Result<FlowFilter> {
 pub(super) struct OnDirect {
     /// Its socket, for the process (urdmad keeps it with the flow).
     pub(super) socket: RawFd,
+    /// Not 0: the socket is one the process parked, this its cookie; it is not passed.
+    pub(super) reuse: u64,
+    /// The process may park the socket when the connection ends.
+    pub(super) park: bool,
     /// Frames of each of its rings.
     pub(super) frames: u32,
     /// With a bell: its verdicts map, for urdma.ko, and its word, for the process (urdmad
@@ -107,12 +119,34 @@ pub(super) struct DirectSock {
     /// the filter again once the socket is gone.
     filter: Option<FlowFilter>,
     cookie: Option<u64>,
+    /// The QP it serves (or served, on a shelf), its port and the geometry of its rings.
+    qp: (u32, u32),
+    port: u16,
+    geo: Geometry,
+    /// What its process did with its own copy.
+    owner: Owner,
     /// Frames it received and frames its receive ring had no room for, so far.
     rx_packets: Cell<u64>,
     rx_drops: Cell<u64>,
 }
 
+/// What a process did with its copy of a direct connection's socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Owner {
+    /// Uses it, or has not said yet.
+    Holds,
+    /// Keeps it, rings mapped, for its next connection (`PARK`).
+    Parked,
+    /// Gave it back (`GIVEBACK`): it closes with the connection.
+    GaveBack,
+}
+
 impl DirectSock {
+    /// Whether its process may park it: its filter can be aimed at another connection.
+    pub(super) fn parkable(&self) -> bool {
+        self.filter.is_some() && self.cookie.is_some()
+    }
+
     /// (received, dropped) since the connection began.
     pub(super) fn counters(&self) -> (u64, u64) {
         let (p, d) = direct::take_stats(self.fd.as_raw_fd());
@@ -223,12 +257,49 @@ impl DirectPort {
         Ok((fd, bell))
     }
 
-    fn close(&mut self, flow: u32, sock: DirectSock) {
+    /// Takes a connection that took a parked socket, `sock`, onto the direct path: its
+    /// filter is aimed at the connection, and urdmad's sockets stop taking its frames.
+    fn reopen(
+        &mut self,
+        flow: u32,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        sock: &mut DirectSock,
+    ) -> Result<(), NotDirect> {
+        if self.flows.len() >= self.max {
+            return Err(NotDirect::Full(self.max));
+        }
+        let filter = sock
+            .filter
+            .as_mut()
+            .ok_or_else(|| NotDirect::Failed("a parked socket without its filter".into()))?;
+        filter
+            .aim(&local, &remote)
+            .map_err(|e| NotDirect::Failed(format!("cannot aim its filter: {e}")))?;
+        self.filter
+            .insert(&local, &remote)
+            .map_err(|e| NotDirect::Failed(format!("cannot filter the port's sockets: {e}")))?;
+        self.flows.insert(flow, (local, remote));
+        Ok(())
+    }
+
+    /// Takes `flow` off the direct path; urdmad's sockets take its frames again.
+    fn forget(&mut self, flow: u32) {
         if let Some((local, remote)) = self.flows.remove(&flow) {
             if let Err(e) = self.filter.remove(&local, &remote) {
                 tracing::warn!(flow, "cannot filter the port's sockets: {e}");
             }
         }
+    }
+
+    fn close(&mut self, flow: u32, sock: DirectSock) {
+        self.forget(flow);
+        self.discard(sock);
+    }
+
+    /// Closes a socket no longer on the direct path (off urdmad's thread), its filter kept
+    /// for another socket.
+    fn discard(&mut self, sock: DirectSock) {
         if let (Some(filter), Some(cookie)) = (sock.filter, sock.cookie) {
             if filter.can_renew() {
                 self.filters.retire(cookie, filter);
@@ -255,16 +326,26 @@ impl Daemon {
         flow: u32,
         spec: &FlowSpec,
         datagram: u16,
+        qp: (u32, u32),
     ) -> Option<OnDirect> {
         let frames = self.cfg.daemon.direct_frames;
-        let p = self.ports.get_mut(usize::from(spec.port))?;
-        let dp = p.direct.as_mut()?;
+        let client = self.flows.get(&flow)?.client;
+        let geo = Geometry::new(datagram, frames);
+        let p = self.ports.get(usize::from(spec.port))?;
+        p.direct.as_ref()?;
         let (remote, mac) = (spec.remote?, spec.remote_mac?);
         if mac == p.port.mac {
             return None;
         }
+        if let Some(d) = self.direct_reopen(flow, spec, geo, client, qp) {
+            return Some(d);
+        }
+        let dp = self
+            .ports
+            .get_mut(usize::from(spec.port))?
+            .direct
+            .as_mut()?;
         let rec = self.flows.get_mut(&flow)?;
-        let geo = Geometry::new(datagram, frames);
         match dp.open(flow, spec.local, remote, geo) {
             Ok((fd, bell)) => {
                 let raw = fd.as_raw_fd();
@@ -273,15 +354,23 @@ impl Daemon {
                     .map(|f| (f.verdicts.as_raw_fd(), f.word().as_raw_fd()));
                 // Without it, the filter is not used again.
                 let cookie = direct::socket_cookie(raw).ok();
-                rec.direct = Some(DirectSock {
+                let sock = DirectSock {
                     fd,
                     filter: bell,
                     cookie,
+                    qp,
+                    port: spec.port,
+                    geo,
+                    owner: Owner::Holds,
                     rx_packets: Cell::new(0),
                     rx_drops: Cell::new(0),
-                });
+                };
+                let park = sock.parkable();
+                rec.direct = Some(sock);
                 Some(OnDirect {
                     socket: raw,
+                    reuse: 0,
+                    park,
                     frames: geo.frames,
                     bell: maps,
                 })
@@ -297,17 +386,168 @@ impl Daemon {
         }
     }
 
-    /// Takes a closing flow off the direct path; its socket is closed off urdmad's path
-    /// ([`SocketKeeper::close`]).
-    pub(super) fn direct_close(&mut self, flow: u32, port: u16, sock: DirectSock) {
+    /// Puts `flow` on the direct path with a socket its process parked, when one fits: on
+    /// the same port, rings of `geo`, and the QP it served destroyed (it is `qp`'s number, or
+    /// no longer the process's).
+    fn direct_reopen(
+        &mut self,
+        flow: u32,
+        spec: &FlowSpec,
+        geo: Geometry,
+        client: u32,
+        qp: (u32, u32),
+    ) -> Option<OnDirect> {
+        let remote = spec.remote?;
+        let shelf = self.shelves.get_mut(&client)?;
+        let i = shelf.iter().position(|s| {
+            s.owner == Owner::Parked
+                && s.port == spec.port
+                && s.geo == geo
+                && (s.qp == qp || self.cm.qp_owner(s.qp.0, s.qp.1) != Some(client))
+        })?;
+        let mut sock = shelf.swap_remove(i);
+        let dp = self
+            .ports
+            .get_mut(usize::from(spec.port))
+            .and_then(|p| p.direct.as_mut())?;
+        if let Err(e) = dp.reopen(flow, spec.local, remote, &mut sock) {
+            if let NotDirect::Failed(why) = e {
+                tracing::warn!(flow, "a parked socket cannot serve the connection: {why}");
+            }
+            // Still the process's, parked.
+            self.shelves.entry(client).or_default().push(sock);
+            return None;
+        }
+        // Its counters start again with the connection.
+        let _ = direct::take_stats(sock.fd.as_raw_fd());
+        sock.rx_packets.set(0);
+        sock.rx_drops.set(0);
+        sock.qp = qp;
+        sock.owner = Owner::Holds;
+        let on = OnDirect {
+            socket: sock.fd.as_raw_fd(),
+            reuse: sock.cookie.unwrap_or(0),
+            park: true,
+            frames: geo.frames,
+            bell: sock
+                .filter
+                .as_ref()
+                .map(|f| (f.verdicts.as_raw_fd(), f.word().as_raw_fd())),
+        };
+        self.flows.get_mut(&flow)?.direct = Some(sock);
+        self.sockets_reused += 1;
+        Some(on)
+    }
+
+    /// Takes a closing flow of `client` off the direct path. Its socket goes on the
+    /// client's shelf, aimed at nothing, if the client may park it and lives; otherwise it is
+    /// closed off urdmad's path ([`SocketKeeper::close`]).
+    pub(super) fn direct_close(&mut self, flow: u32, client: u32, mut sock: DirectSock) {
+        let Some(dp) = self
+            .ports
+            .get_mut(usize::from(sock.port))
+            .and_then(|p| p.direct.as_mut())
+        else {
+            return;
+        };
+        let lives = self.clients.iter().any(|c| c.id == client);
+        if !(lives && sock.parkable() && sock.owner != Owner::GaveBack) {
+            dp.close(flow, sock);
+            return;
+        }
+        dp.forget(flow);
+        if let Some(Err(e)) = sock.filter.as_mut().map(|f| f.aim_at_nothing()) {
+            tracing::warn!(flow, "cannot clear a parked socket's filter: {e}");
+            dp.discard(sock);
+            return;
+        }
+        self.shelves.entry(client).or_default().push(sock);
+    }
+
+    /// Closes what waits on a shelf: `sock` (`port`'s).
+    fn direct_discard(&mut self, sock: DirectSock) {
         match self
             .ports
-            .get_mut(usize::from(port))
+            .get_mut(usize::from(sock.port))
             .and_then(|p| p.direct.as_mut())
         {
-            Some(dp) => dp.close(flow, sock),
+            Some(dp) => dp.discard(sock),
             None => drop(sock),
         }
+    }
+
+    /// Client `id` is gone: the sockets on its shelf close.
+    pub(super) fn direct_release(&mut self, id: u32) {
+        for sock in self.shelves.remove(&id).unwrap_or_default() {
+            self.direct_discard(sock);
+        }
+    }
+
+    /// `PARK`: client `i` keeps socket `cookie` of one of its connections, ended or ending,
+    /// for its next one.
+    pub(super) fn direct_park(&mut self, i: usize, cookie: u64) -> Result<(), String> {
+        let id = self.clients[i].id;
+        let sock = match self.client_direct(i, cookie) {
+            Some(s) => Some(s),
+            None => self
+                .shelves
+                .get_mut(&id)
+                .and_then(|v| v.iter_mut().find(|s| s.cookie == Some(cookie))),
+        };
+        match sock {
+            Some(s) if s.parkable() && s.owner == Owner::Holds => {
+                s.owner = Owner::Parked;
+                Ok(())
+            }
+            Some(_) => Err(format!("socket {cookie} cannot be parked")),
+            None => Err(format!("no socket {cookie} of yours")),
+        }
+    }
+
+    /// `GIVEBACK` of socket `cookie` by client `i`: urdmad's copy closes with its connection,
+    /// or now if that ended.
+    pub(super) fn direct_given_back(&mut self, i: usize, cookie: u64) {
+        if let Some(s) = self.client_direct(i, cookie) {
+            s.owner = Owner::GaveBack;
+            return;
+        }
+        let id = self.clients[i].id;
+        let Some(shelf) = self.shelves.get_mut(&id) else {
+            return;
+        };
+        if let Some(k) = shelf.iter().position(|s| s.cookie == Some(cookie)) {
+            let sock = shelf.swap_remove(k);
+            self.direct_discard(sock);
+        }
+    }
+
+    /// The process never heard of `flow`, which took a socket it had parked: the socket is
+    /// still parked in the process.
+    pub(super) fn direct_reparked(&mut self, flow: u32) {
+        if let Some(d) = self.flows.get_mut(&flow).and_then(|r| r.direct.as_mut()) {
+            d.owner = Owner::Parked;
+        }
+    }
+
+    /// The socket `cookie` of one of client `i`'s open flows.
+    fn client_direct(&mut self, i: usize, cookie: u64) -> Option<&mut DirectSock> {
+        let c = &self.clients[i];
+        let flow = c.flows.iter().copied().find(|f| {
+            self.flows
+                .get(f)
+                .and_then(|r| r.direct.as_ref())
+                .is_some_and(|d| d.cookie == Some(cookie))
+        })?;
+        self.flows.get_mut(&flow)?.direct.as_mut()
+    }
+
+    /// Sockets parked by processes, waiting for their next connections.
+    pub(super) fn sockets_parked(&self) -> usize {
+        self.shelves
+            .values()
+            .flatten()
+            .filter(|s| s.owner == Owner::Parked)
+            .count()
     }
 }
 

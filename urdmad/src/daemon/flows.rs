@@ -189,7 +189,7 @@ impl Daemon {
         let qp = rec.stats.map(|s| self.qp_table.give_back(s));
         p.departed.add(qp, drops);
         if let Some(sock) = rec.direct.take() {
-            self.direct_close(flow, rec.port, sock);
+            self.direct_close(flow, rec.client, sock);
         }
         let p = &mut self.ports[usize::from(rec.port)];
         if let Some(q) = rec.queue {

@@ -36,6 +36,8 @@ impl Daemon {
             sockets_missed: misses.map(|m| m.missed),
             sockets_missed_busy: misses.map(|m| m.busy),
             filters_reused: self.filters.reused(),
+            sockets_parked: self.sockets_parked(),
+            sockets_reused: self.sockets_reused,
         }));
         // SAFETY: the pool lives as long as the daemon.
         let (available, size) =
