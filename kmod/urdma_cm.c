@@ -582,7 +582,10 @@ static struct urdma_ep *urdma_ep_by_qpn(struct urdma_chan *chan,
  * is passed on.  The owner's provider begins a graceful close itself when
  * it moves its QP to SQD, as rdma_disconnect does just before iw_cm's own
  * move, so that one is not passed on: the daemon would only tell the
- * process what it already does.
+ * process what it already does.  And it is the connection's end for
+ * iw_cm, as siw's local close is: the provider finishes the exchange of
+ * FINs on its own, after the QP is destroyed if need be, so the
+ * application's DISCONNECTED does not wait for the peer.
  */
 void urdma_cm_qp_modified(struct urdma_qp *qp, enum ib_qp_state state,
 			  bool by_owner)
@@ -592,11 +595,13 @@ void urdma_cm_qp_modified(struct urdma_qp *qp, enum ib_qp_state state,
 	mutex_lock(&urdma_cm_mutex);
 	ep = urdma_ep_by_qp(qp);
 	if (ep && ep->state == URDMA_EP_ESTABLISHED) {
-		if (!by_owner)
+		if (!by_owner) {
 			urdma_send_disconnect(ep, state == IB_QPS_SQD ?
 					      0 : -ECONNRESET);
-		else if (state == IB_QPS_SQD)
+		} else if (state == IB_QPS_SQD) {
 			ep->disc_sent |= URDMA_DISC_GRACEFUL;
+			urdma_ep_close(ep, 0, false);
+		}
 	}
 	mutex_unlock(&urdma_cm_mutex);
 }

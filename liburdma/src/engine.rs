@@ -243,6 +243,8 @@ struct Qp {
     /// Write): the application may be spinning on that memory, and its next call ends the
     /// wait ([`Engine::progress`]).
     awaits_reader: bool,
+    /// urdmad's flow of the connection (`EVENT CONNECTED`'s `flow`).
+    flow_id: u32,
 }
 
 /// How far a QP's connection has got towards `Notice::Closed`.
@@ -321,6 +323,12 @@ pub struct Engine {
     posts_since_full: usize,
     /// Some QP may have [`Qp::awaits_reader`] set.
     reader_waits: bool,
+    /// Destroyed QPs finishing their close.
+    lingering: Vec<Lingering>,
+    /// The flows of lingering connections that finished, for urdmad to close (`CLOSE`).
+    lingered: Vec<u32>,
+    /// An MR table with nothing in it, for lingering connections.
+    no_mrs: MrTable,
 }
 
 impl Engine {
@@ -381,6 +389,7 @@ impl Engine {
                 figures_stale: false,
                 reply: ReplyTime::default(),
                 awaits_reader: false,
+                flow_id: 0,
             },
         );
     }
@@ -397,12 +406,12 @@ impl Engine {
         }
     }
 
-    /// Forgets the QP (and stops using its flow); completions it had not
-    /// delivered yet are dropped, as the QP is gone.
-    pub fn destroy_qp(&mut self, key: QpKey) -> bool {
-        let Some(qp) = self.qps.remove(&key) else {
-            return false;
-        };
+    /// Forgets the QP; completions it had not delivered yet are dropped, as the QP is gone.
+    /// None: no such QP. Some(true): its connection had begun a graceful close, which goes
+    /// on without it ([`Lingering`]) on its flow, which urdmad must keep until told
+    /// ([`Engine::take_lingered`]); Some(false): its flow is no longer used.
+    pub fn destroy_qp(&mut self, key: QpKey) -> Option<bool> {
+        let mut qp = self.qps.remove(&key)?;
         self.mrs.unbind_qp(key.0, key.1);
         if let (Some(conn), Some(slot)) = (&qp.conn, qp.flow.as_ref().and_then(|f| f.figures())) {
             // The last word before urdmad closes the flow and adds them to the port's.
@@ -424,7 +433,21 @@ impl Engine {
         if let End::Draining { status, .. } = qp.end {
             self.notices.push(Notice::Closed(key, status));
         }
-        true
+        let closing = qp.conn.as_ref().map(|c| c.state()) == Some(trp::QpState::Closing);
+        if closing && qp.end == End::Open && qp.flow.is_some() {
+            // urdmad hears nothing more of it by this key, which the kernel may give to a
+            // new QP: it ends on its own.
+            qp.end = End::Told;
+            qp.out.clear();
+            qp.awaits_reader = false;
+            self.lingering.push(Lingering {
+                key,
+                qp,
+                until: None,
+            });
+            return Some(true);
+        }
+        Some(false)
     }
 
     pub fn has_qp(&self, key: QpKey) -> bool {
@@ -545,6 +568,7 @@ impl Engine {
         );
         qp.conn = Some(conn);
         qp.flow = Some(flow);
+        qp.flow_id = h.flow;
         Ok(())
     }
 
@@ -567,6 +591,8 @@ impl Engine {
         }
         self.progress(now);
         self.notices.clear();
+        self.lingering.clear();
+        self.lingered.clear();
     }
 
     /// In the child of a fork(): every QP is the parent's, and its connection goes on in
@@ -581,6 +607,13 @@ impl Engine {
             }
         }
         drop(qps);
+        for l in &mut self.lingering {
+            if let Some(f) = l.qp.flow.as_mut() {
+                f.forked();
+            }
+        }
+        self.lingering.clear();
+        self.lingered.clear();
         self.notices.clear();
         self.turn = None;
     }
@@ -646,6 +679,9 @@ impl Engine {
         // From the QP after the one the last round started at, or the first.
         let (from, before) = self.qps.rotated_after(self.turn);
         let Some(&(first, _)) = from.first() else {
+            if !self.lingering.is_empty() {
+                self.linger(now, &mut p);
+            }
             return p;
         };
         self.turn = Some(first);
@@ -656,6 +692,9 @@ impl Engine {
             progress_one(mrs, srqs, cqs, notices, *key, qp, now, who, &mut p);
         }
         self.reader_waits |= p.awaits_reader;
+        if !self.lingering.is_empty() {
+            self.linger(now, &mut p);
+        }
         p
     }
 
@@ -698,7 +737,13 @@ impl Engine {
             needs_arm: false,
             all_hushed: true,
         };
-        for f in self.qps.values().filter_map(|q| q.flow.as_ref()) {
+        let lingering = self.lingering.iter().map(|l| &l.qp);
+        for f in self
+            .qps
+            .values()
+            .chain(lingering)
+            .filter_map(|q| q.flow.as_ref())
+        {
             w.needs_arm |= !f.wakes_itself();
             w.all_hushed &= f.hushed();
         }
@@ -707,17 +752,25 @@ impl Engine {
 
     /// The earliest timer of any connection that still has its flow.
     pub fn deadline(&self) -> Option<Instant> {
+        let lingering = self.lingering.iter().map(|l| &l.qp);
+        let ends = self.lingering.iter().filter_map(|l| l.until);
         self.qps
             .values()
+            .chain(lingering)
             .filter(|q| q.flow.is_some())
             .filter_map(|q| q.conn.as_ref()?.poll_timeout())
+            .chain(ends)
             .min()
     }
 }
 
+mod linger;
 mod reply;
 mod round;
 mod work;
+use linger::Lingering;
+#[cfg(test)]
+use linger::LINGER_LIMIT;
 use reply::ReplyTime;
 #[cfg(test)]
 use round::sends_first;

@@ -532,8 +532,8 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: qp came from create_qp.
         let cmd = || unsafe { ibv_cmd_destroy_qp(qp) };
         let forget = || {
-            if runtime::with_engine(|e| e.destroy_qp(key)) {
-                runtime::unregister_qp(key);
+            if let Some(linger) = runtime::with_engine(|e| e.destroy_qp(key)) {
+                runtime::unregister_qp(key, linger);
             }
             // SAFETY: qp came from create_qp; its batch, if any, is no
             // longer used (the application is done with the QP).

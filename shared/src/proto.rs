@@ -15,7 +15,7 @@
 //! how many report lines (JSON records, `crate::status`) follow it.
 //!
 //! ```text
-//! {"req":"HELLO","version":14,"pid":4242}     -> {"reply":"HELLO","version":14,"daemon":"urdmad 0.1.0"}
+//! {"req":"HELLO","version":16,"pid":4242}     -> {"reply":"HELLO","version":16,"daemon":"urdmad 0.1.0"}
 //! {"req":"ATTACH"}                            -> {"reply":"ATTACHED","client":3,"prefix":"urdma","lcore":3,
 //!                                                 "alloc":"urd_alloc_3","free":"urd_free_3","ports":[{"index":0,
 //!                                                 "name":"port0","mac":"02:00:00:00:00:01","tx":"urd_tx_3_0",
@@ -87,8 +87,9 @@ use std::str::FromStr;
 /// version 14 a direct connection's transmit ring of at most
 /// [`crate::direct::TX_FRAMES_MAX`] slots (`direct` counts the receive ring's); version 15
 /// a process's direct sockets used again for its next connections (`PARK`, `CONNECTED`'s
-/// `park` and `reuse`).
-pub const VERSION: u32 = 15;
+/// `park` and `reuse`); version 16 the graceful close of a destroyed QP's connection
+/// finished by its process (`UNQP`'s `linger`).
+pub const VERSION: u32 = 16;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -302,10 +303,14 @@ pub enum Request {
         dev: u32,
         qpn: u32,
     },
-    /// The QP is destroyed.
+    /// The QP is destroyed. `linger`: its connection had begun a graceful close, which the
+    /// process finishes on the connection's flow without the QP; urdmad keeps the flow
+    /// until the process closes it (`CLOSE`), and sends the peer no Abort.
     Unqp {
         dev: u32,
         qpn: u32,
+        #[serde(default, skip_serializing_if = "is_false")]
+        linger: bool,
     },
     /// The QP's trp connection ended: 0 graceful, else a negative errno.
     QpClosed {
@@ -465,6 +470,10 @@ pub struct Connected {
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 impl Connected {

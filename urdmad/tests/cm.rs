@@ -577,7 +577,12 @@ fn connections_through_two_urdmads_with_fake_kernels() {
     assert_eq!(connected(&mut pa3).qpn, 7);
     assert_eq!(a.expect(Op::Connected).id, 17);
     assert_eq!(
-        pa3.request(&Request::Unqp { dev: 0, qpn: 7 }).unwrap(),
+        pa3.request(&Request::Unqp {
+            dev: 0,
+            qpn: 7,
+            linger: false
+        })
+        .unwrap(),
         Response::Ok
     );
     let closed = a.expect(Op::Closed);
@@ -1194,7 +1199,11 @@ fn a_process_parks_its_direct_socket_for_its_next_connection_and_no_other_gets_i
     // Once QP 9 is destroyed, B's next connection takes the parked socket: no socket comes
     // with its event, and the socket's filter admits the new connection's frames.
     for req in [
-        Request::Unqp { dev: 0, qpn: 9 },
+        Request::Unqp {
+            dev: 0,
+            qpn: 9,
+            linger: false,
+        },
         Request::Qp { dev: 0, qpn: 11 },
     ] {
         assert_eq!(pb.request(&req).unwrap(), Response::Ok);
@@ -1229,7 +1238,12 @@ fn a_process_parks_its_direct_socket_for_its_next_connection_and_no_other_gets_i
     close_b(&b, &mut pb, 11);
     pb.post(&Request::Park { cookie }).unwrap();
     assert_eq!(
-        pb.request(&Request::Unqp { dev: 0, qpn: 11 }).unwrap(),
+        pb.request(&Request::Unqp {
+            dev: 0,
+            qpn: 11,
+            linger: false
+        })
+        .unwrap(),
         Response::Ok
     );
     let mut pc = b.process(12);

@@ -182,6 +182,7 @@ fn connect_pair(e: &mut Engine, a: QpKey, b: QpKey, (ab, ba): (&Wire, &Wire), no
         isn: 100,
         pdata: b"hi".to_vec(),
         pkt: accept,
+        flow: 1,
         ..passive
     };
     let flow = MemFlow {

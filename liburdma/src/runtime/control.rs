@@ -30,8 +30,9 @@ use crate::log;
 
 /// `UNQP dev= qpn=`, when urdmad is still there. Posted: urdmad answers it `OK` whatever it
 /// finds, so `ibv_destroy_qp` need not wait a round trip for it (a refusal would still be
-/// logged, as every posted request's is).
-pub fn unregister_qp(key: QpKey) {
+/// logged, as every posted request's is). `linger`: the QP's connection finishes its
+/// graceful close on its flow (`engine::Lingering`).
+pub fn unregister_qp(key: QpKey, linger: bool) {
     let mut g = lock();
     if g.control().is_none() {
         return;
@@ -43,6 +44,7 @@ pub fn unregister_qp(key: QpKey) {
     if let Err(e) = ctl.post(&Request::Unqp {
         dev: key.0,
         qpn: key.1,
+        linger,
     }) {
         log::error(format_args!("UNQP {key:?}: {e}"));
     }
@@ -211,6 +213,7 @@ impl Shared {
                 self.engine.release_closed_flow(key);
             }
         }
+        let lingered = self.engine.take_lingered();
         let (returned, parked) = crate::direct::take_for_urdmad();
         let Some(ctl) = self.control() else {
             // Without urdmad these close here: its copies are gone too, and nobody would
@@ -228,6 +231,11 @@ impl Shared {
         for cookie in parked {
             if let Err(e) = ctl.post(&Request::Park { cookie }) {
                 log::error(format_args!("PARK: {e}"));
+            }
+        }
+        for flow in lingered {
+            if let Err(e) = ctl.post(&Request::Close { flow }) {
+                log::error(format_args!("CLOSE {flow}: {e}"));
             }
         }
     }

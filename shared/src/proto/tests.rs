@@ -54,7 +54,16 @@ fn requests() -> Vec<Request> {
         Request::Status,
         Request::Detach,
         Request::Qp { dev: 0, qpn: 17 },
-        Request::Unqp { dev: 3, qpn: 1 },
+        Request::Unqp {
+            dev: 3,
+            qpn: 1,
+            linger: false,
+        },
+        Request::Unqp {
+            dev: 3,
+            qpn: 2,
+            linger: true,
+        },
         Request::QpClosed {
             dev: 0,
             qpn: 17,

@@ -43,6 +43,24 @@ impl Cm {
         self.abort_conn((dev, qpn), ECONNRESET);
     }
 
+    /// A destroyed QP whose connection finishes its graceful close in its process, on its
+    /// flow, which stays open until the process closes it (`CLOSE`): the connection is no
+    /// longer the QP's, and the kernel hears it closed (the close urdma.ko posted when the
+    /// owner began it, if it did, makes this one a no-op).
+    fn linger(&mut self, key: (u32, u32)) {
+        let Some(c) = self.conns.remove(&key) else {
+            return;
+        };
+        self.refresh_udp_ports();
+        self.actions.push_back(kernel_msg(Op::Closed, |r| {
+            r.dev = key.0;
+            r.qpn = key.1;
+            r.status = 0;
+            r.local = c.local;
+            r.remote = c.remote;
+        }));
+    }
+
     /// Ends a connection urdmad has to end itself: Abort to the peer, `CLOSED status` to the
     /// kernel, flow closed.
     pub(super) fn abort_conn(&mut self, key: (u32, u32), status: i32) {
@@ -89,7 +107,7 @@ impl Cm {
                 }
                 self.qps.insert((dev, qpn), client);
             }
-            Request::Unqp { dev, qpn } => {
+            Request::Unqp { dev, qpn, linger } => {
                 if self.qps.get(&(dev, qpn)) == Some(&client) {
                     self.qps.remove(&(dev, qpn));
                 }
@@ -98,7 +116,11 @@ impl Cm {
                     .get(&(dev, qpn))
                     .is_some_and(|c| c.client == client)
                 {
-                    self.abort_conn((dev, qpn), ECONNRESET);
+                    if linger {
+                        self.linger((dev, qpn));
+                    } else {
+                        self.abort_conn((dev, qpn), ECONNRESET);
+                    }
                 }
             }
             Request::QpClosed { dev, qpn, status }

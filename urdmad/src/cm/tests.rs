@@ -611,7 +611,14 @@ fn a_qp_has_one_owner() {
             ..
         }
     ));
-    a.client_request(1, &Request::Unqp { dev: 1, qpn: 2 });
+    a.client_request(
+        1,
+        &Request::Unqp {
+            dev: 1,
+            qpn: 2,
+            linger: false,
+        },
+    );
     assert_eq!(
         a.client_request(2, &Request::Qp { dev: 1, qpn: 2 }),
         Response::Ok

@@ -412,7 +412,7 @@ fn a_qp_destroyed_while_its_last_ack_waits_reports_its_close() {
     let mut t = Bed::new();
     t.connect();
     close_a_with_its_way_out_shut(&mut t);
-    assert!(t.e.destroy_qp(A));
+    assert_eq!(t.e.destroy_qp(A), Some(false));
     assert_eq!(t.e.take_notices(), [Notice::Closed(A, 0)]);
 }
 
@@ -673,7 +673,7 @@ fn a_qps_figures_follow_its_traffic_and_losses_and_its_last_word_is_its_end() {
     // Destroyed, the QP leaves its last figures for urdmad.
     let last = conn(&t);
     assert!(last[Counter::RxPackets as usize] >= 2, "{last:?}");
-    assert!(t.e.destroy_qp(A));
+    assert_eq!(t.e.destroy_qp(A), Some(false));
     assert_eq!(slot.read(), last);
 }
 
@@ -703,4 +703,71 @@ fn a_closed_connection_s_flow_is_dropped_only_once_urdmad_is_told() {
     );
     t.e.release_closed_flow(A);
     assert!(dropped.load(Ordering::SeqCst));
+}
+
+/// The flow of A's connection in [`Bed::connect`].
+const FLOW_A: u32 = 1;
+
+#[test]
+fn a_qp_destroyed_while_it_closes_finishes_its_close_without_it() {
+    let mut t = Bed::new();
+    t.connect();
+    t.e.close(A);
+    t.e.progress(t.now);
+    assert_eq!(
+        t.e.qp_state(A),
+        Some(trp::QpState::Closing),
+        "A's FIN is out"
+    );
+    // Destroyed at once, as after a DISCONNECTED that did not wait for the peer.
+    assert_eq!(t.e.destroy_qp(A), Some(true));
+    assert!(!t.e.has_qp(A));
+    // The kernel may give its number to a new QP meanwhile: the two do not meet.
+    t.e.create_qp(A, init(1, ACQ));
+    t.run(20);
+    let n = t.e.take_notices();
+    assert!(n.contains(&Notice::PeerClosed(B)), "{n:?}");
+    assert!(
+        n.contains(&Notice::Closed(B, 0)),
+        "B's close completed, its FIN acknowledged: {n:?}"
+    );
+    assert!(
+        !n.iter()
+            .any(|x| matches!(x, Notice::Closed(A, _) | Notice::PeerClosed(A))),
+        "nothing more is said of A: {n:?}"
+    );
+    assert_eq!(t.e.take_lingered(), [FLOW_A]);
+    assert!(t.e.has_qp(A) && !t.e.is_connected(A));
+    assert_eq!(t.e.deadline(), None, "nothing lingers");
+}
+
+#[test]
+fn a_lingering_connection_whose_peer_is_silent_gives_up_in_bounded_time() {
+    let mut t = Bed::new();
+    t.connect();
+    t.e.close(A);
+    t.e.progress(t.now);
+    assert_eq!(t.e.destroy_qp(A), Some(true));
+    // B is gone: nothing it would say arrives.
+    t.e.destroy_qp(B);
+    for _ in 0..100 {
+        t.ab.lock().unwrap().clear();
+        t.now = t.now + LINGER_LIMIT / 50;
+        t.e.progress(t.now);
+        if !t.e.lingered.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(t.e.take_lingered(), [FLOW_A]);
+    assert_eq!(t.e.deadline(), None);
+}
+
+#[test]
+fn a_qp_destroyed_before_it_closes_does_not_linger() {
+    let mut t = Bed::new();
+    t.connect();
+    assert_eq!(t.e.destroy_qp(A), Some(false));
+    assert_eq!(t.e.destroy_qp(A), None);
+    t.run(5);
+    assert!(t.e.take_lingered().is_empty());
 }

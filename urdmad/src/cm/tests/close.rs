@@ -114,6 +114,7 @@ fn a_close_reports_the_peers_close_once() {
         &Request::Unqp {
             dev: DEV,
             qpn: QPN_A,
+            linger: false,
         },
     );
     assert!(drain(&mut a).is_empty());
@@ -140,9 +141,36 @@ fn a_disconnect_no_process_reads_is_an_abort() {
         &Request::Unqp {
             dev: DEV,
             qpn: QPN_A,
+            linger: false,
         },
     );
     assert_eq!(only_kernel(&drain(&mut a)).op, Op::Closed);
+}
+
+#[test]
+fn a_qp_destroyed_while_its_connection_closes_lingers_without_an_abort() {
+    let t = Instant::now();
+    let (mut a, _b) = connected(t);
+    a.client_request(
+        CLIENT_A,
+        &Request::Unqp {
+            dev: DEV,
+            qpn: QPN_A,
+            linger: true,
+        },
+    );
+    let out = drain(&mut a);
+    // The kernel hears the close (a no-op if urdma.ko posted it at the owner's SQD); the
+    // peer gets no Abort, and the flow stays for the process to close.
+    let k = only_kernel(&out);
+    assert_eq!((k.op, k.status), (Op::Closed, 0));
+    assert!(frames(&out, MAC_A).is_empty(), "{out:?}");
+    assert!(
+        !out.iter().any(|x| matches!(x, Action::CloseFlow { .. })),
+        "{out:?}"
+    );
+    assert!(conn_records(&a).is_empty());
+    assert_eq!(a.qp_owner(DEV, QPN_A), None);
 }
 
 #[test]
