@@ -130,6 +130,7 @@ impl Cm {
                 last_seen: now,
             },
         );
+        self.request_due_by(now + LISTEN_GRACE);
         match self.listener_for(port, local) {
             Some((lid, dev)) => self.pass_on(now, req, lid, dev),
             None => tracing::debug!(req, %local, %remote, "ConnectRequest with no listener yet"),

@@ -353,6 +353,35 @@ fn an_answered_request_is_remembered_for_a_while() {
     assert_ne!(request_at_b(&mut b, t, &f[0]), req);
 }
 
+#[test]
+fn the_requests_timer_is_never_late_and_exact_once_handled() {
+    let t = Instant::now();
+    let (_a, mut b, f) = requested(t);
+    let req = request_at_b(&mut b, t, &f[0]);
+    // Pending: due when the requester has gone quiet for REQUEST_IDLE; never later.
+    assert!(b.poll_timeout().is_some_and(|d| d <= t + REQUEST_IDLE));
+    let mut m = Msg::new(Op::Reject);
+    m.req = req;
+    b.kernel(t, m, None);
+    drain(&mut b);
+    // Answered, its timer went later; a round of timers with nothing due finds that.
+    let early = t + Duration::from_secs(1);
+    b.handle_timeout(early);
+    assert!(drain(&mut b).is_empty());
+    assert_eq!(b.poll_timeout(), Some(t + REQUEST_MEMORY));
+    // A repetition keeps it a while longer.
+    let again = t + Duration::from_secs(2);
+    b.frame(again, 0, &f[0]);
+    assert_eq!(frames(&drain(&mut b), MAC_B).len(), 1, "its Reject again");
+    assert!(b
+        .poll_timeout()
+        .is_some_and(|d| d <= again + REQUEST_MEMORY));
+    b.handle_timeout(t + REQUEST_MEMORY);
+    assert_eq!(b.poll_timeout(), Some(again + REQUEST_MEMORY));
+    b.handle_timeout(again + REQUEST_MEMORY + Duration::from_millis(1));
+    assert_eq!(b.poll_timeout(), None);
+}
+
 fn unlisten(b: &mut Cm, t: Instant) {
     let mut m = Msg::new(Op::Unlisten);
     m.id = LISTEN_ID;
