@@ -80,9 +80,7 @@ pub fn forked_parent() {
 
 /// Takes the parked socket `cookie`, with its rings, for a new connection.
 pub fn take_parked(cookie: u64) -> Option<Rings> {
-    let mut p = parked();
-    let i = p.rings.iter().position(|(c, _)| *c == cookie)?;
-    Some(p.rings.swap_remove(i).1)
+    parked().take(cookie)
 }
 
 /// Unmaps and closes every parked socket: in a forked child (its copies), or when urdmad,
@@ -96,19 +94,35 @@ pub fn forget_parked() {
 /// Parks the rings of an ended connection's socket when it may be (urdmad said `park`, no
 /// fork came since `forks`, fewer than [`PARK_MAX`] parked, its cookie known); gives it
 /// back otherwise.
-fn dispose(mut rings: Rings, park: bool, forks: u64) {
-    let mut p = parked();
-    if park && forks == FORKS.load(Ordering::Relaxed) && p.rings.len() < PARK_MAX {
-        if let Ok(cookie) = urdma_shared::direct::socket_cookie(rings.fd()) {
-            rings.drain();
-            p.rings.push((cookie, rings));
-            p.untold.push(cookie);
-            ANY_RETURNED.store(true, Ordering::Relaxed);
-            return;
-        }
+fn dispose(rings: Rings, park: bool, forks: u64) {
+    let now = FORKS.load(Ordering::Relaxed);
+    let back = parked().keep(rings, park && forks == now);
+    if let Some(sock) = back {
+        give_back(sock);
+    } else {
+        ANY_RETURNED.store(true, Ordering::Relaxed);
     }
-    drop(p);
-    give_back(rings.into_socket());
+}
+
+impl Parked {
+    /// Parks `rings` if `may` and there is room (its cookie known); otherwise the socket
+    /// to give back.
+    fn keep(&mut self, mut rings: Rings, may: bool) -> Option<OwnedFd> {
+        if may && self.rings.len() < PARK_MAX {
+            if let Ok(cookie) = urdma_shared::direct::socket_cookie(rings.fd()) {
+                rings.drain();
+                self.rings.push((cookie, rings));
+                self.untold.push(cookie);
+                return None;
+            }
+        }
+        Some(rings.into_socket())
+    }
+
+    fn take(&mut self, cookie: u64) -> Option<Rings> {
+        let i = self.rings.iter().position(|(c, _)| *c == cookie)?;
+        Some(self.rings.swap_remove(i).1)
+    }
 }
 
 fn give_back(sock: OwnedFd) {
@@ -335,37 +349,40 @@ mod tests {
         urdma_shared::direct::socket_cookie(r.fd()).unwrap()
     }
 
-    /// The statics are the process's: one test walks every rule.
+    /// On a table of its own: the process's is shared with every other test.
     #[test]
-    fn sockets_are_parked_up_to_the_bound_and_never_after_a_fork_or_unasked() {
+    fn sockets_are_parked_up_to_the_bound_and_only_when_they_may_be() {
+        let mut p = Parked {
+            rings: Vec::new(),
+            untold: Vec::new(),
+        };
         let r = rings();
         let c = cookie(&r);
-        dispose(r, true, FORKS.load(Ordering::Relaxed));
-        let (returned, told) = take_for_urdmad();
-        assert!(returned.is_empty());
-        assert_eq!(told, [c]);
-        assert_eq!(take_for_urdmad().1, Vec::<u64>::new(), "told once");
-        let again = take_parked(c).expect("parked");
+        assert!(p.keep(r, true).is_none());
+        assert_eq!(std::mem::take(&mut p.untold), [c]);
+        let again = p.take(c).expect("parked");
         assert_eq!(again.geometry(), Geometry::new(1000, 4));
-        assert!(take_parked(c).is_none(), "taken once");
+        assert!(p.take(c).is_none(), "taken once");
+        // Not to be parked (unasked, or open at a fork): given back.
+        assert!(p.keep(again, false).is_some());
+        // At most PARK_MAX.
+        let back: Vec<_> = (0..=PARK_MAX)
+            .filter_map(|_| p.keep(rings(), true))
+            .collect();
+        assert_eq!((back.len(), p.untold.len()), (1, PARK_MAX));
+    }
 
-        // Unasked, or open at a fork: given back.
-        dispose(again, false, FORKS.load(Ordering::Relaxed));
-        let r = rings();
+    #[test]
+    fn a_socket_open_at_a_fork_is_not_parked() {
         let before = FORKS.load(Ordering::Relaxed);
         forked_parent();
-        dispose(r, true, before);
-        let (returned, told) = take_for_urdmad();
-        assert_eq!((returned.len(), told.len()), (2, 0));
-
-        // At most PARK_MAX.
-        let forks = FORKS.load(Ordering::Relaxed);
-        for _ in 0..=PARK_MAX {
-            dispose(rings(), true, forks);
-        }
-        let (returned, told) = take_for_urdmad();
-        assert_eq!((returned.len(), told.len()), (1, PARK_MAX));
-        forget_parked();
-        assert!(told.iter().all(|&c| take_parked(c).is_none()));
+        assert_ne!(FORKS.load(Ordering::Relaxed), before);
+        // What `dispose` asks of the table for a socket that came before the fork.
+        let mut p = Parked {
+            rings: Vec::new(),
+            untold: Vec::new(),
+        };
+        let now = FORKS.load(Ordering::Relaxed);
+        assert!(p.keep(rings(), before == now).is_some());
     }
 }
