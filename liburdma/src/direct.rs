@@ -55,10 +55,7 @@ pub const PARK_MAX: usize = 16;
 
 /// The sockets parked, with their rings mapped, and the cookies urdmad has not heard of
 /// yet. Only touched under the provider's lock, like [`RETURNED`].
-static PARKED: Mutex<Parked> = Mutex::new(Parked {
-    rings: Vec::new(),
-    untold: Vec::new(),
-});
+static PARKED: Mutex<Parked> = Mutex::new(Parked::EMPTY);
 
 struct Parked {
     rings: Vec<(u64, Rings)>,
@@ -105,6 +102,11 @@ fn dispose(rings: Rings, park: bool, forks: u64) {
 }
 
 impl Parked {
+    const EMPTY: Parked = Parked {
+        rings: Vec::new(),
+        untold: Vec::new(),
+    };
+
     /// Parks `rings` if `may` and there is room (its cookie known); otherwise the socket
     /// to give back.
     fn keep(&mut self, mut rings: Rings, may: bool) -> Option<OwnedFd> {
@@ -352,10 +354,7 @@ mod tests {
     /// On a table of its own: the process's is shared with every other test.
     #[test]
     fn sockets_are_parked_up_to_the_bound_and_only_when_they_may_be() {
-        let mut p = Parked {
-            rings: Vec::new(),
-            untold: Vec::new(),
-        };
+        let mut p = Parked::EMPTY;
         let r = rings();
         let c = cookie(&r);
         assert!(p.keep(r, true).is_none());
@@ -378,10 +377,7 @@ mod tests {
         forked_parent();
         assert_ne!(FORKS.load(Ordering::Relaxed), before);
         // What `dispose` asks of the table for a socket that came before the fork.
-        let mut p = Parked {
-            rings: Vec::new(),
-            untold: Vec::new(),
-        };
+        let mut p = Parked::EMPTY;
         let now = FORKS.load(Ordering::Relaxed);
         assert!(p.keep(rings(), before == now).is_some());
     }

@@ -678,13 +678,9 @@ impl Engine {
         let mut p = Progress::default();
         // From the QP after the one the last round started at, or the first.
         let (from, before) = self.qps.rotated_after(self.turn);
-        let Some(&(first, _)) = from.first() else {
-            if !self.lingering.is_empty() {
-                self.linger(now, &mut p);
-            }
-            return p;
-        };
-        self.turn = Some(first);
+        if let Some(&(first, _)) = from.first() {
+            self.turn = Some(first);
+        }
         let (mrs, cqs, notices) = (&mut self.mrs, &mut self.cqs, &mut self.notices);
         let (srqs, srq_limits) = (&mut self.srqs, &mut self.srq_limits);
         for (key, qp) in from.iter_mut().chain(before.iter_mut()) {

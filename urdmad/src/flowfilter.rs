@@ -169,12 +169,7 @@ impl FlowFilter {
     /// process keeps for its next connection (`PARK`): the word stays the process's, so it
     /// need not be renewed. Waits for nothing.
     pub fn aim_at_nothing(&mut self) -> io::Result<()> {
-        ebpf::map_update(
-            &self.addrs,
-            &0u32.to_ne_bytes(),
-            &[0u8; ADDRS_SIZE as usize],
-            0,
-        )?;
+        self.admit_nothing()?;
         ebpf::map_update(
             &self.word,
             &0u32.to_ne_bytes(),
@@ -196,17 +191,22 @@ impl FlowFilter {
                 "a filter that reads its word directly serves one connection",
             ));
         };
-        ebpf::map_update(
-            &self.addrs,
-            &0u32.to_ne_bytes(),
-            &[0u8; ADDRS_SIZE as usize],
-            0,
-        )?;
+        self.admit_nothing()?;
         let word = word_map()?;
         put_word(slot, &word)?;
         self.word = word;
         self.aimed = false;
         Ok(())
+    }
+
+    /// No address in the filter's map: it admits nothing.
+    fn admit_nothing(&self) -> io::Result<()> {
+        ebpf::map_update(
+            &self.addrs,
+            &0u32.to_ne_bytes(),
+            &[0u8; ADDRS_SIZE as usize],
+            0,
+        )
     }
 
     /// Puts the filter on socket `fd` (see [`direct::hand_over_with`]).
