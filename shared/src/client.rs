@@ -17,8 +17,8 @@
 //!
 //! Replies come in the order of the requests, so each reply line read is matched with the
 //! oldest request not yet answered, whoever reads it. [`Connection::post`] sends a request
-//! without waiting for its reply: the reply is dropped where it is read (by `poll_events` or
-//! by a later request), a refusal kept for [`Connection::take_refusals`]. [`Connection::send`]
+//! posted (`post`): the daemon answers it only if it refuses it, with an `EVENT REFUSED` that
+//! is kept for [`Connection::take_refusals`] wherever it is read. [`Connection::send`]
 //! sends one whose reply is kept until [`Connection::answer`] takes it. Both let a provider
 //! that serialises its calls with a lock release the lock while the daemon gets round to
 //! answering, rather than stall every thread of the process meanwhile; [`Connection::request`]
@@ -58,7 +58,7 @@ pub struct Connection {
     fds: VecDeque<OwnedFd>,
     /// What came with connections' `EVENT CONNECTED`, by (dev, qpn), until taken.
     handed: HashMap<(u32, u32), ConnectionFds>,
-    /// The requests sent and not answered yet, oldest first.
+    /// The requests sent (not posted) and not answered yet, oldest first.
     pending: VecDeque<Awaiting>,
     /// Replies of [`Connection::send`]'s requests not taken yet, by ticket.
     answers: HashMap<u64, String>,
@@ -131,8 +131,6 @@ pub struct Ticket(u64);
 
 /// What becomes of the reply to a request sent and not answered yet.
 enum Awaiting {
-    /// Posted: dropped; a refusal is kept, with the request's line, for the user.
-    Posted(String),
     /// Sent: kept under its ticket.
     Sent(u64),
     /// Sent, then given up by its sender: dropped.
@@ -270,6 +268,16 @@ impl Connection {
     fn queue_event(&mut self, line: &str) {
         // An event this client cannot decode (a newer daemon's) is skipped.
         if let Ok(e) = Event::decode(line) {
+            if let Event::Refused {
+                request,
+                code,
+                message,
+            } = e
+            {
+                let why = refusal(Response::Error { code, message });
+                self.refusals.push(format!("{request}: {why}"));
+                return;
+            }
             if let Event::Connected(c) = &e {
                 // Its socket (and the bell's and hush's words) came with the line's first bytes, so
                 // they are queued by now.
@@ -299,28 +307,22 @@ impl Connection {
         self.handed.remove(&(dev, qpn))
     }
 
-    /// Sends one request whose reply is not waited for; it is dropped when it comes, a
-    /// refusal kept for [`Connection::take_refusals`]. Only for requests the daemon answers
-    /// with one line (`OK` or an error) and whose outcome the caller need not wait for:
-    /// `ARM`, `PEERCLOSED`, `QPCLOSED`, `PARK` (`GIVEBACK`: [`Connection::give_back`]).
+    /// Posts one request (`post`): no reply comes, and a refusal (`EVENT REFUSED`) is kept
+    /// for [`Connection::take_refusals`]. For requests whose outcome the caller need not
+    /// wait for: `ARM`, `QP`, `UNQP`, `PEERCLOSED`, `QPCLOSED`, `PARK`, `CLOSE`
+    /// (`GIVEBACK`: [`Connection::give_back`]).
     pub fn post(&mut self, req: &Request) -> Result<(), Error> {
-        let mut line = req.encode();
-        self.write(&line)?;
-        line.truncate(line.trim_end().len());
-        self.pending.push_back(Awaiting::Posted(line));
-        Ok(())
+        self.write(&req.encode_posted())
     }
 
     /// Gives a direct connection's socket back (`GIVEBACK`, posted), then closes this
     /// process's copy: urdmad holds it until after that, so this close does not wait for the
     /// kernel's grace periods ([`crate::direct`]).
     pub fn give_back(&mut self, sock: OwnedFd) -> Result<(), Error> {
-        let mut line = Request::GiveBack.encode();
+        let line = Request::GiveBack.encode_posted();
         fdpass::send_with_fd(&self.stream, line.as_bytes(), sock.as_raw_fd())
             .map_err(|e| Error::io("writing to urdmad", e))?;
         drop(sock);
-        line.truncate(line.trim_end().len());
-        self.pending.push_back(Awaiting::Posted(line));
         Ok(())
     }
 
@@ -370,11 +372,6 @@ impl Connection {
             Some(Awaiting::Sent(t)) => {
                 self.answers.insert(t, line);
             }
-            Some(Awaiting::Posted(req)) => {
-                if let Ok(r @ Response::Error { .. }) = Response::decode(&line) {
-                    self.refusals.push(format!("{req}: {}", refusal(r)));
-                }
-            }
             // A reply to nothing, or to a request given up: ignored.
             Some(Awaiting::Abandoned) | None => {}
         }
@@ -382,8 +379,7 @@ impl Connection {
     }
 
     /// Sends one request and reads its reply; events that arrive first are queued, and the
-    /// replies of earlier requests are dealt with as [`Connection::post`] and
-    /// [`Connection::send`] say.
+    /// replies of earlier requests are dealt with as [`Connection::send`] says.
     pub fn request(&mut self, req: &Request) -> Result<Response, Error> {
         let Ticket(mine) = self.send(req)?;
         let deadline = Instant::now() + self.timeout;
@@ -525,7 +521,7 @@ mod tests {
         let mut buf = [0u8; 64];
         let mut fds = VecDeque::new();
         let n = fdpass::recv_with_fds(&d, &mut buf, &mut fds).unwrap();
-        assert_eq!(&buf[..n], b"{\"req\":\"GIVEBACK\"}\n");
+        assert_eq!(&buf[..n], b"{\"req\":\"GIVEBACK\",\"post\":true}\n");
         assert_eq!(fds.len(), 1);
         // Still open through the copy that came over: the peer sees no end of file.
         (&peer).write_all(b"x").unwrap();
@@ -533,45 +529,42 @@ mod tests {
         let mut one = [0u8; 1];
         let got = UnixStream::from(fds.pop_front().unwrap()).read(&mut one);
         assert_eq!(got.unwrap(), 1);
-        assert!(
-            matches!(c.pending.front(), Some(Awaiting::Posted(l)) if l == "{\"req\":\"GIVEBACK\"}")
-        );
+        assert!(c.pending.is_empty(), "a posted request waits for no reply");
     }
 
     #[test]
-    fn a_posted_requests_reply_is_dropped_where_it_comes() {
+    fn a_posted_request_waits_for_nothing_and_its_refusal_is_kept_wherever_it_is_read() {
         let (mut c, mut d) = pair();
-        let mut line = [0u8; 14];
-        // Read by poll_events, between events.
+        let mut line = [0u8; 26];
         c.post(&Request::Arm).unwrap();
         d.read_exact(&mut line).unwrap();
-        assert_eq!(&line, b"{\"req\":\"ARM\"}\n");
-        d.write_all(b"{\"event\":\"WAKE\"}\n{\"reply\":\"OK\"}\n{\"event\":\"WAKE\"}\n")
+        assert_eq!(&line, b"{\"req\":\"ARM\",\"post\":true}\n");
+        assert!(c.pending.is_empty());
+        let refused = |what: &str| {
+            Event::Refused {
+                request: Request::Park { cookie: 7 }.encode().trim_end().to_owned(),
+                code: ErrorCode::NotFound,
+                message: what.into(),
+            }
+            .encode()
+        };
+        // Read by poll_events, between events: kept, not returned as an event.
+        d.write_all(format!("{{\"event\":\"WAKE\"}}\n{}", refused("gone")).as_bytes())
             .unwrap();
-        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake, Event::Wake]);
-        assert!(c.pending.is_empty());
-        // Not come yet when the next request is sent: not taken for that one's reply, even
-        // when the posted request was refused.
-        c.post(&Request::Arm).unwrap();
-        c.post(&Request::Arm).unwrap();
-        d.write_all(
-            b"{\"reply\":\"OK\"}\n{\"event\":\"WAKE\"}\n{\"reply\":\"ERROR\",\"code\":\"EINVAL\",\"message\":\"no\"}\n{\"reply\":\"ERROR\",\"code\":\"EEXIST\",\"message\":\"taken\"}\n",
-        )
-        .unwrap();
-        let r = c.request(&Request::Qp { dev: 1, qpn: 2 }).unwrap();
-        assert!(
-            matches!(&r, Response::Error { message, .. } if message == "taken"),
-            "{r:?}"
-        );
-        assert!(c.pending.is_empty());
+        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
+        // Read by a request, before its reply: kept, and the reply is the request's.
+        d.write_all(format!("{}{{\"reply\":\"OK\"}}\n", refused("again")).as_bytes())
+            .unwrap();
+        assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
         assert_eq!(
             c.take_refusals(),
-            vec!["{\"req\":\"ARM\"}: urdmad refused (EINVAL): no".to_owned()]
+            vec![
+                "{\"req\":\"PARK\",\"cookie\":7}: urdmad refused (ENOENT): gone".to_owned(),
+                "{\"req\":\"PARK\",\"cookie\":7}: urdmad refused (ENOENT): again".to_owned(),
+            ]
         );
         assert!(c.take_refusals().is_empty());
-        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
-        d.write_all(b"{\"reply\":\"OK\"}\n").unwrap();
-        assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
+        assert!(!c.has_events());
     }
 
     #[test]
@@ -581,11 +574,11 @@ mod tests {
         c.post(&Request::Arm).unwrap();
         let b = c.send(&Request::Qp { dev: 0, qpn: 2 }).unwrap();
         assert_eq!(c.answer(a), None);
-        // a's reply read by poll_events, the posted ARM's and b's by a request.
+        // a's reply read by poll_events, b's by a request; the posted ARM has none.
         d.write_all(b"{\"reply\":\"ERROR\",\"code\":\"EEXIST\",\"message\":\"taken\"}\n{\"event\":\"WAKE\"}\n")
             .unwrap();
         assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
-        d.write_all(b"{\"reply\":\"OK\"}\n{\"reply\":\"OK\"}\n{\"reply\":\"OK\"}\n")
+        d.write_all(b"{\"reply\":\"OK\"}\n{\"reply\":\"OK\"}\n")
             .unwrap();
         assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
         assert_eq!(c.answer(b), Some(Ok(Response::Ok)));

@@ -28,7 +28,14 @@
 //! QP, UNQP, PEERCLOSED {"dev":0,"qpn":17}; QPCLOSED {.., "status":-104}; ARM; SYNC;
 //! GIVEBACK (a packet socket attached); PARK {"cookie":N}  -> {"reply":"OK"}
 //! any error                                   -> {"reply":"ERROR","code":"EACCES","message":"text"}
+//! {"req":"PARK","cookie":N,"post":true}       -> nothing, or when refused
+//!                                                {"event":"REFUSED","request":"{\"req\":\"PARK\",..}","code":..,"message":..}
 //! ```
+//!
+//! A request with `"post":true` is posted: its sender reads no reply, so the daemon sends
+//! none unless it refuses the request, and then an `EVENT REFUSED` naming it in place of the
+//! `ERROR`. A process that posts its requests (the provider's `QP`, `UNQP`, `ARM`, ...) is
+//! then not woken once for every one of them by an `OK` that tells it nothing.
 //!
 //! Events (`{"event":"CONNECTED",..}`, `DISCONNECT`, `WAKE`: [`Event`]) come unsolicited from
 //! the daemon between any two replies (never inside a multi-line reply), so a client reads
@@ -88,8 +95,9 @@ use std::str::FromStr;
 /// [`crate::direct::TX_FRAMES_MAX`] slots (`direct` counts the receive ring's); version 15
 /// a process's direct sockets used again for its next connections (`PARK`, `CONNECTED`'s
 /// `park` and `reuse`); version 16 the graceful close of a destroyed QP's connection
-/// finished by its process (`UNQP`'s `linger`).
-pub const VERSION: u32 = 16;
+/// finished by its process (`UNQP`'s `linger`); version 17 posted requests (`post`), answered
+/// only when refused (`EVENT REFUSED`).
+pub const VERSION: u32 = 17;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -512,6 +520,22 @@ pub enum Event {
     },
     /// A frame was enqueued on one of the process's flows after `ARM`.
     Wake,
+    /// A posted request was refused: `request` is its line (without `post` and the
+    /// newline), `code` and `message` what its `ERROR` would have said.
+    Refused {
+        request: String,
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+/// A request as its line carries it: `post`, when its sender reads no reply.
+#[derive(Serialize, Deserialize)]
+struct RequestLine {
+    #[serde(flatten)]
+    req: Request,
+    #[serde(default, skip_serializing_if = "is_false")]
+    post: bool,
 }
 
 /// Lowercase hex of `bytes`.
@@ -633,9 +657,38 @@ impl Request {
         encode(self)
     }
 
+    /// The wire form of the request posted (`post`), newline included.
+    pub fn encode_posted(&self) -> String {
+        encode(&RequestLine {
+            req: self.clone(),
+            post: true,
+        })
+    }
+
     /// Decodes one line; never panics.
     pub fn decode(line: &str) -> Result<Self, ProtoError> {
         decode(line)
+    }
+
+    /// Decodes one line, posted or not (`post`); never panics.
+    pub fn decode_line(line: &str) -> Result<(Self, bool), ProtoError> {
+        decode::<RequestLine>(line).map(|l| (l.req, l.post))
+    }
+
+    /// What answers this request when it was posted and `reply` is its reply: nothing on
+    /// success, `EVENT REFUSED` for an `ERROR`.
+    pub fn posted_outcome(&self, reply: &str) -> Option<String> {
+        match Response::decode(reply) {
+            Ok(Response::Error { code, message }) => Some(
+                Event::Refused {
+                    request: self.encode().trim_end().to_owned(),
+                    code,
+                    message,
+                }
+                .encode(),
+            ),
+            _ => None,
+        }
     }
 }
 

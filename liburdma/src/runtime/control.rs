@@ -1,10 +1,10 @@
 //! The control connection to urdmad: requests, and the events urdmad sends.
 //!
-//! `ARM`'s reply is not waited for: urdmad looks at the process's rings
-//! when it takes the `ARM` and sends `EVENT WAKE` at once if a frame is
-//! there, so a frame that came after the last round and before the `ARM`
-//! took effect still wakes the helper. The reply itself wakes it once; it
-//! finds nothing and sleeps again, armed. Waiting for the reply would hold
+//! `ARM` is posted: urdmad looks at the process's rings when it takes the
+//! `ARM` and sends `EVENT WAKE` at once if a frame is there, so a frame that
+//! came after the last round and before the `ARM` took effect still wakes
+//! the helper. Posted requests get no reply unless refused, so none wakes
+//! the helper for nothing. Waiting for the reply would hold
 //! the lock, and so every application thread in a verb, until urdmad got
 //! round to the control socket (it reads it every couple of milliseconds
 //! while it forwards traffic).
@@ -12,7 +12,7 @@
 //! Nor do application calls wait for urdmad, but for the first `create_qp`
 //! (attaching) and the rare `SYNC` of a post that finds its QP not yet
 //! connected: `QP`, `UNQP`, `PEERCLOSED` and `QPCLOSED` are posted, and a
-//! refusal is logged where its reply is read.
+//! refusal (`EVENT REFUSED`) is logged where it is read.
 
 use std::os::fd::AsRawFd;
 
@@ -28,7 +28,7 @@ use crate::dpdk::{self, DpdkFlow};
 use crate::engine::{Flow, Notice, QpKey};
 use crate::log;
 
-/// `UNQP dev= qpn=`, when urdmad is still there. Posted: urdmad answers it `OK` whatever it
+/// `UNQP dev= qpn=`, when urdmad is still there. Posted: urdmad accepts it whatever it
 /// finds, so `ibv_destroy_qp` need not wait a round trip for it (a refusal would still be
 /// logged, as every posted request's is). `linger`: the QP's connection finishes its
 /// graceful close on its flow (`engine::Lingering`).
@@ -55,7 +55,7 @@ impl Shared {
     /// concerns the QP (`rdma_accept`, `rdma_connect`) reaches urdmad through the kernel,
     /// after this line is in urdmad's socket, and urdmad reads the kernel's messages before
     /// and handles them after its processes' lines (docs/connection.md). A refusal (a QP
-    /// number urdmad still sees another live process own) is logged where its reply is read,
+    /// number urdmad still sees another live process own) is logged where it is read,
     /// and that connection then fails as for a QP urdmad does not know.
     pub fn register_qp(&mut self, key: QpKey) -> Result<(), String> {
         let Some(ctl) = self.control() else {
@@ -84,8 +84,7 @@ impl Shared {
         r.map_err(|e| e.to_string())
     }
 
-    /// Posts `req`, whose outcome nothing waits for (a refusal is logged when its reply is
-    /// read).
+    /// Posts `req`, whose outcome nothing waits for (a refusal is logged when it is read).
     fn post(&mut self, req: &Request) {
         if let Some(ctl) = self.control() {
             if let Err(e) = ctl.post(req) {
@@ -155,6 +154,10 @@ impl Shared {
     fn handle_event(&mut self, e: Event, now: Instant) {
         match e {
             Event::Wake => self.armed = false,
+            // The client keeps these for `take_refusals` and returns none; logged all the same.
+            Event::Refused {
+                request, message, ..
+            } => log::error(format_args!("{request}: urdmad refused: {message}")),
             Event::Disconnect { dev, qpn, status } => {
                 if status == 0 {
                     log::debug(format_args!("QP {dev}/{qpn}: disconnect"));

@@ -238,7 +238,7 @@ pub(super) fn helper_loop() {
         drain_kick(r, kick);
         woke = Some(r);
         // One round to see what woke it: anything to do starts the spin
-        // again, nothing (ARM's reply, a timer with nothing due) sleeps.
+        // again, nothing (a timer with nothing due) sleeps.
         idle = t.spin_rounds - 1;
         free = true;
     }

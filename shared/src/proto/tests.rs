@@ -137,6 +137,60 @@ fn every_message_is_one_line_and_comes_back_as_it_went() {
 }
 
 #[test]
+fn a_posted_request_says_so_and_comes_back_as_it_went() {
+    for r in requests() {
+        let line = r.encode_posted();
+        assert_eq!(line.matches('\n').count(), 1, "{line}");
+        assert!(line.ends_with(",\"post\":true}\n"), "{line}");
+        assert_eq!(Request::decode_line(&line).unwrap(), (r.clone(), true));
+        // Not posted: no `post`, and a decoder of either kind reads it.
+        assert_eq!(
+            Request::decode_line(&r.encode()).unwrap(),
+            (r.clone(), false)
+        );
+        assert_eq!(Request::decode(&line).unwrap(), r);
+    }
+    assert_eq!(
+        Request::Arm.encode_posted(),
+        "{\"req\":\"ARM\",\"post\":true}\n"
+    );
+    assert_eq!(
+        Request::decode_line("{\"req\":\"ARM\",\"post\":false}").unwrap(),
+        (Request::Arm, false)
+    );
+    assert!(Request::decode_line("{\"req\":\"ARM\",\"post\":1}").is_err());
+    assert!(Request::decode_line("{\"post\":true}").is_err());
+}
+
+#[test]
+fn a_posted_request_is_answered_only_when_refused() {
+    let park = Request::Park { cookie: 16 };
+    assert_eq!(park.posted_outcome(&Response::Ok.encode()), None);
+    assert_eq!(
+        park.posted_outcome(&Response::Closed { flow: 3 }.encode()),
+        None
+    );
+    let refused = Response::Error {
+        code: ErrorCode::NotFound,
+        message: "not yours".into(),
+    };
+    let line = park.posted_outcome(&refused.encode()).unwrap();
+    assert_eq!(
+        line,
+        "{\"event\":\"REFUSED\",\"request\":\"{\\\"req\\\":\\\"PARK\\\",\\\"cookie\\\":16}\",\"code\":\"ENOENT\",\"message\":\"not yours\"}\n"
+    );
+    assert!(is_event(&line));
+    assert_eq!(
+        Event::decode(&line).unwrap(),
+        Event::Refused {
+            request: "{\"req\":\"PARK\",\"cookie\":16}".into(),
+            code: ErrorCode::NotFound,
+            message: "not yours".into(),
+        }
+    );
+}
+
+#[test]
 fn the_wire_form_is_the_documented_one() {
     assert_eq!(
         Request::Qp { dev: 0, qpn: 5 }.encode(),
@@ -233,6 +287,11 @@ fn events_come_back_as_they_went_and_the_largest_fits_a_line() {
             status: -103,
         },
         Event::Wake,
+        Event::Refused {
+            request: "{\"req\":\"QP\",\"dev\":0,\"qpn\":5}".into(),
+            code: ErrorCode::Exists,
+            message: "QP 0/5 is another process's".into(),
+        },
     ] {
         let line = e.encode();
         assert!(line.len() < MAX_LINE && is_event(&line), "{}", line.len());
@@ -291,12 +350,14 @@ fn malformed_lines_are_errors_that_say_why() {
 #[test]
 fn no_line_makes_a_decoder_panic() {
     let mut samples: Vec<String> = requests().iter().map(Request::encode).collect();
+    samples.extend(requests().iter().map(Request::encode_posted));
     samples.extend(responses().iter().map(Response::encode));
     samples.push(Event::Connected(Box::new(connected())).encode());
     for msg in &samples {
         for i in 0..msg.len() {
             if msg.is_char_boundary(i) {
                 let _ = Request::decode(&msg[..i]);
+                let _ = Request::decode_line(&msg[..i]);
                 let _ = Response::decode(&msg[..i]);
                 let _ = Event::decode(&msg[..i]);
             }
@@ -317,6 +378,7 @@ fn no_line_makes_a_decoder_panic() {
             .map(|i| alphabet[((x >> (i % 50)) as usize + i * 7) % alphabet.len()])
             .collect();
         let _ = Request::decode(&line);
+        let _ = Request::decode_line(&line);
         let _ = Response::decode(&line);
         let _ = Event::decode(&line);
     }

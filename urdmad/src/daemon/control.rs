@@ -191,7 +191,8 @@ impl Daemon {
                     false,
                 ),
             };
-            if !self.send(i, &reply) || !keep {
+            // A posted request that succeeded is not answered (its reply is empty).
+            if (!reply.is_empty() && !self.send(i, &reply)) || !keep {
                 return false;
             }
         }
@@ -277,12 +278,13 @@ impl Daemon {
         r
     }
 
-    /// The reply to one request, and whether the connection stays open.
+    /// The reply to one request line (empty for a posted request that succeeded: only a
+    /// refusal answers one), and whether the connection stays open.
     pub(super) fn handle(&mut self, i: usize, line: &str) -> (String, bool) {
         if let Some((why, _)) = self.clients[i].refused.clone() {
             return (error(ErrorCode::Access, &why).encode(), false);
         }
-        let req = match Request::decode(line) {
+        let (req, posted) = match Request::decode_line(line) {
             Ok(r) => r,
             Err(e) => match proto::legacy::hello_version(line) {
                 // A process of the text protocol: refused in the words it reads.
@@ -292,6 +294,16 @@ impl Daemon {
                 None => return (error(ErrorCode::Invalid, &e.to_string()).encode(), true),
             },
         };
+        if !posted {
+            return self.answer(i, req);
+        }
+        let named = req.clone();
+        let (reply, keep) = self.answer(i, req);
+        (named.posted_outcome(&reply).unwrap_or_default(), keep)
+    }
+
+    /// The reply to one request, and whether the connection stays open.
+    fn answer(&mut self, i: usize, req: Request) -> (String, bool) {
         let c = &self.clients[i];
         match req {
             Request::Hello { version, .. } => {
