@@ -393,16 +393,15 @@ impl Daemon {
             if work == 0 {
                 idle = idle.saturating_add(1);
                 if idle > self.idle_polls() && !idle_sleep.is_zero() {
-                    // Idle. When frames end a sleep (idle.rs), sleep idle_sleep_max at
-                    // once; otherwise sleep idle_sleep between looks, and after
-                    // BACKOFF_AFTER double it up to idle_sleep_max.
+                    // Idle. When frames end a sleep (idle.rs), sleep until the next timer;
+                    // otherwise sleep idle_sleep between looks, and after BACKOFF_AFTER
+                    // double it up to idle_sleep_max.
                     let since = *idle_since.get_or_insert(now);
-                    let d = if self.idle.frames_wake() && !self.cm.handshaking() {
-                        // Nothing but a frame, a request or a kick can give it work,
-                        // and each of those ends the sleep.
+                    let d = if self.idle.frames_wake() {
+                        // Nothing but a frame, a request, a kick or a timer bounded below
+                        // (the connection manager's, a process's) can give it work, and
+                        // each of those ends the sleep: a handshake's Accept is a frame.
                         QUIET_SLEEP.max(idle_sleep_max)
-                    } else if self.idle.frames_wake() {
-                        idle_sleep_max
                     } else if now.saturating_duration_since(since) < BACKOFF_AFTER {
                         idle_sleep
                     } else {
