@@ -45,6 +45,9 @@ pub struct ConnectionFds {
     pub hush: Option<OwnedFd>,
 }
 
+/// Most bytes one read takes from the socket.
+const READ_CHUNK: usize = 4096;
+
 /// A greeted connection to urdmad.
 pub struct Connection {
     stream: UnixStream,
@@ -208,9 +211,10 @@ impl Connection {
         }
     }
 
-    /// One read into the buffer; blocks until `deadline` at most. 0 at end of file.
+    /// One read into the buffer; blocks until `deadline` at most. 0 at end of file,
+    /// `usize::MAX` when nothing was there.
     fn fill(&mut self, deadline: Option<Instant>) -> Result<usize, Error> {
-        let mut chunk = [0u8; 4096];
+        let mut chunk = [0u8; READ_CHUNK];
         let r = match deadline {
             None => fdpass::try_recv_with_fds(&self.stream, &mut chunk, &mut self.fds),
             Some(d) => {
@@ -409,7 +413,10 @@ impl Connection {
                         self.closed = true;
                         break;
                     }
-                    usize::MAX => break,
+                    // Less than a chunk: nothing more was there (a read to be told so
+                    // would be a system call for nothing); what comes later makes the
+                    // socket readable again.
+                    n if n < READ_CHUNK || n == usize::MAX => break,
                     _ => {}
                 }
             }

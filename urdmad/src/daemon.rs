@@ -160,6 +160,8 @@ pub struct Daemon {
     late: BTreeMap<u32, u64>,
     /// What ends an idle sleep.
     idle: idle::Idle,
+    /// Which control descriptors the last sleep found readable, for the pass after it.
+    control_ready: Option<control::ControlReady>,
     /// Released processes, (pid, client id), until they no longer run: then the mbufs they
     /// held are taken back and their DPDK runtime files removed ([`Daemon::sweep`]).
     departed: Vec<(u32, u32)>,
@@ -413,6 +415,7 @@ impl Daemon {
             armed: BTreeMap::new(),
             late: BTreeMap::new(),
             idle,
+            control_ready: None,
             departed: Vec::new(),
             swept_at: Instant::now(),
             qp_table,

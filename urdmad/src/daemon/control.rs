@@ -10,7 +10,7 @@ use crate::status;
 use dpdk_sys as sys;
 use std::collections::VecDeque;
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 /// Connections beyond this are closed at once.
@@ -21,6 +21,24 @@ const REFUSAL_GRACE: Duration = Duration::from_secs(1);
 /// Descriptors a client sent with requests other than `GIVEBACK` that are kept (the oldest
 /// beyond go): a process sends one per `GIVEBACK`, on the same line.
 const MAX_HELD_FDS: usize = 8;
+
+/// What a sleep found readable among [`Daemon::control_fds`]. The pass after it reads
+/// only those: another look at each (a `poll`, an empty `read` of the kernel's channel)
+/// would be a system call for nothing, on every request's wake-up. What became readable
+/// since is found by the next pass's look or the next sleep's, which return at once.
+pub(super) struct ControlReady(Vec<(RawFd, bool)>);
+
+impl ControlReady {
+    pub(super) fn of(polled: &[libc::pollfd]) -> ControlReady {
+        ControlReady(polled.iter().map(|p| (p.fd, p.revents != 0)).collect())
+    }
+
+    /// Whether `fd` was readable; None unless the descriptors are still `fds`.
+    fn readable(&self, fds: &[RawFd], fd: RawFd) -> Option<bool> {
+        let same = fds.len() == self.0.len() && fds.iter().zip(&self.0).all(|(a, (b, _))| a == b);
+        same.then(|| self.0.iter().any(|&(f, r)| f == fd && r))
+    }
+}
 
 /// Whether process `pid` still runs: it exists and is not a zombie (which holds no memory
 /// and no locks any more).
@@ -63,17 +81,30 @@ pub(super) fn free_new_rings(tx: Vec<TxRing>) {
 
 impl Daemon {
     pub(super) fn serve_control(&mut self) {
+        let ready = self.control_ready.take();
+        let fds = if ready.is_some() {
+            self.control_fds()
+        } else {
+            Vec::new()
+        };
+        let readable = |fd: RawFd| ready.as_ref().and_then(|r| r.readable(&fds, fd));
         // The kernel's messages are read before the processes' lines and handled after
         // them: a process posts `QP` before the call that makes the kernel's `ACCEPT` or
         // `CONNECT` for that QP, so its line is in the socket by the time the message can
         // be read (docs/connection.md, "Ordering").
-        let from_kernel = if self.chan.is_some() {
-            self.cm_read_kernel()
-        } else {
-            self.cm_retry();
-            Vec::new()
+        let from_kernel = match &self.chan {
+            Some(c) if readable(c.as_raw_fd()) != Some(false) => self.cm_read_kernel(),
+            Some(_) => Vec::new(),
+            None => {
+                self.cm_retry();
+                Vec::new()
+            }
         };
-        self.serve_clients();
+        let clients: Option<Vec<bool>> = std::iter::once(self.listener.as_raw_fd())
+            .chain(self.clients.iter().map(|c| c.stream.as_raw_fd()))
+            .map(readable)
+            .collect();
+        self.serve_clients(clients);
         if self.chan.is_some() || !from_kernel.is_empty() {
             self.cm_handle_kernel(from_kernel);
             self.cm_tick();
@@ -86,7 +117,9 @@ impl Daemon {
     }
 
     /// Reads and answers every process's lines, and takes new control connections.
-    fn serve_clients(&mut self) {
+    /// `ready`: which of the listener and the processes' sockets, in that order, the sleep
+    /// before found readable; looked at here when not known.
+    fn serve_clients(&mut self, ready: Option<Vec<bool>>) {
         let mut fds = Vec::with_capacity(self.clients.len() + 1);
         fds.push(libc::pollfd {
             fd: self.listener.as_raw_fd(),
@@ -100,8 +133,16 @@ impl Daemon {
                 revents: 0,
             });
         }
-        // SAFETY: fds is a valid array of pollfd.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        let n = match ready {
+            Some(r) => {
+                for (f, r) in fds.iter_mut().zip(r) {
+                    f.revents = if r { libc::POLLIN } else { 0 };
+                }
+                fds.iter().filter(|f| f.revents != 0).count() as i32
+            }
+            // SAFETY: fds is a valid array of pollfd.
+            None => unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) },
+        };
         let refusals_pending = self.clients.iter().any(|c| c.refused.is_some());
         if n <= 0 && !refusals_pending {
             return;
@@ -176,7 +217,15 @@ impl Daemon {
             let c = &mut self.clients[i];
             match crate::fdpass::recv_with_fds(&c.stream, &mut chunk, &mut c.fds) {
                 Ok(0) => return false,
-                Ok(n) => self.clients[i].buf.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    self.clients[i].buf.extend_from_slice(&chunk[..n]);
+                    // Less than asked for: nothing more was there (a read to be told so
+                    // would be a system call for nothing). What comes later wakes the
+                    // next look.
+                    if n < chunk.len() {
+                        break;
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => return false,
@@ -534,4 +583,30 @@ fn unsupported(version: u32) -> String {
         "protocol version {version} is not supported, urdmad speaks {}",
         proto::VERSION
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn polled(fds: &[(RawFd, bool)]) -> Vec<libc::pollfd> {
+        fds.iter()
+            .map(|&(fd, r)| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: if r { libc::POLLIN } else { 0 },
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_sleeps_readiness_is_only_trusted_for_the_descriptors_it_polled() {
+        let r = ControlReady::of(&polled(&[(3, false), (7, true), (9, false)]));
+        assert_eq!(r.readable(&[3, 7, 9], 7), Some(true));
+        assert_eq!(r.readable(&[3, 7, 9], 9), Some(false));
+        // A process came or went since: nothing is known, so the pass looks again.
+        assert_eq!(r.readable(&[3, 7], 7), None);
+        assert_eq!(r.readable(&[3, 8, 9], 9), None);
+        assert_eq!(r.readable(&[3, 7, 9, 11], 3), None);
+    }
 }

@@ -461,6 +461,7 @@ impl Daemon {
     /// Sleeps up to `limit`, or until a request, a process's kick or (when the ports can
     /// say so) a frame comes; says which.
     pub(super) fn sleep(&mut self, limit: Duration) -> Woken {
+        self.control_ready = None;
         let bell = self.idle.bell();
         bell.going_to_sleep();
         // The last look, after the flag is up: a frame put on a TX ring, or mbufs taken,
@@ -503,12 +504,15 @@ impl Daemon {
         if n <= 0 {
             return Woken::Timer;
         }
-        if fds[..control].iter().any(|f| f.revents != 0) {
+        let kicked = fds[control].revents != 0;
+        if kicked {
             self.idle.drain_kicks();
+        }
+        if fds[..control].iter().any(|f| f.revents != 0) {
+            self.control_ready = Some(super::control::ControlReady::of(&fds[..control]));
             return Woken::Request;
         }
-        if fds[control].revents != 0 {
-            self.idle.drain_kicks();
+        if kicked {
             return Woken::Kick;
         }
         Woken::Frame
@@ -516,7 +520,7 @@ impl Daemon {
 
     /// What carries requests: the control socket, every process's socket, the kernel's
     /// channel.
-    fn control_fds(&self) -> Vec<std::os::fd::RawFd> {
+    pub(super) fn control_fds(&self) -> Vec<std::os::fd::RawFd> {
         std::iter::once(self.listener.as_raw_fd())
             .chain(self.clients.iter().map(|c| c.stream.as_raw_fd()))
             .chain(self.chan.as_ref().map(|ch| ch.as_raw_fd()))
