@@ -446,7 +446,7 @@ impl Cm {
                 Ok(flow),
             ) => {
                 conn.flow = flow;
-                tracing::info!(id, dev, qpn, client = conn.client, flow, remote = %conn.remote, peer_conn = format_args!("{:#x}", conn.peer_conn), "connected (active)");
+                tracing::debug!(id, dev, qpn, client = conn.client, flow, remote = %conn.remote, peer_conn = format_args!("{:#x}", conn.peer_conn), "connected (active)");
                 let (local, remote) = (conn.local, conn.remote);
                 self.conns.insert((dev, qpn), conn);
                 self.refresh_udp_ports();
@@ -490,7 +490,7 @@ impl Cm {
                 Ok(flow),
             ) => {
                 conn.flow = flow;
-                tracing::info!(req, dev, qpn, client = conn.client, flow, remote = %conn.remote, peer_conn = format_args!("{:#x}", conn.peer_conn), "connected (passive)");
+                tracing::debug!(req, dev, qpn, client = conn.client, flow, remote = %conn.remote, peer_conn = format_args!("{:#x}", conn.peer_conn), "connected (passive)");
                 // The process has the connection: its flow is open and `EVENT CONNECTED`
                 // written. The requester may start now, and waits for no wake-up of the
                 // process (docs/connection.md, "Where the handshake runs").

@@ -76,7 +76,7 @@ impl Cm {
                 return;
             }
         };
-        tracing::info!(id = m.id, dev = m.dev, qpn = m.qpn, local = %m.local, remote = %m.remote, conn = format_args!("{conn:#x}"), "connecting");
+        tracing::debug!(id = m.id, dev = m.dev, qpn = m.qpn, local = %m.local, remote = %m.remote, conn = format_args!("{conn:#x}"), "connecting");
         self.handshakes.insert(
             m.id,
             Handshake {

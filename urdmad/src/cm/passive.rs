@@ -150,7 +150,7 @@ impl Cm {
         r.state = ReqState::Pending;
         r.last_seen = now;
         let (local, remote, mac) = (r.local, r.remote, r.mac);
-        tracing::info!(req, listener = lid, %local, %remote, peer_conn = format_args!("{:#x}", inc.peer_conn()), "connection request");
+        tracing::debug!(req, listener = lid, %local, %remote, peer_conn = format_args!("{:#x}", inc.peer_conn()), "connection request");
         self.actions.push_back(kernel_msg(Op::Request, |m| {
             m.id = lid;
             m.req = req;

@@ -169,7 +169,7 @@ impl Daemon {
         } else {
             Steering::Software
         };
-        tracing::info!(client, flow, port = spec.port, local = %spec.local, remote = ?spec.remote,
+        tracing::debug!(client, flow, port = spec.port, local = %spec.local, remote = ?spec.remote,
             steering = steering.as_str(), queue, "flow opened");
         Ok(FlowSpecOpened {
             flow,
