@@ -408,15 +408,17 @@ impl Connection {
     pub fn poll_events(&mut self) -> Result<Vec<Event>, Error> {
         if !self.closed {
             loop {
+                let held = self.fds.len();
                 match self.fill(None)? {
                     0 => {
                         self.closed = true;
                         break;
                     }
-                    // Less than a chunk: nothing more was there (a read to be told so
-                    // would be a system call for nothing); what comes later makes the
-                    // socket readable again.
-                    n if n < READ_CHUNK || n == usize::MAX => break,
+                    usize::MAX => break,
+                    // Less than a chunk, and no descriptors (a read ends after the bytes that
+                    // carry some, with more behind them): nothing more was there, and a read
+                    // to be told so would be a system call for nothing.
+                    n if n < READ_CHUNK && self.fds.len() == held => break,
                     _ => {}
                 }
             }
@@ -572,6 +574,17 @@ mod tests {
         );
         assert!(c.take_refusals().is_empty());
         assert!(!c.has_events());
+    }
+
+    #[test]
+    fn a_line_behind_one_that_carries_descriptors_is_read_in_the_same_look() {
+        let (mut c, d) = pair();
+        let (mine, _peer) = UnixStream::pair().unwrap();
+        // The kernel ends a read after the bytes that carry descriptors: the first read is
+        // short with more behind it.
+        fdpass::send_with_fd(&d, b"{\"event\":\"WAKE\"}\n", mine.as_raw_fd()).unwrap();
+        (&d).write_all(b"{\"event\":\"WAKE\"}\n").unwrap();
+        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake, Event::Wake]);
     }
 
     #[test]

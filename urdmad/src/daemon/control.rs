@@ -38,6 +38,17 @@ impl ControlReady {
         let same = fds.len() == self.0.len() && fds.iter().zip(&self.0).all(|(a, (b, _))| a == b);
         same.then(|| self.0.iter().any(|&(f, r)| f == fd && r))
     }
+
+    /// Which of `sockets` (the listener's and the processes') were readable, when that may
+    /// stand for a look now: not once a kernel message has been read since the sleep
+    /// (`kernel_read`). Such a message may follow a line written after the sleep (a `QP`
+    /// before its `ACCEPT`), which must be read before the message is handled.
+    fn sockets(&self, fds: &[RawFd], sockets: &[RawFd], kernel_read: bool) -> Option<Vec<bool>> {
+        if kernel_read {
+            return None;
+        }
+        sockets.iter().map(|&s| self.readable(fds, s)).collect()
+    }
 }
 
 /// Whether process `pid` still runs: it exists and is not a zombie (which holds no memory
@@ -87,23 +98,26 @@ impl Daemon {
         } else {
             Vec::new()
         };
-        let readable = |fd: RawFd| ready.as_ref().and_then(|r| r.readable(&fds, fd));
         // The kernel's messages are read before the processes' lines and handled after
         // them: a process posts `QP` before the call that makes the kernel's `ACCEPT` or
         // `CONNECT` for that QP, so its line is in the socket by the time the message can
         // be read (docs/connection.md, "Ordering").
+        let chan_idle =
+            |fd: RawFd| ready.as_ref().and_then(|r| r.readable(&fds, fd)) == Some(false);
         let from_kernel = match &self.chan {
-            Some(c) if readable(c.as_raw_fd()) != Some(false) => self.cm_read_kernel(),
+            Some(c) if !chan_idle(c.as_raw_fd()) => self.cm_read_kernel(),
             Some(_) => Vec::new(),
             None => {
                 self.cm_retry();
                 Vec::new()
             }
         };
-        let clients: Option<Vec<bool>> = std::iter::once(self.listener.as_raw_fd())
+        let sockets: Vec<RawFd> = std::iter::once(self.listener.as_raw_fd())
             .chain(self.clients.iter().map(|c| c.stream.as_raw_fd()))
-            .map(readable)
             .collect();
+        let clients = ready
+            .as_ref()
+            .and_then(|r| r.sockets(&fds, &sockets, !from_kernel.is_empty()));
         self.serve_clients(clients);
         if self.chan.is_some() || !from_kernel.is_empty() {
             self.cm_handle_kernel(from_kernel);
@@ -215,14 +229,18 @@ impl Daemon {
         let mut chunk = [0u8; 1024];
         loop {
             let c = &mut self.clients[i];
+            let held = c.fds.len();
             match crate::fdpass::recv_with_fds(&c.stream, &mut chunk, &mut c.fds) {
                 Ok(0) => return false,
                 Ok(n) => {
-                    self.clients[i].buf.extend_from_slice(&chunk[..n]);
-                    // Less than asked for: nothing more was there (a read to be told so
-                    // would be a system call for nothing). What comes later wakes the
-                    // next look.
-                    if n < chunk.len() {
+                    let c = &mut self.clients[i];
+                    c.buf.extend_from_slice(&chunk[..n]);
+                    // Less than asked for, and no descriptors (a read ends after the bytes
+                    // that carry some, with more behind them): nothing more was there, and
+                    // a read to be told so would be a system call for nothing. Every line
+                    // written before now is read, as the kernel's messages need
+                    // (`serve_control`).
+                    if n < chunk.len() && c.fds.len() == held {
                         break;
                     }
                 }
@@ -608,5 +626,16 @@ mod tests {
         assert_eq!(r.readable(&[3, 7], 7), None);
         assert_eq!(r.readable(&[3, 8, 9], 9), None);
         assert_eq!(r.readable(&[3, 7, 9, 11], 3), None);
+    }
+
+    #[test]
+    fn a_kernel_message_read_since_the_sleep_makes_the_processes_sockets_looked_at_again() {
+        // 3 the listener, 7 a process, 9 urdma.ko's channel: the sleep saw only the channel.
+        let r = ControlReady::of(&polled(&[(3, false), (7, false), (9, true)]));
+        let all = [3, 7, 9];
+        assert_eq!(r.sockets(&all, &[3, 7], false), Some(vec![false, false]));
+        // The channel gave a message: the process's `QP` may have come after the sleep.
+        assert_eq!(r.sockets(&all, &[3, 7], true), None);
+        assert_eq!(r.sockets(&[3, 7, 8, 9], &[3, 7, 8], false), None);
     }
 }
