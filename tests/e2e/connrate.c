@@ -12,8 +12,9 @@
  * threads, each with its own event channel, PD, CQ and buffer made before
  * the clock starts, run CYCLES cycles each, all starting at once. It prints
  *   connrate clients=N conns=M seconds=S rate_per_s=R
- * The server takes the connections as they come, up to MAX_OPEN open at
- * once, answers each Send and prints "connrate server done". Any failure or
+ * The server says "connrate server listening" once it listens, takes the
+ * connections as they come, up to MAX_OPEN open at once, answers each Send
+ * and prints "connrate server done". Any failure or
  * the -t bound (default 120 s): "FAIL ..." and exit 1; bad arguments: a
  * usage line, exit 2.
  */
@@ -241,6 +242,8 @@ static void server(void)
 	if (rdma_bind_addr(listen, ai->ai_src_addr) || rdma_listen(listen, MAX_OPEN))
 		fail("listen on %s:%s: %s", addr, port, strerror(errno));
 	rdma_freeaddrinfo(ai);
+	printf("connrate server listening\n");
+	fflush(stdout);
 	while (closed < total) {
 		struct pollfd p[2] = { { .fd = ev->fd, .events = POLLIN },
 				       { .fd = have_res ? r.ch->fd : -1, .events = POLLIN } };

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # rdma_cm over urdma as librdmacm applications see it (tests/e2e/cm_cases.c): a reject
 # with private data, nobody listening, an unreachable peer, disconnect from either side,
-# a port already listened on, and several connections to one listening port.
+# a port already listened on, several connections to one listening port, and 16 clients
+# connecting to one server at once (tests/e2e/connrate.c, CM_STORMS runs of 3 cycles each:
+# every connection must be accepted, whatever order urdmad meets a QP's line and its
+# kernel message in; CI: 3, --full: 20).
 # vm-bed: shared
 set -u
 . tests/e2e/lib.sh
@@ -65,6 +68,17 @@ out=$(t ip netns exec urdmaA "$verify" client "$ADDR_B" 7596 -c 8 -n 100 -t 300 
 	fail "8 connections to one port: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out")"
 wait_server cm-many 60
 echo "8 connections to one port: ok"
+
+# 16 clients at once, each connect-message-disconnect 3 times
+connrate=$(build_e2e connrate) || exit 1
+for i in $(seq "${CM_STORMS:-3}"); do
+	start_server B "cm-storm-$i" "connrate server listening" "$connrate" server "$ADDR_B" 7595 -c 16 -n 3 -t 120
+	out=$(t ip netns exec urdmaA "$connrate" client "$ADDR_B" 7595 -c 16 -n 3 -t 120 2>&1) ||
+		fail "16 clients at once, run $i: $(grep -m1 FAIL <<<"$out" || tail -n1 <<<"$out"); server: $(grep -m1 FAIL "$OUT/cm-storm-$i.log")"
+	wait_server "cm-storm-$i" 60
+	grep -q "connrate server done" "$OUT/cm-storm-$i.log" || fail "16 clients at once, run $i: the server did not finish"
+done
+echo "16 clients at once, ${CM_STORMS:-3} runs: ok $(tail -n1 <<<"$out")"
 
 wait "$unreachable" ||
 	fail "unreachable peer: $(grep -m1 FAIL "$OUT/cm-unreachable.log" || tail -n2 "$OUT/cm-unreachable.log" | head -n1)"
