@@ -415,10 +415,7 @@ impl Connection {
                         break;
                     }
                     usize::MAX => break,
-                    // Less than a chunk, and no descriptors (a read ends after the bytes that
-                    // carry some, with more behind them): nothing more was there, and a read
-                    // to be told so would be a system call for nothing.
-                    n if n < READ_CHUNK && self.fds.len() == held => break,
+                    n if fdpass::read_all_there(n, READ_CHUNK, self.fds.len() != held) => break,
                     _ => {}
                 }
             }

@@ -73,6 +73,15 @@ pub fn send_with_fds_flags(
     Ok(n as usize)
 }
 
+/// Whether a read of `asked` bytes that returned `got` took everything the socket had: a
+/// short read that brought no descriptors (`fds_came`). The kernel ends a read after the
+/// bytes that carry descriptors, with more behind them, so such a read says nothing. A
+/// reader that stops here reads every line written before its read, and saves the read
+/// that would only say `EAGAIN`.
+pub fn read_all_there(got: usize, asked: usize, fds_came: bool) -> bool {
+    got < asked && !fds_came
+}
+
 /// Reads what `sock` has into `buf` like `read`, and queues the descriptors that came with
 /// it on `fds`.
 pub fn recv_with_fds(

@@ -235,12 +235,9 @@ impl Daemon {
                 Ok(n) => {
                     let c = &mut self.clients[i];
                     c.buf.extend_from_slice(&chunk[..n]);
-                    // Less than asked for, and no descriptors (a read ends after the bytes
-                    // that carry some, with more behind them): nothing more was there, and
-                    // a read to be told so would be a system call for nothing. Every line
-                    // written before now is read, as the kernel's messages need
+                    // Every line written before now is read, as the kernel's messages need
                     // (`serve_control`).
-                    if n < chunk.len() && c.fds.len() == held {
+                    if crate::fdpass::read_all_there(n, chunk.len(), c.fds.len() != held) {
                         break;
                     }
                 }
