@@ -215,7 +215,12 @@ struct urdma_cm_msg {
 	__u8 pdata[URDMA_CM_MAX_PDATA + 1];
 	char ifname[URDMA_CM_IFNAMSIZ];		/* REGISTER, LISTEN, CONNECT: NUL-terminated */
 	char socket_path[URDMA_CM_PATHSIZ];	/* REGISTER: urdmad's control socket */
-	__u32 reserved;
+	/*
+	 * CONNECT, ACCEPT: the process that created the QP, by its process id
+	 * in urdmad's pid namespace (0: none there).  urdmad hands the
+	 * connection to that process.
+	 */
+	__u32 owner;
 };
 
 /*

@@ -182,6 +182,7 @@ struct urdma_qp {
 	struct ib_qp_cap cap;
 	enum ib_sig_type sq_sig_type;
 	struct urdma_bell *bell;	/* under urdma_cm_mutex */
+	struct pid *owner;		/* the creating process */
 };
 
 static inline struct urdma_dev *to_udev(struct ib_device *ibdev)

@@ -20,6 +20,7 @@
 #include <linux/fs.h>
 #include <linux/miscdevice.h>
 #include <linux/moduleparam.h>
+#include <linux/pid_namespace.h>
 #include <linux/poll.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
@@ -66,6 +67,7 @@ MODULE_PARM_DESC(connect_timeout,
 /* One open of /dev/urdma_cm: one urdmad. */
 struct urdma_chan {
 	struct net *net;		/* the opener's: REGISTER names live there */
+	struct pid_namespace *pid_ns;	/* the opener's: owners are named there */
 	spinlock_t qlock;		/* protects queue */
 	struct list_head queue;		/* of struct urdma_qmsg, to be read */
 	wait_queue_head_t wait;
@@ -380,11 +382,16 @@ static struct urdma_ep *urdma_ep_new(struct urdma_dev *udev,
 /*
  * The endpoint's last event has been posted: drop what it holds.  The
  * cm_id reference goes after the event, as iw_cm frees the id at its last
- * reference (iw_destroy_cm_id does not wait for the driver's).
+ * reference (iw_destroy_cm_id does not wait for the driver's).  The bell
+ * goes with the connection, whichever side ended it: once urdmad has the
+ * connection's CLOSED, the socket is free for the next connection of the
+ * QP's process, though the QP lives on.
  */
 static void urdma_ep_finish(struct urdma_ep *ep)
 {
 	lockdep_assert_held(&urdma_cm_mutex);
+	if (ep->qp)
+		urdma_bell_detach(ep->qp);
 	if (ep->cm_id) {
 		ep->cm_id->rem_ref(ep->cm_id);
 		ep->cm_id = NULL;
@@ -755,6 +762,7 @@ int urdma_connect(struct iw_cm_id *id, struct iw_cm_conn_param *param)
 	m->msg.id = ep->id;
 	m->msg.dev_id = udev->ibdev.index;
 	m->msg.qpn = qp->ibqp.qp_num;
+	m->msg.owner = pid_nr_ns(qp->owner, chan->pid_ns);
 	m->msg.local_addr = (__force u32)local.sin_addr.s_addr;
 	m->msg.remote_addr = (__force u32)remote.sin_addr.s_addr;
 	m->msg.local_port = (__force u16)local.sin_port;
@@ -823,6 +831,7 @@ int urdma_accept(struct iw_cm_id *id, struct iw_cm_conn_param *param)
 	m->msg.req = ep->req;
 	m->msg.dev_id = udev->ibdev.index;
 	m->msg.qpn = ep->qp->ibqp.qp_num;
+	m->msg.owner = pid_nr_ns(ep->qp->owner, ep->chan->pid_ns);
 	m->msg.ird = urdma_clamp16(param->ird);
 	m->msg.ord = urdma_clamp16(param->ord);
 	urdma_set_pdata(&m->msg, param->private_data, param->private_data_len);
@@ -1344,6 +1353,7 @@ static int urdma_cm_open(struct inode *inode, struct file *file)
 	if (!chan)
 		return -ENOMEM;
 	chan->net = get_net(current->nsproxy->net_ns);
+	chan->pid_ns = get_pid_ns(task_active_pid_ns(current));
 	spin_lock_init(&chan->qlock);
 	INIT_LIST_HEAD(&chan->queue);
 	init_waitqueue_head(&chan->wait);
@@ -1372,6 +1382,7 @@ static int urdma_cm_release(struct inode *inode, struct file *file)
 	list_for_each_entry_safe(m, next, &chan->queue, link)
 		kfree(m);
 	put_net(chan->net);
+	put_pid_ns(chan->pid_ns);
 	kfree(chan);
 	return 0;
 }

@@ -532,6 +532,7 @@ int urdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	qp->state = IB_QPS_RESET;
 	qp->cap = init->cap;
 	qp->sq_sig_type = init->sq_sig_type;
+	qp->owner = get_task_pid(current, PIDTYPE_TGID);
 
 	/* From here on iw_get_qp can find the QP: it must be complete. */
 	rv = xa_alloc_cyclic(&udev->qp_xa, &qpn, qp,
@@ -551,6 +552,7 @@ err_qpn:
 	/* iw_cm may have found the QP meanwhile: same exit as destroy. */
 	urdma_qp_unpublish(udev, qp);
 err_count:
+	put_pid(qp->owner);
 	mutex_destroy(&qp->lock);
 	atomic_dec(&udev->num_qp);
 	return rv;
@@ -703,6 +705,7 @@ int urdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	 */
 	urdma_cm_qp_destroy(qp);
 	urdma_qp_unpublish(udev, qp);
+	put_pid(qp->owner);
 	mutex_destroy(&qp->lock);
 	atomic_dec(&udev->num_qp);
 	return 0;

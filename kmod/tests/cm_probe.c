@@ -279,7 +279,7 @@ static int client(const char *addr, const char *port, const char *pdata,
 	expect_event(EV_ROUTE_RESOLVED, &ev);
 
 	qp = make_qp(&qpn);
-	printf("qpn %u\n", qpn);
+	printf("qpn %u\npid %d\n", qpn, (int)getpid());
 	fflush(stdout);
 	conn.id = id;
 	conn.conn_param.qp_num = qpn;
@@ -346,7 +346,7 @@ static int server(const char *addr, const char *port, const char *pdata,
 		return 0;
 	}
 	qp = make_qp(&qpn);
-	printf("qpn %u\n", qpn);
+	printf("qpn %u\npid %d\n", qpn, (int)getpid());
 	fflush(stdout);
 	acc.id = ev.id;
 	acc.conn_param.qp_num = qpn;

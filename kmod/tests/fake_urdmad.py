@@ -66,6 +66,7 @@ def unpack(buf):
         "req": f[3], "dev": f[4], "qpn": f[5], "la": f[6], "ra": f[7],
         "lp": f[8], "rp": f[9], "ird": f[10], "ord": f[11], "mac": f[12],
         "pdata": f[14][:f[13]], "ifname": f[15].split(b"\0")[0],
+        "owner": f[17],
     }
 
 
@@ -162,6 +163,8 @@ class Fake:
         op = m["op"]
         line = "%s id=%d req=%d dev=%d qpn=%d status=%d" % (
             op, m["id"], m["req"], m["dev"], m["qpn"], m["status"])
+        if op in ("CONNECT", "ACCEPT"):
+            line += " owner=%d" % m["owner"]
         if op in ("LISTEN", "CONNECT"):
             line += " local=%s" % addr(m["la"], m["lp"])
         if op == "CONNECT":

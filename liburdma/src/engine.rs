@@ -247,6 +247,20 @@ struct Qp {
     flow_id: u32,
 }
 
+/// What urdmad must hear of a destroyed QP ([`Engine::destroy_qp`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unregister {
+    /// Nothing: its connection ended and urdmad heard so (`QPCLOSED`, before anything the
+    /// process says next), which ends urdmad's knowledge of the QP.
+    Nothing,
+    /// `UNQP`: urdmad may hold a connection or a handshake of the QP, which it aborts.
+    Unqp,
+    /// `UNQP` with `linger`: its connection had begun a graceful close, which goes on
+    /// without the QP ([`Lingering`]) on its flow, which urdmad keeps until told
+    /// ([`Engine::take_lingered`]).
+    Linger,
+}
+
 /// How far a QP's connection has got towards `Notice::Closed`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum End {
@@ -407,10 +421,8 @@ impl Engine {
     }
 
     /// Forgets the QP; completions it had not delivered yet are dropped, as the QP is gone.
-    /// None: no such QP. Some(true): its connection had begun a graceful close, which goes
-    /// on without it ([`Lingering`]) on its flow, which urdmad must keep until told
-    /// ([`Engine::take_lingered`]); Some(false): its flow is no longer used.
-    pub fn destroy_qp(&mut self, key: QpKey) -> Option<bool> {
+    /// None: no such QP; otherwise what urdmad must be told.
+    pub fn destroy_qp(&mut self, key: QpKey) -> Option<Unregister> {
         let mut qp = self.qps.remove(&key)?;
         self.mrs.unbind_qp(key.0, key.1);
         if let (Some(conn), Some(slot)) = (&qp.conn, qp.flow.as_ref().and_then(|f| f.figures())) {
@@ -429,9 +441,13 @@ impl Engine {
             ));
         }
         // Ended, its last datagrams still waiting: they go with the QP, and urdmad hears
-        // how it ended (before `UNQP`, which would otherwise abort it).
+        // how it ended now.
         if let End::Draining { status, .. } = qp.end {
             self.notices.push(Notice::Closed(key, status));
+            return Some(Unregister::Nothing);
+        }
+        if qp.end == End::Told {
+            return Some(Unregister::Nothing);
         }
         let closing = qp.conn.as_ref().map(|c| c.state()) == Some(trp::QpState::Closing);
         if closing && qp.end == End::Open && qp.flow.is_some() {
@@ -445,9 +461,9 @@ impl Engine {
                 qp,
                 until: None,
             });
-            return Some(true);
+            return Some(Unregister::Linger);
         }
-        Some(false)
+        Some(Unregister::Unqp)
     }
 
     pub fn has_qp(&self, key: QpKey) -> bool {

@@ -432,16 +432,12 @@ pub(crate) unsafe extern "C" fn create_qp(
         };
         // SAFETY: the context's device is libibverbs' record of it.
         let ibdev_path = unsafe { c_path(&(*(*ctx).device).ibdev_path) };
-        // The first QP of the process attaches it to urdmad; every QP is registered with
-        // it, posted (runtime::Shared::register_qp).
+        // The first QP of the process attaches it to urdmad. urdmad hears whose QP it is
+        // from urdma.ko, with the QP's CONNECT or ACCEPT: nothing is said to it here.
         let registered = runtime::with(|sh, _| {
             sh.ensure_attached_for(&ibdev_path)?;
             sh.engine.create_qp((dev, qpn), init);
-            sh.register_qp((dev, qpn)).map_err(|e| {
-                log::error(format_args!("registering QP {dev}/{qpn} with urdmad: {e}"));
-                sh.engine.destroy_qp((dev, qpn));
-                libc::EPROTO
-            })
+            Ok(())
         });
         object(match registered {
             Ok(()) => {
@@ -532,8 +528,8 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: qp came from create_qp.
         let cmd = || unsafe { ibv_cmd_destroy_qp(qp) };
         let forget = || {
-            if let Some(linger) = runtime::with_engine(|e| e.destroy_qp(key)) {
-                runtime::unregister_qp(key, linger);
+            if let Some(told) = runtime::with_engine(|e| e.destroy_qp(key)) {
+                runtime::unregister_qp(key, told);
             }
             // SAFETY: qp came from create_qp; its batch, if any, is no
             // longer used (the application is done with the QP).

@@ -96,8 +96,9 @@ use std::str::FromStr;
 /// a process's direct sockets used again for its next connections (`PARK`, `CONNECTED`'s
 /// `park` and `reuse`); version 16 the graceful close of a destroyed QP's connection
 /// finished by its process (`UNQP`'s `linger`); version 17 posted requests (`post`), answered
-/// only when refused (`EVENT REFUSED`).
-pub const VERSION: u32 = 17;
+/// only when refused (`EVENT REFUSED`); version 18 a QP's owner named by urdma.ko, so that
+/// a process sends no `QP` line, and no `UNQP` once its `QPCLOSED` is sent.
+pub const VERSION: u32 = 18;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -306,7 +307,9 @@ pub enum Request {
     },
     Status,
     Detach,
-    /// This process owns QP `qpn` of device `dev` (sent after attaching).
+    /// This process owns QP `qpn` of device `dev` (sent after attaching). The provider
+    /// sends none: urdma.ko names each QP's owner in its `CONNECT` and `ACCEPT`, which
+    /// overrides this line; it serves a test or tool that plays the kernel's part.
     Qp {
         dev: u32,
         qpn: u32,

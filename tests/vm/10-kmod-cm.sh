@@ -184,9 +184,11 @@ expect_line "$log/s1" '^event DISCONNECTED status 0 ' "server disconnected"
 expect_line "$log/d1" "^CONNECT .*local=10\.77\.0\.1:[0-9]+ remote=10\.77\.0\.1:7471 mac=$mac0 .*pdata=hello" \
 	"CONNECT to an own address carries the interface's MAC"
 qpn=$(awk '$1 == "qpn" {print $2}' "$log/client")
-expect_line "$log/d1" "^CONNECT .* qpn=$qpn " "CONNECT names the client's QP"
+pid=$(awk '$1 == "pid" {print $2}' "$log/client")
+expect_line "$log/d1" "^CONNECT .* qpn=$qpn status=0 owner=$pid " "CONNECT names the client's QP and process"
 qpn=$(awk '$1 == "qpn" {print $2}' "$log/s1")
-expect_line "$log/d1" "^ACCEPT .* qpn=$qpn .*pdata=welcome" "ACCEPT names the server's QP"
+pid=$(awk '$1 == "pid" {print $2}' "$log/s1")
+expect_line "$log/d1" "^ACCEPT .* qpn=$qpn status=0 owner=$pid .*pdata=welcome" "ACCEPT names the server's QP and process"
 expect_line "$log/d1" '^DISCONNECT .*status=0$' "graceful DISCONNECT message"
 wait_line "$log/d1" '^UNLISTEN ' 10 || fail "no UNLISTEN after the server exited"
 

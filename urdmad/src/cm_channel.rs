@@ -136,6 +136,9 @@ pub struct Msg {
     pub pdata: Vec<u8>,
     pub ifname: String,
     pub socket_path: String,
+    /// `CONNECT`, `ACCEPT`: the process id (in urdmad's pid namespace) of the process that
+    /// created the QP; 0 when the kernel names none.
+    pub owner: u32,
 }
 
 impl Default for Msg {
@@ -156,6 +159,7 @@ impl Default for Msg {
             pdata: Vec::new(),
             ifname: String::new(),
             socket_path: String::new(),
+            owner: 0,
         }
     }
 }
@@ -212,6 +216,7 @@ impl Msg {
         m.pdata[..n].copy_from_slice(&self.pdata[..n]);
         put_c_string(&mut m.ifname, &self.ifname);
         put_c_string(&mut m.socket_path, &self.socket_path);
+        m.owner = self.owner;
         // SAFETY: a fully initialised (zeroed first, so padding too) POD value.
         unsafe { std::slice::from_raw_parts(&m as *const RawMsg as *const u8, MSG_SIZE) }.to_vec()
     }
@@ -246,6 +251,7 @@ impl Msg {
             pdata: m.pdata[..n].to_vec(),
             ifname: c_string(&m.ifname),
             socket_path: c_string(&m.socket_path),
+            owner: m.owner,
         })
     }
 }

@@ -84,13 +84,19 @@ struct Side {
 }
 
 impl Side {
-    /// A greeted, attached process owning QP `qpn` of device 0.
-    fn process(&self, qpn: u32) -> Connection {
+    /// A greeted, attached process that has said nothing of its QPs.
+    fn attached(&self) -> Connection {
         let mut c = Connection::connect(&self.socket, WAIT).expect("connect");
         assert!(matches!(
             c.request(&Request::Attach).unwrap(),
             Response::Attached(_)
         ));
+        c
+    }
+
+    /// A greeted, attached process owning QP `qpn` of device 0.
+    fn process(&self, qpn: u32) -> Connection {
+        let mut c = self.attached();
         assert_eq!(
             c.request(&Request::Qp { dev: 0, qpn }).unwrap(),
             Response::Ok
@@ -717,6 +723,60 @@ fn connections_through_two_urdmads_with_fake_kernels() {
 }
 
 /// The main thread's voluntary context switches.
+/// Processes that send no `QP` line: urdma.ko names each QP's owner in `CONNECT` and
+/// `ACCEPT` (a process id in urdmad's namespace, here the test's own), and urdmad hands the
+/// connection to the attached process with that id. An owner that is not attached fails
+/// the connection as a QP of nobody's does.
+#[test]
+fn connections_go_to_the_processes_the_kernel_names() {
+    let bed = Bed::new("own");
+    let a = start_side(&bed, &bed.ns_a, &bed.veth_a, "a", false);
+    let b = start_side(&bed, &bed.ns_b, &bed.veth_b, "b", false);
+    let b_addr = SocketAddrV4::new(B_IP, 7000);
+    let me = std::process::id();
+    let mut pa = a.attached();
+    let mut pb = b.attached();
+    listen(&b, 1, 7000);
+    let accept_as = |qpn: u32| {
+        let req = b.expect(Op::Request);
+        let mut acc = Msg::new(Op::Accept);
+        acc.req = req.req;
+        acc.qpn = qpn;
+        acc.owner = me;
+        b.send(acc);
+    };
+
+    let mut m = connect_msg(11, 5, 40000, b_addr, b.mac, b"");
+    m.owner = me;
+    a.send(m);
+    accept_as(9);
+    let ev_b = connected(&mut pb);
+    assert_eq!((ev_b.qpn, ev_b.role), (9, Role::Passive));
+    assert_eq!(b.expect(Op::Accepted).status, 0);
+    let ev_a = connected(&mut pa);
+    assert_eq!((ev_a.qpn, ev_a.role), (5, Role::Active));
+    assert_eq!(a.expect(Op::Connected).id, 11);
+    let st = a.status();
+    assert_eq!(one::<Qp>(&st).qpn, 5, "{st:?}");
+
+    // pid 1 is attached to no urdmad: A's QP 6 is nobody's.
+    let mut m = connect_msg(12, 6, 40001, b_addr, b.mac, b"");
+    m.owner = 1;
+    a.send(m);
+    accept_as(10);
+    assert_eq!(connected(&mut pb).qpn, 10);
+    assert_eq!(b.expect(Op::Accepted).status, 0);
+    let f = a.expect(Op::ConnectFailed);
+    assert_eq!((f.id, f.status), (12, -libc::ECONNRESET));
+    assert!(
+        a._daemon
+            .log_text()
+            .contains("the QP's process is not attached to urdmad"),
+        "{}",
+        a._daemon.log_text()
+    );
+}
+
 fn wakeups(pid: i32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status")).unwrap();
     s.lines()
@@ -1185,29 +1245,13 @@ fn a_process_parks_its_direct_socket_for_its_next_connection_and_no_other_gets_i
     assert!(pb.take_refusals().is_empty());
     status_reaches(&b, "sockets_parked=1", |d| d.sockets_parked == 1);
 
-    // While QP 9 lives, urdma.ko still watches the socket for it: a new one is made.
+    // QP 9's connection is closed (`QPCLOSED`, after which urdma.ko watches the socket for
+    // it no more): B's next connection takes the parked socket, no socket comes with its
+    // event, and the socket's filter admits the new connection's frames.
     assert_eq!(
-        pb.request(&Request::Qp { dev: 0, qpn: 10 }).unwrap(),
+        pb.request(&Request::Qp { dev: 0, qpn: 11 }).unwrap(),
         Response::Ok
     );
-    let (_, ev) = connect_direct((&a, &mut pa, 6, 40001), (&b, &mut pb, 10), b_addr);
-    assert_eq!(ev.reuse, 0, "{ev:?}");
-    let other = pb.take_fds(0, 10).and_then(|f| f.socket).expect("a socket");
-    close_b(&b, &mut pb, 10);
-    pb.give_back(other).unwrap();
-
-    // Once QP 9 is destroyed, B's next connection takes the parked socket: no socket comes
-    // with its event, and the socket's filter admits the new connection's frames.
-    for req in [
-        Request::Unqp {
-            dev: 0,
-            qpn: 9,
-            linger: false,
-        },
-        Request::Qp { dev: 0, qpn: 11 },
-    ] {
-        assert_eq!(pb.request(&req).unwrap(), Response::Ok);
-    }
     let (ev_a, ev_b) = connect_direct((&a, &mut pa, 7, 40002), (&b, &mut pb, 11), b_addr);
     assert!(ev_b.park && ev_b.reuse == cookie, "{ev_b:?}");
     let fds = pb.take_fds(0, 11).expect("the bell's word");

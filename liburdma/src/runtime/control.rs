@@ -25,14 +25,14 @@ use super::helper::kick_helper;
 use super::{lock, rt, Shared};
 use crate::direct::SocketFlow;
 use crate::dpdk::{self, DpdkFlow};
-use crate::engine::{Flow, Notice, QpKey};
+use crate::engine::{Flow, Notice, QpKey, Unregister};
 use crate::log;
 
-/// `UNQP dev= qpn=`, when urdmad is still there. Posted: urdmad accepts it whatever it
-/// finds, so `ibv_destroy_qp` need not wait a round trip for it (a refusal would still be
-/// logged, as every posted request's is). `linger`: the QP's connection finishes its
-/// graceful close on its flow (`engine::Lingering`).
-pub fn unregister_qp(key: QpKey, linger: bool) {
+/// Tells urdmad what it must hear of a destroyed QP: its `QPCLOSED` if destroying it made
+/// one, and `UNQP` unless that was all. Posted: urdmad accepts it whatever it finds, so
+/// `ibv_destroy_qp` need not wait a round trip for it (a refusal would still be logged, as
+/// every posted request's is). A QP whose closed connection urdmad heard of wakes nobody.
+pub fn unregister_qp(key: QpKey, told: Unregister) {
     let mut g = lock();
     if g.control().is_none() {
         return;
@@ -40,6 +40,11 @@ pub fn unregister_qp(key: QpKey, linger: bool) {
     // The QP's own QPCLOSED, if destroying it made one, goes first (urdmad takes requests
     // in order).
     g.deliver_notices();
+    let linger = match told {
+        Unregister::Nothing => return,
+        Unregister::Unqp => false,
+        Unregister::Linger => true,
+    };
     let Some(ctl) = g.control() else { return };
     if let Err(e) = ctl.post(&Request::Unqp {
         dev: key.0,
@@ -51,23 +56,6 @@ pub fn unregister_qp(key: QpKey, linger: bool) {
 }
 
 impl Shared {
-    /// `QP dev= qpn=`: the QP is this process's. Posted: the application's next call that
-    /// concerns the QP (`rdma_accept`, `rdma_connect`) reaches urdmad through the kernel,
-    /// after this line is in urdmad's socket, and urdmad reads the kernel's messages before
-    /// and handles them after its processes' lines (docs/connection.md). A refusal (a QP
-    /// number urdmad still sees another live process own) is logged where it is read,
-    /// and that connection then fails as for a QP urdmad does not know.
-    pub fn register_qp(&mut self, key: QpKey) -> Result<(), String> {
-        let Some(ctl) = self.control() else {
-            return Err("not attached to urdmad".into());
-        };
-        ctl.post(&Request::Qp {
-            dev: key.0,
-            qpn: key.1,
-        })
-        .map_err(|e| e.to_string())
-    }
-
     /// urdmad's control connection, while it lasts.
     fn control(&mut self) -> Option<&mut Control> {
         self.attached.as_mut().and_then(|a| a.ctl.as_mut())

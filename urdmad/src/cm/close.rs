@@ -86,7 +86,14 @@ impl Cm {
         });
     }
 
-    /// The process that registered QP `qpn` of device `dev`.
+    /// urdma.ko named `client`'s process as the creator of QP `qpn` of device `dev`
+    /// (`CONNECT`, `ACCEPT`): the QP is that process's, whatever a `QP` line said before.
+    /// The kernel's word needs no line from the process, so creating a QP wakes nobody.
+    pub fn kernel_owner(&mut self, dev: u32, qpn: u32, client: u32) {
+        self.qps.insert((dev, qpn), client);
+    }
+
+    /// The process that owns QP `qpn` of device `dev`.
     pub fn qp_owner(&self, dev: u32, qpn: u32) -> Option<u32> {
         self.qps.get(&(dev, qpn)).copied()
     }
@@ -123,12 +130,19 @@ impl Cm {
                     }
                 }
             }
-            Request::QpClosed { dev, qpn, status }
+            Request::QpClosed { dev, qpn, status } => {
+                // Its connection is over, and the kernel names the owner again should the QP
+                // connect once more: the process need not say when it destroys the QP.
+                if self.qps.get(&(dev, qpn)) == Some(&client) {
+                    self.qps.remove(&(dev, qpn));
+                }
                 if self
                     .conns
                     .get(&(dev, qpn))
-                    .is_some_and(|c| c.client == client) =>
-            {
+                    .is_none_or(|c| c.client != client)
+                {
+                    return Response::Ok;
+                }
                 let c = self.conns.remove(&(dev, qpn)).expect("present");
                 self.refresh_udp_ports();
                 // The kernel first, as in `abort_conn`.

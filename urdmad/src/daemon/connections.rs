@@ -285,9 +285,40 @@ impl Daemon {
             } else {
                 None
             };
+            if matches!(m.op, Op::Connect | Op::Accept) {
+                match (m.owner, self.client_of_pid(m.owner)) {
+                    (_, Some(id)) => self.cm.kernel_owner(m.dev, m.qpn, id),
+                    (0, None) if self.cm.qp_owner(m.dev, m.qpn).is_none() => tracing::warn!(
+                        dev = m.dev,
+                        qpn = m.qpn,
+                        "urdma.ko names no process for the QP: is the loaded module older \
+                         than urdmad?"
+                    ),
+                    (0, None) => {}
+                    (pid, None) => tracing::warn!(
+                        dev = m.dev,
+                        qpn = m.qpn,
+                        pid,
+                        "the QP's process is not attached to urdmad"
+                    ),
+                }
+            }
             self.cm.kernel(Instant::now(), m, addr_port);
             self.cm_act();
         }
+    }
+
+    /// The attached process with process id `pid` (in urdmad's pid namespace): the newest,
+    /// should a process that died with that id not have been seen going yet.
+    fn client_of_pid(&self, pid: u32) -> Option<u32> {
+        if pid == 0 {
+            return None;
+        }
+        self.clients
+            .iter()
+            .filter(|c| c.peer.pid == pid && c.attached.is_some())
+            .map(|c| c.id)
+            .max()
     }
 
     /// The port whose exception interface has IPv4 address `ip` (in urdmad's namespace).

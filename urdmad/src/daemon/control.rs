@@ -99,9 +99,9 @@ impl Daemon {
             Vec::new()
         };
         // The kernel's messages are read before the processes' lines and handled after
-        // them: a process posts `QP` before the call that makes the kernel's `ACCEPT` or
-        // `CONNECT` for that QP, so its line is in the socket by the time the message can
-        // be read (docs/connection.md, "Ordering").
+        // them: what a process posted before the call that makes the kernel's `ACCEPT` or
+        // `CONNECT` (a `PARK` of the socket the connection may take, a `QP` line of a tool)
+        // is in the socket by the time the message can be read (docs/connection.md).
         let chan_idle =
             |fd: RawFd| ready.as_ref().and_then(|r| r.readable(&fds, fd)) == Some(false);
         let from_kernel = match &self.chan {

@@ -6,7 +6,8 @@
 //! its process lives: it waits on the process's shelf ([`Daemon::shelves`]) until the
 //! process says it parked its copy (`PARK`, rings still mapped) or gave it back
 //! (`GIVEBACK`). A parked socket serves the process's next connection on its port, once the
-//! QP it served is destroyed (urdma.ko then no longer watches it): urdmad aims its filter at
+//! connection it served is closed (`QPCLOSED`, which urdmad follows with the kernel's
+//! `CLOSED`: urdma.ko then no longer watches it) or its QP destroyed: urdmad aims its filter at
 //! the new connection and names it in `CONNECTED`'s `reuse`. It never goes to another
 //! process.
 
@@ -387,8 +388,8 @@ impl Daemon {
     }
 
     /// Puts `flow` on the direct path with a socket its process parked, when one fits: on
-    /// the same port, rings of `geo`, and the QP it served destroyed (it is `qp`'s number, or
-    /// no longer the process's).
+    /// the same port, rings of `geo`, and the connection it served over (it is `qp`'s number,
+    /// or a QP urdmad no longer counts as the process's: closed, or destroyed).
     fn direct_reopen(
         &mut self,
         flow: u32,

@@ -107,7 +107,7 @@ fn a_qp_destroyed_or_aborted_sends_the_ack_it_holds_first() {
         assert!(t.e.qps[&B].conn.as_ref().unwrap().holds_ack());
         if destroyed {
             t.e.send_held_ack(B, t.now);
-            assert_eq!(t.e.destroy_qp(B), Some(false));
+            assert_eq!(t.e.destroy_qp(B), Some(Unregister::Unqp));
         } else {
             t.e.abort(B, t.now);
         }

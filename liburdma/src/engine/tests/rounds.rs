@@ -407,12 +407,28 @@ fn a_closed_connection_keeps_its_flow_until_its_last_ack_is_out() {
     assert!(t.e.qps.get(&A).unwrap().flow.is_none());
 }
 
+/// urdmad forgets a QP when it hears the QP's connection closed: once `QPCLOSED` is out,
+/// destroying the QP tells it nothing more (no `UNQP`, no wake-up of urdmad).
+#[test]
+fn a_qp_whose_close_urdmad_heard_is_destroyed_without_a_word() {
+    let mut t = Bed::new();
+    t.connect();
+    t.e.close(A);
+    t.run(20);
+    let n = t.e.take_notices();
+    assert!(n.contains(&Notice::Closed(A, 0)), "{n:?}");
+    assert!(n.contains(&Notice::Closed(B, 0)), "{n:?}");
+    assert_eq!(t.e.destroy_qp(A), Some(Unregister::Nothing));
+    assert_eq!(t.e.destroy_qp(B), Some(Unregister::Nothing));
+    assert!(t.e.take_notices().is_empty());
+}
+
 #[test]
 fn a_qp_destroyed_while_its_last_ack_waits_reports_its_close() {
     let mut t = Bed::new();
     t.connect();
     close_a_with_its_way_out_shut(&mut t);
-    assert_eq!(t.e.destroy_qp(A), Some(false));
+    assert_eq!(t.e.destroy_qp(A), Some(Unregister::Nothing));
     assert_eq!(t.e.take_notices(), [Notice::Closed(A, 0)]);
 }
 
@@ -673,7 +689,7 @@ fn a_qps_figures_follow_its_traffic_and_losses_and_its_last_word_is_its_end() {
     // Destroyed, the QP leaves its last figures for urdmad.
     let last = conn(&t);
     assert!(last[Counter::RxPackets as usize] >= 2, "{last:?}");
-    assert_eq!(t.e.destroy_qp(A), Some(false));
+    assert_eq!(t.e.destroy_qp(A), Some(Unregister::Unqp));
     assert_eq!(slot.read(), last);
 }
 
@@ -720,7 +736,7 @@ fn a_qp_destroyed_while_it_closes_finishes_its_close_without_it() {
         "A's FIN is out"
     );
     // Destroyed at once, as after a DISCONNECTED that did not wait for the peer.
-    assert_eq!(t.e.destroy_qp(A), Some(true));
+    assert_eq!(t.e.destroy_qp(A), Some(Unregister::Linger));
     assert!(!t.e.has_qp(A));
     // The kernel may give its number to a new QP meanwhile: the two do not meet.
     t.e.create_qp(A, init(1, ACQ));
@@ -747,7 +763,7 @@ fn a_lingering_connection_whose_peer_is_silent_gives_up_in_bounded_time() {
     t.connect();
     t.e.close(A);
     t.e.progress(t.now);
-    assert_eq!(t.e.destroy_qp(A), Some(true));
+    assert_eq!(t.e.destroy_qp(A), Some(Unregister::Linger));
     // B is gone: nothing it would say arrives.
     t.e.destroy_qp(B);
     for _ in 0..100 {
@@ -766,7 +782,7 @@ fn a_lingering_connection_whose_peer_is_silent_gives_up_in_bounded_time() {
 fn a_qp_destroyed_before_it_closes_does_not_linger() {
     let mut t = Bed::new();
     t.connect();
-    assert_eq!(t.e.destroy_qp(A), Some(false));
+    assert_eq!(t.e.destroy_qp(A), Some(Unregister::Unqp));
     assert_eq!(t.e.destroy_qp(A), None);
     t.run(5);
     assert!(t.e.take_lingered().is_empty());
