@@ -97,8 +97,10 @@ use std::str::FromStr;
 /// `park` and `reuse`); version 16 the graceful close of a destroyed QP's connection
 /// finished by its process (`UNQP`'s `linger`); version 17 posted requests (`post`), answered
 /// only when refused (`EVENT REFUSED`); version 18 a QP's owner named by urdma.ko, so that
-/// a process sends no `QP` line, and no `UNQP` once its `QPCLOSED` is sent.
-pub const VERSION: u32 = 18;
+/// a process sends no `QP` line, and no `UNQP` once its `QPCLOSED` is sent; version 19 a
+/// second cache line in each slot of the QP figures' table ([`crate::qpstats::Slot`]), where
+/// a process says how far it received, for urdmad's Abort after it is gone.
+pub const VERSION: u32 = 19;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;

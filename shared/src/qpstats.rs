@@ -3,6 +3,11 @@
 //! lives, and adds them up into its port's counters, which urdma.ko shows as the device's
 //! `hw_counters` (`rdma statistic show`).
 //!
+//! The slot also holds how far the QP has received the peer's stream ([`Slot::received`]):
+//! when urdmad ends the connection for a process that died or never heard of its end, its
+//! Abort acknowledges that much, so that the peer completes what was delivered and flushes
+//! only the rest, as it would for the process's own Abort.
+//!
 //! urdmad reserves the table ([`MEMZONE`], [`SLOTS`] slots) at start and gives each
 //! connection's flow a slot of its own, zeroed, in `EVENT CONNECTED` (`stats`). Only the
 //! owning process writes a slot, and only while it has the flow; urdmad reads it when asked
@@ -57,12 +62,17 @@ pub const ALL: [Counter; COUNTERS] = [
     Counter::SrttUs,
 ];
 
-/// One QP's figures, alone in its cache line.
+/// One QP's figures, and the end of what it has received, in cache lines of their own.
 #[repr(C, align(64))]
 #[derive(Default)]
 pub struct Slot {
     values: [AtomicU64; COUNTERS],
+    /// `RECEIVED | psn`, or 0 while nothing was said.
+    received: AtomicU64,
 }
+
+/// Marks [`Slot`]'s `received` word as said.
+const RECEIVED: u64 = 1 << 32;
 
 /// A copy of a slot's values, in slot order.
 pub type Values = [u64; COUNTERS];
@@ -80,9 +90,24 @@ impl Slot {
         std::array::from_fn(|i| self.values[i].load(Ordering::Relaxed))
     }
 
+    /// The owning process: every datagram of the peer's before sequence number `psn` has
+    /// been received and placed. Said before the application can see what they completed,
+    /// so that a process that exits on a completion has said it.
+    pub fn set_received(&self, psn: u32) {
+        self.received
+            .store(RECEIVED | u64::from(psn), Ordering::Release);
+    }
+
+    /// urdmad: the sequence number that ends what the process received, if it said.
+    pub fn received(&self) -> Option<u32> {
+        let v = self.received.load(Ordering::Acquire);
+        (v & RECEIVED != 0).then_some(v as u32)
+    }
+
     /// urdmad, before handing the slot to a new flow.
     pub fn clear(&self) {
         self.publish(&[0; COUNTERS]);
+        self.received.store(0, Ordering::Relaxed);
     }
 }
 
@@ -91,8 +116,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slot_is_one_cache_line_and_reads_what_was_published() {
-        assert_eq!(std::mem::size_of::<Slot>(), 64);
+    fn a_slot_is_two_cache_lines_and_reads_what_was_published() {
+        assert_eq!(std::mem::size_of::<Slot>(), 128);
         assert_eq!(ALL.len(), COUNTERS);
         for (i, c) in ALL.iter().enumerate() {
             assert_eq!(*c as usize, i);
@@ -102,7 +127,13 @@ mod tests {
         s.publish(&v);
         assert_eq!(s.read(), v);
         assert_eq!(s.read()[Counter::SrttUs as usize], 800);
+        assert_eq!(s.received(), None);
+        s.set_received(0);
+        assert_eq!(s.received(), Some(0));
+        s.set_received(u32::MAX);
+        assert_eq!(s.received(), Some(u32::MAX));
         s.clear();
         assert_eq!(s.read(), [0; COUNTERS]);
+        assert_eq!(s.received(), None);
     }
 }

@@ -7,6 +7,8 @@
  *   cm_cases server ADDR PORT disconnect       accept, then rdma_disconnect
  *   cm_cases server ADDR PORT wait             accept, wait for the peer's disconnect
  *   cm_cases server ADDR PORT hold             accept, wait until killed
+ *   cm_cases server ADDR PORT send             accept, send one message: its
+ *                                              completion must be a success
  *   cm_cases server ADDR PORT twice            listen on PORT twice: the second must fail
  *   cm_cases client ADDR PORT rejected [PDATA] expect REJECTED (with exactly PDATA)
  *   cm_cases client ADDR PORT unreachable      expect UNREACHABLE (or a timeout error)
@@ -16,6 +18,8 @@
  *   cm_cases client ADDR PORT hold-cq          connect, post a receive, arm the CQ and
  *                                              block in ibv_get_cq_event until killed
  *                                              (an event: "FAIL", nothing was sent)
+ *   cm_cases client ADDR PORT exit-on-recv     connect with a receive posted, poll
+ *                                              until it completes, exit at once
  *
  * Prints "event NAME status N" for each rdma_cm event and "ok" when the
  * scenario went as expected (exit 0); "FAIL ..." and exit 1 otherwise.
@@ -28,6 +32,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 #include <rdma/rdma_cma.h>
 
 static int wait_ms = 30000;
@@ -122,6 +128,82 @@ static void hold_on_cq(struct rdma_cm_id *id)
 	fail("a completion event with nothing sent");
 }
 
+static char msg_buf[64];
+
+/* Busy-polls the QP's CQ for one completion, for at most wait_ms. */
+static struct ibv_wc poll_one(struct rdma_cm_id *id)
+{
+	struct timespec t0, t;
+	struct ibv_wc wc;
+	int n;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		n = ibv_poll_cq(id->qp->send_cq, 1, &wc);
+		if (n < 0)
+			fail("ibv_poll_cq");
+		if (n == 1)
+			return wc;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > wait_ms)
+			fail("no completion in time");
+	}
+}
+
+static struct ibv_mr *msg_mr(void)
+{
+	struct ibv_mr *mr = ibv_reg_mr(qp_pd, msg_buf, sizeof(msg_buf),
+				       IBV_ACCESS_LOCAL_WRITE);
+
+	if (!mr)
+		fail("ibv_reg_mr");
+	return mr;
+}
+
+/*
+ * One Send to a peer that exits as soon as it has it: the message was
+ * delivered, so it completes successfully, whatever becomes of the
+ * connection next (siw and rxe complete it too).
+ */
+static void send_one(struct rdma_cm_id *id)
+{
+	struct ibv_mr *mr = msg_mr();
+	struct ibv_sge sge = { (uintptr_t)msg_buf, sizeof(msg_buf), mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 2, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad;
+	struct ibv_wc wc;
+
+	if (ibv_post_send(id->qp, &wr, &bad))
+		fail("ibv_post_send");
+	wc = poll_one(id);
+	printf("send completion: %s\n", ibv_wc_status_str(wc.status));
+	if (wc.status != IBV_WC_SUCCESS)
+		fail("a Send the peer received did not complete successfully");
+}
+
+static void post_one_recv(struct rdma_cm_id *id)
+{
+	struct ibv_mr *mr = msg_mr();
+	struct ibv_sge sge = { (uintptr_t)msg_buf, sizeof(msg_buf), mr->lkey };
+	struct ibv_recv_wr wr = { .wr_id = 3, .sg_list = &sge, .num_sge = 1 }, *bad;
+
+	if (ibv_post_recv(id->qp, &wr, &bad))
+		fail("ibv_post_recv");
+}
+
+/* The message is in: exit before anything else can go out. */
+static void exit_on_recv(struct rdma_cm_id *id)
+{
+	struct ibv_wc wc = poll_one(id);
+
+	if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV)
+		fail("expected a receive completion");
+	printf("received; exiting\nok\n");
+	fflush(stdout);
+	_exit(0);
+}
+
 static struct rdma_addrinfo *addr(const char *host, const char *port, int passive)
 {
 	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP }, *ai;
@@ -191,6 +273,8 @@ static int server(const char *host, const char *port, const char *what,
 			fail("rdma_disconnect");
 	} else if (!strcmp(what, "hold")) {
 		wait_ms = 3600 * 1000;
+	} else if (!strcmp(what, "send")) {
+		send_one(id);
 	} else if (strcmp(what, "wait")) {
 		fail("unknown server scenario");
 	}
@@ -227,6 +311,8 @@ static int client(const char *host, const char *port, const char *what,
 			fail("ibv_create_comp_channel");
 	}
 	make_qp(id);
+	if (!strcmp(what, "exit-on-recv"))
+		post_one_recv(id);
 	if (rdma_connect(id, &param)) {
 		printf("FAIL rdma_connect: %s\n", strerror(errno));
 		return 1;
@@ -260,6 +346,8 @@ static int client(const char *host, const char *port, const char *what,
 		wait_ms = 3600 * 1000;
 	} else if (!strcmp(what, "hold-cq")) {
 		hold_on_cq(id);
+	} else if (!strcmp(what, "exit-on-recv")) {
+		exit_on_recv(id);
 	} else if (strcmp(what, "wait")) {
 		fail("unknown client scenario");
 	}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rdma_cm over urdma as librdmacm applications see it (tests/e2e/cm_cases.c): a reject
 # with private data, nobody listening, an unreachable peer, disconnect from either side,
-# a port already listened on, several connections to one listening port, and 16 clients
+# a client that exits as soon as it has a message (the sender's Send succeeds), a port
+# already listened on, several connections to one listening port, and 16 clients
 # connecting to one server at once (tests/e2e/connrate.c, CM_STORMS runs of 3 cycles each:
 # every connection must be accepted, whatever order urdmad meets a QP's line and its
 # kernel message in; CI: 3, --full: 20).
@@ -50,6 +51,9 @@ unreachable=$!
 case_pair reject reject "not today" -- rejected "not today"
 case_pair disconnect-by-server disconnect -- wait
 case_pair disconnect-by-client wait -- disconnect
+# the client exits the moment its receive completes, before its ACK can leave: urdmad's
+# Abort for the dead process says what it received, and the server's Send succeeds
+case_pair exit-on-recv send -- exit-on-recv
 
 # nobody listens on the port: REJECTED (after urdmad's grace for a listener, cm::LISTEN_GRACE)
 out=$(t ip netns exec urdmaA "$prog" client "$ADDR_B" 7599 rejected 2>&1) ||

@@ -1058,10 +1058,17 @@ fn a_lost_last_ack_still_closes_the_peer_gracefully() {
 
 /// B receives A's Send and aborts while it holds the Send's ACK for a reply: its Abort
 /// acknowledges the Send, which completes as delivered; what B had not received fails.
-/// urdmad's Abort, without the flag, acknowledges nothing.
+/// urdmad's Abort for B's dead process acknowledges what the process published it had
+/// received (`urdma_shared::qpstats`), and nothing where it published nothing.
 #[test]
 fn an_abort_acknowledges_what_its_sender_received() {
-    for own in [true, false] {
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum By {
+        Itself,
+        UrdmadWithReceived,
+        UrdmadWithout,
+    }
+    for by in [By::Itself, By::UrdmadWithReceived, By::UrdmadWithout] {
         let cfg = Config {
             ack_hold: core::time::Duration::from_millis(50),
             ..Config::default()
@@ -1072,19 +1079,28 @@ fn an_abort_acknowledges_what_its_sender_received() {
         let limit = trp::Instant(p.now.0 + 10_000_000);
         assert!(p.run_until(limit, |p| p.b.conn.poll_completion().is_some()));
         assert!(p.b.conn.holds_ack());
+        let received = p.b.conn.expected_psn();
         // Behind the Send, one B never receives.
         p.ab.up = false;
         send(&mut p, 2, PLAIN_SEND, &sge(8192, 100));
-        if own {
+        if by == By::Itself {
             p.b.conn.abort(p.now);
         } else {
-            // As urdmad sends it: no stream state, no flag.
+            // As urdmad sends it (`urdmad::cm::abort_packet`): no stream state of its own.
             let h = trp::wire::trp::Repr {
                 opcode: trp::wire::trp::Opcode::Abort,
-                flags: 0,
+                flags: if by == By::UrdmadWithReceived {
+                    trp::wire::trp::FLAG_ACKS
+                } else {
+                    0
+                },
                 dst_conn: p.a.conn.local_conn(),
                 psn: 0,
-                ack_psn: 0,
+                ack_psn: if by == By::UrdmadWithReceived {
+                    received
+                } else {
+                    0
+                },
                 window: 0,
                 sack: trp::wire::trp::SackRanges::new(),
             };
@@ -1101,12 +1117,12 @@ fn an_abort_acknowledges_what_its_sender_received() {
             .filter(|c| c.queue == Queue::Send)
             .map(|c| (c.wr_id, c.status))
             .collect();
-        let first = if own {
-            WcStatus::Success
-        } else {
+        let first = if by == By::UrdmadWithout {
             WcStatus::Flush
+        } else {
+            WcStatus::Success
         };
-        assert_eq!(got, vec![(1, first), (2, WcStatus::Flush)], "own {own}");
+        assert_eq!(got, vec![(1, first), (2, WcStatus::Flush)], "{by:?}");
     }
 }
 

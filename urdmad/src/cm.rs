@@ -99,6 +99,17 @@ pub enum Action {
         qpn: u32,
         status: i32,
     },
+    /// An Abort to the peer of a connection urdmad ends itself, before its `flow` closes:
+    /// [`abort_packet`] with what the flow's process said it received
+    /// (`crate::qpstats::Slot::received`), which the peer completes rather than flushes.
+    Abort {
+        port: usize,
+        mac: Mac,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        peer_conn: u32,
+        flow: u32,
+    },
     /// Close a connection's flow, which `client` owned.
     CloseFlow { client: u32, flow: u32 },
 }
@@ -248,14 +259,15 @@ pub struct Cm {
 
 /// An Abort for the peer's connection `peer_conn`, sealed with the CRC32C trailer: a sealed
 /// datagram says so itself, so every peer reads it, whether its connection uses the trailer
-/// or not. urdmad knows nothing of the stream: no `FLAG_ACKS`, so its ACK fields are not read.
-pub fn abort_packet(peer_conn: u32) -> Vec<u8> {
+/// or not. With `received`, the end of what our side of the connection received: the
+/// Abort acknowledges it (`FLAG_ACKS`). Without, its ACK fields are not read.
+pub fn abort_packet(peer_conn: u32, received: Option<u32>) -> Vec<u8> {
     let h = tw::Repr {
         opcode: tw::Opcode::Abort,
-        flags: 0,
+        flags: if received.is_some() { tw::FLAG_ACKS } else { 0 },
         dst_conn: peer_conn,
         psn: 0,
-        ack_psn: 0,
+        ack_psn: received.unwrap_or(0),
         window: 0,
         sack: tw::SackRanges::new(),
     };
@@ -473,7 +485,7 @@ impl Cm {
                     conn.mac,
                     conn.local,
                     conn.remote,
-                    abort_packet(conn.peer_conn),
+                    abort_packet(conn.peer_conn, None),
                 );
                 self.counters.aborts_sent += 1;
                 self.actions

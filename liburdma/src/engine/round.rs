@@ -116,6 +116,13 @@ fn progress_qp(
                 break;
             }
         }
+        if n > 0 {
+            // Before any of it completes where the application can see it: if it exits on
+            // that, urdmad's Abort says what arrived, and the peer's sends succeed.
+            if let Some(slot) = flow.figures() {
+                slot.set_received(conn.expected_psn());
+            }
+        }
         if who == Attended::No {
             conn.release_held_ack();
         }

@@ -35,8 +35,9 @@ pub const FLAG_CRC: u8 = 0x02;
 /// wake (urdma.ko's bell): a receiver processes the packet the same either way.
 pub const FLAG_FOLLOWS: u8 = 0x04;
 /// On an Abort: its cumulative ACK and SACK ranges are its sender's, and what they acknowledge
-/// was received. The connection's own end sets it; urdmad's Abort for a process that is gone
-/// knows nothing of the stream and leaves it clear (its ACK fields are 0).
+/// was received. The connection's own end sets it, and so does urdmad's Abort for a process
+/// that is gone, with the cumulative ACK the process last published; where the process
+/// published none, urdmad leaves it clear (its ACK fields are 0).
 pub const FLAG_ACKS: u8 = 0x08;
 
 pub(crate) mod field {

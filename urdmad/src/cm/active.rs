@@ -265,7 +265,13 @@ impl Cm {
 
     /// Aborts what the active side's peer accepted and fails the kernel's connect.
     pub(super) fn active_failed(&mut self, id: u64, h: &Handshake, peer_conn: u32) {
-        self.send(h.port, h.mac, h.local, h.remote, abort_packet(peer_conn));
+        self.send(
+            h.port,
+            h.mac,
+            h.local,
+            h.remote,
+            abort_packet(peer_conn, None),
+        );
         self.counters.aborts_sent += 1;
         let (dev, qpn) = (h.dev, h.qpn);
         self.actions

@@ -1,7 +1,7 @@
 //! Connected QPs and their owners: the control protocol's connection lines, disconnects,
 //! and the end of a connection urdmad has to end itself.
 
-use super::{abort_packet, connect_failed, kernel_msg, Action, Cm, ECONNRESET};
+use super::{connect_failed, kernel_msg, Action, Cm, ECONNRESET};
 use crate::cm_channel::{Msg, Op};
 use crate::proto::{ErrorCode, Request, Response};
 
@@ -69,7 +69,14 @@ impl Cm {
         };
         self.refresh_udp_ports();
         tracing::info!(dev = key.0, qpn = key.1, remote = %c.remote, "connection aborted");
-        self.send(c.port, c.mac, c.local, c.remote, abort_packet(c.peer_conn));
+        self.actions.push_back(Action::Abort {
+            port: c.port,
+            mac: c.mac,
+            local: c.local,
+            remote: c.remote,
+            peer_conn: c.peer_conn,
+            flow: c.flow,
+        });
         self.counters.aborts_sent += 1;
         // The kernel first: the application waits for its DISCONNECTED, and closing the
         // flow (its rings, its filter) is urdmad's own business.

@@ -72,6 +72,20 @@ fn frames(actions: &[Action], src_mac: [u8; 6]) -> Vec<Vec<u8>> {
                 payload,
                 ..
             } => Some(frame::udp_frame(mac.0, src_mac, *local, *remote, payload)),
+            // As the daemon sends it for a process that said nothing of what it received.
+            Action::Abort {
+                mac,
+                local,
+                remote,
+                peer_conn,
+                ..
+            } => Some(frame::udp_frame(
+                mac.0,
+                src_mac,
+                *local,
+                *remote,
+                &abort_packet(*peer_conn, None),
+            )),
             _ => None,
         })
         .collect()
@@ -553,7 +567,7 @@ fn forged_or_foreign_frames_change_no_state() {
     let d = frame::datagram(&good).unwrap();
     let from_peer = |payload: &[u8]| frame::udp_frame(MAC_A, MAC_B, d.src, d.dst, payload);
     for bad in [
-        from_peer(&abort_packet(0xdead)),
+        from_peer(&abort_packet(0xdead, None)),
         from_peer(b"not trp at all"),
         from_peer(&d.payload[..d.payload.len() - 3]),
         good[..20].to_vec(),

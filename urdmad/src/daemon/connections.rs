@@ -421,6 +421,18 @@ impl Daemon {
                     remote,
                     payload,
                 } => self.send_datagram(port, mac, local, remote, &payload),
+                Action::Abort {
+                    port,
+                    mac,
+                    local,
+                    remote,
+                    peer_conn,
+                    flow,
+                } => {
+                    let received = self.flow_received(flow);
+                    let payload = cm::abort_packet(peer_conn, received);
+                    self.send_datagram(port, mac, local, remote, &payload);
+                }
                 Action::HandOver(h) => {
                     let token = h.token;
                     let result = self.hand_over(h).map_err(|e| e.to_string());
@@ -589,7 +601,7 @@ mod tests {
         assert!(tap.wants(0, &req));
         assert!(!tap.wants(0, &frame([2, 0, 0, 0, 0, 9], 7000, &buf[..n])));
         assert!(!tap.wants(1, &req));
-        let abort = frame(mac, 7000, &abort_packet(5));
+        let abort = frame(mac, 7000, &abort_packet(5, None));
         assert!(!tap.wants(0, &abort));
         tap.ports.insert(7000);
         assert!(tap.wants(0, &abort));

@@ -113,6 +113,11 @@ impl QpTable {
         self.slot(i).read()
     }
 
+    /// Where what slot `i`'s process received ends, if it said.
+    pub fn received(&self, i: u32) -> Option<u32> {
+        self.slot(i).received()
+    }
+
     /// The slot's last figures; the slot is free again (its flow is closed, so nothing
     /// writes it any more).
     pub fn give_back(&mut self, i: u32) -> Values {

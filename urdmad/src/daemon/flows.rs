@@ -179,6 +179,13 @@ impl Daemon {
         })
     }
 
+    /// Where what the flow's process received ends, as it last said in the flow's figures
+    /// slot (`crate::qpstats::Slot::received`); `None` for a flow without a slot.
+    pub(super) fn flow_received(&self, flow: u32) -> Option<u32> {
+        let slot = self.flows.get(&flow)?.stats?;
+        self.qp_table.received(slot)
+    }
+
     pub(super) fn close_flow(&mut self, flow: u32) {
         let Some(mut rec) = self.flows.remove(&flow) else {
             return;

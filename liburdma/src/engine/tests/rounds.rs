@@ -693,6 +693,43 @@ fn a_qps_figures_follow_its_traffic_and_losses_and_its_last_word_is_its_end() {
     assert_eq!(slot.read(), last);
 }
 
+/// The round that receives a Send says how far B has received in its figures slot, before
+/// the completion reaches B's CQ and though its ACK is held for a reply: an application
+/// that exits on the completion leaves urdmad's Abort able to acknowledge the Send.
+#[test]
+fn what_a_qp_received_is_in_its_slot_before_the_application_can_see_it() {
+    let mut t = Bed::new();
+    t.connect();
+    let slot = Arc::new(urdma_shared::qpstats::Slot::default());
+    t.e.qps.get_mut(&B).unwrap().flow = Some(Box::new(Watched {
+        inner: MemFlow {
+            rx: t.ab.clone(),
+            tx: t.ba.clone(),
+        },
+        dropped: Default::default(),
+        forked: Default::default(),
+        slot: Some(slot.clone()),
+    }));
+    let mut rbuf = vec![0u8; 64];
+    let raddr = t.reg(2, 0x300, 2, &mut rbuf, Access::LOCAL_WRITE);
+    let r = [Sge {
+        addr: raddr,
+        len: 64,
+        lkey: 0x300,
+    }];
+    t.e.post_recv(B, 1, &r).unwrap();
+    let expected = |t: &Bed| t.e.qps[&B].conn.as_ref().unwrap().expected_psn();
+    let before = expected(&t);
+    t.e.post_send(A, &send(2, &[])).unwrap();
+    t.e.progress(t.now);
+    assert_eq!(slot.received(), None, "nothing received yet");
+    t.e.progress(t.now);
+    assert_ne!(expected(&t), before, "B received the Send");
+    assert_eq!(slot.received(), Some(expected(&t)));
+    assert!(t.e.qps[&B].conn.as_ref().unwrap().holds_ack());
+    assert_eq!(t.poll(BCQ).len(), 1);
+}
+
 #[test]
 fn a_closed_connection_s_flow_is_dropped_only_once_urdmad_is_told() {
     // Dropping it unmaps its rings: that waits until QPCLOSED is on its way.

@@ -11,6 +11,12 @@ fn a_process_gone_after_connecting_aborts_its_connections() {
     a.client_gone(CLIENT_A);
     let out = drain(&mut a);
     assert_eq!(frames(&out, MAC_A).len(), 1, "an Abort to the peer");
+    // The Abort names the flow, whose process said what it received, and goes before
+    // the flow closes.
+    let at = |want: &dyn Fn(&Action) -> bool| out.iter().position(want).expect("present");
+    let abort = at(&|x| matches!(x, Action::Abort { flow: 21, .. }));
+    let close = at(&|x| matches!(x, Action::CloseFlow { .. }));
+    assert!(abort < close, "{out:?}");
     assert!(out.iter().any(|x| matches!(
         x,
         Action::CloseFlow {
@@ -218,14 +224,31 @@ fn our_abort_fails_the_peers_connection() {
     let now = trp::Instant::from_nanos(2);
     let failed = Some(trp::Event::Failed(trp::FailReason::PeerAborted));
     let mut a = pair(true);
-    a.handle_datagram(now, &mut mem, &abort_packet(11)).unwrap();
+    a.handle_datagram(now, &mut mem, &abort_packet(11, None))
+        .unwrap();
     assert_eq!(a.poll_event(), failed);
     // To another connection id it is foreign.
     let mut a = pair(true);
-    let _ = a.handle_datagram(now, &mut mem, &abort_packet(12));
+    let _ = a.handle_datagram(now, &mut mem, &abort_packet(12, None));
     assert_eq!(a.state(), trp::QpState::Rts);
     // Sealed, it is read by a connection without the trailer as well.
     let mut a = pair(false);
-    a.handle_datagram(now, &mut mem, &abort_packet(11)).unwrap();
+    a.handle_datagram(now, &mut mem, &abort_packet(11, None))
+        .unwrap();
     assert_eq!(a.poll_event(), failed);
+}
+
+#[test]
+fn urdmads_abort_acknowledges_what_the_process_received_only_when_told() {
+    let open = |b: &[u8]| {
+        let d = crc::open(b).unwrap().0.to_vec();
+        tw::Repr::parse(&tw::Packet::new_checked(&d[..]).unwrap()).unwrap()
+    };
+    let r = open(&abort_packet(7, Some(0x8000_0001)));
+    assert_eq!(
+        (r.opcode, r.dst_conn, r.flags & tw::FLAG_ACKS, r.ack_psn),
+        (tw::Opcode::Abort, 7, tw::FLAG_ACKS, 0x8000_0001)
+    );
+    let r = open(&abort_packet(7, None));
+    assert_eq!((r.flags & tw::FLAG_ACKS, r.ack_psn), (0, 0));
 }
