@@ -100,6 +100,14 @@ impl Cm {
         self.qps.insert((dev, qpn), client);
     }
 
+    /// `client` no longer owns QP `key` (it said so, or the QP's connection ended); another
+    /// process's entry stays.
+    fn forget_qp(&mut self, key: (u32, u32), client: u32) {
+        if self.qps.get(&key) == Some(&client) {
+            self.qps.remove(&key);
+        }
+    }
+
     /// The process that owns QP `qpn` of device `dev`.
     pub fn qp_owner(&self, dev: u32, qpn: u32) -> Option<u32> {
         self.qps.get(&(dev, qpn)).copied()
@@ -122,9 +130,7 @@ impl Cm {
                 self.qps.insert((dev, qpn), client);
             }
             Request::Unqp { dev, qpn, linger } => {
-                if self.qps.get(&(dev, qpn)) == Some(&client) {
-                    self.qps.remove(&(dev, qpn));
-                }
+                self.forget_qp((dev, qpn), client);
                 if self
                     .conns
                     .get(&(dev, qpn))
@@ -140,9 +146,7 @@ impl Cm {
             Request::QpClosed { dev, qpn, status } => {
                 // Its connection is over, and the kernel names the owner again should the QP
                 // connect once more: the process need not say when it destroys the QP.
-                if self.qps.get(&(dev, qpn)) == Some(&client) {
-                    self.qps.remove(&(dev, qpn));
-                }
+                self.forget_qp((dev, qpn), client);
                 if self
                     .conns
                     .get(&(dev, qpn))

@@ -41,8 +41,9 @@ impl ControlReady {
 
     /// Which of `sockets` (the listener's and the processes') were readable, when that may
     /// stand for a look now: not once a kernel message has been read since the sleep
-    /// (`kernel_read`). Such a message may follow a line written after the sleep (a `QP`
-    /// before its `ACCEPT`), which must be read before the message is handled.
+    /// (`kernel_read`). Such a message may follow a line written after the sleep (a `PARK`
+    /// of the socket an `ACCEPT`'s connection takes), which must be read before the message
+    /// is handled.
     fn sockets(&self, fds: &[RawFd], sockets: &[RawFd], kernel_read: bool) -> Option<Vec<bool>> {
         if kernel_read {
             return None;
@@ -631,7 +632,7 @@ mod tests {
         let r = ControlReady::of(&polled(&[(3, false), (7, false), (9, true)]));
         let all = [3, 7, 9];
         assert_eq!(r.sockets(&all, &[3, 7], false), Some(vec![false, false]));
-        // The channel gave a message: the process's `QP` may have come after the sleep.
+        // The channel gave a message: the process's `PARK` may have come after the sleep.
         assert_eq!(r.sockets(&all, &[3, 7], true), None);
         assert_eq!(r.sockets(&[3, 7, 8, 9], &[3, 7, 8], false), None);
     }
