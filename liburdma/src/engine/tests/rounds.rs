@@ -629,29 +629,32 @@ fn a_forked_child_forgets_the_parents_qps_and_keeps_its_cqs_and_mrs() {
     assert_eq!(got, vec![(4, IBV_WC_SUCCESS)]);
 }
 
+/// QP `key`'s flow (A's or B's) replaced by a watched one with a figures slot of its own.
+fn with_slot(t: &mut Bed, key: QpKey) -> Arc<urdma_shared::qpstats::Slot> {
+    let (rx, tx) = if key == A {
+        (t.ba.clone(), t.ab.clone())
+    } else {
+        (t.ab.clone(), t.ba.clone())
+    };
+    let slot = Arc::new(urdma_shared::qpstats::Slot::default());
+    t.e.qps.get_mut(&key).unwrap().flow = Some(Box::new(Watched {
+        inner: MemFlow { rx, tx },
+        dropped: Default::default(),
+        forked: Default::default(),
+        slot: Some(slot.clone()),
+    }));
+    slot
+}
+
 #[test]
 fn a_qps_figures_follow_its_traffic_and_losses_and_its_last_word_is_its_end() {
     use urdma_shared::qpstats::Counter;
     let mut t = Bed::new();
     t.connect();
-    let slot = Arc::new(urdma_shared::qpstats::Slot::default());
-    t.e.qps.get_mut(&A).unwrap().flow = Some(Box::new(Watched {
-        inner: MemFlow {
-            rx: t.ba.clone(),
-            tx: t.ab.clone(),
-        },
-        dropped: Default::default(),
-        forked: Default::default(),
-        slot: Some(slot.clone()),
-    }));
+    let slot = with_slot(&mut t, A);
     let at = |c: Counter| slot.read()[c as usize];
     let mut rbuf = vec![0u8; 64];
-    let raddr = t.reg(2, 0x300, 2, &mut rbuf, Access::LOCAL_WRITE);
-    let r = [Sge {
-        addr: raddr,
-        len: 64,
-        lkey: 0x300,
-    }];
+    let r = region(&mut t, 2, 0x300, &mut rbuf, 64);
     for wr in [1, 3, 5] {
         t.e.post_recv(B, wr, &r).unwrap();
     }
@@ -700,23 +703,9 @@ fn a_qps_figures_follow_its_traffic_and_losses_and_its_last_word_is_its_end() {
 fn what_a_qp_received_is_in_its_slot_before_the_application_can_see_it() {
     let mut t = Bed::new();
     t.connect();
-    let slot = Arc::new(urdma_shared::qpstats::Slot::default());
-    t.e.qps.get_mut(&B).unwrap().flow = Some(Box::new(Watched {
-        inner: MemFlow {
-            rx: t.ab.clone(),
-            tx: t.ba.clone(),
-        },
-        dropped: Default::default(),
-        forked: Default::default(),
-        slot: Some(slot.clone()),
-    }));
+    let slot = with_slot(&mut t, B);
     let mut rbuf = vec![0u8; 64];
-    let raddr = t.reg(2, 0x300, 2, &mut rbuf, Access::LOCAL_WRITE);
-    let r = [Sge {
-        addr: raddr,
-        len: 64,
-        lkey: 0x300,
-    }];
+    let r = region(&mut t, 2, 0x300, &mut rbuf, 64);
     t.e.post_recv(B, 1, &r).unwrap();
     let expected = |t: &Bed| t.e.qps[&B].conn.as_ref().unwrap().expected_psn();
     let before = expected(&t);
