@@ -8,6 +8,7 @@ use crate::status::{self, Record};
 use trp::setup::Incoming;
 
 mod close;
+mod owners;
 
 const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
 const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
@@ -637,93 +638,6 @@ fn the_request_table_is_bounded() {
 }
 
 #[test]
-fn a_qp_has_one_owner() {
-    let mut a = core(1, 1);
-    assert_eq!(
-        a.client_request(1, &Request::Qp { dev: 1, qpn: 2 }),
-        Response::Ok
-    );
-    assert_eq!(
-        a.client_request(1, &Request::Qp { dev: 1, qpn: 2 }),
-        Response::Ok
-    );
-    assert!(matches!(
-        a.client_request(2, &Request::Qp { dev: 1, qpn: 2 }),
-        Response::Error {
-            code: ErrorCode::Exists,
-            ..
-        }
-    ));
-    a.client_request(
-        1,
-        &Request::Unqp {
-            dev: 1,
-            qpn: 2,
-            linger: false,
-        },
-    );
-    assert_eq!(
-        a.client_request(2, &Request::Qp { dev: 1, qpn: 2 }),
-        Response::Ok
-    );
-    assert!(drain(&mut a).is_empty());
-}
-
-/// urdma.ko's word on a QP's owner (in `CONNECT`, `ACCEPT`) overrides a `QP` line, and the
-/// QP is forgotten with its connection's `QPCLOSED`: no `UNQP` is needed after it.
-#[test]
-fn the_kernel_names_a_qps_owner_and_qpclosed_forgets_the_qp() {
-    let mut a = core(1, 1);
-    assert_eq!(
-        a.client_request(1, &Request::Qp { dev: 1, qpn: 2 }),
-        Response::Ok
-    );
-    a.kernel_owner(1, 2, 3);
-    assert_eq!(a.qp_owner(1, 2), Some(3));
-    let closed = Request::QpClosed {
-        dev: 1,
-        qpn: 2,
-        status: 0,
-    };
-    // Another process's QPCLOSED does not take the QP from its owner.
-    assert_eq!(a.client_request(1, &closed), Response::Ok);
-    assert_eq!(a.qp_owner(1, 2), Some(3));
-    assert_eq!(a.client_request(3, &closed), Response::Ok);
-    assert_eq!(a.qp_owner(1, 2), None);
-    assert!(drain(&mut a).is_empty());
-}
-
-/// A's and B's QPs owned by the kernel's word alone (no `QP` line): the connection is
-/// handed to the processes the kernel named.
-#[test]
-fn a_connection_goes_to_the_processes_the_kernel_names() {
-    let t = Instant::now();
-    let mut a = core(1, 0x100);
-    let mut b = core(1, 0x200);
-    listen(&mut b, t);
-    a.kernel_owner(DEV, QPN_A, CLIENT_A);
-    a.kernel(t, connect_msg(), None);
-    let f = frames(&drain(&mut a), MAC_A);
-    assert_eq!(f.len(), 1);
-    b.frame(t, 0, &f[0]);
-    let out = drain(&mut b);
-    let mut acc = Msg::new(Op::Accept);
-    acc.req = only_kernel(&out).req;
-    acc.dev = DEV;
-    acc.qpn = QPN_B;
-    b.kernel_owner(DEV, QPN_B, CLIENT_B);
-    b.kernel(t, acc, None);
-    let handed: Vec<_> = drain(&mut b)
-        .into_iter()
-        .filter_map(|x| match x {
-            Action::HandOver(h) => Some(h.client),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(handed, [CLIENT_B]);
-}
-
-#[test]
 fn a_connect_needs_a_port_and_a_free_four_tuple() {
     let t = Instant::now();
     // Two ports and nothing to choose by: refused.
@@ -855,34 +769,4 @@ fn status_names_each_state() {
         Record::Connecting(c) => assert_eq!((c.sent, c.remote.as_str()), (1, "10.0.0.2:7000")),
         r => panic!("{r:?}"),
     }
-}
-
-#[test]
-fn a_closed_connection_is_told_to_the_kernel_before_its_flow_is_closed() {
-    let t = Instant::now();
-    let (mut a, _b) = connected(t);
-    let closed = Request::QpClosed {
-        dev: DEV,
-        qpn: QPN_A,
-        status: 0,
-    };
-    assert_eq!(a.client_request(CLIENT_A, &closed), Response::Ok);
-    let out = drain(&mut a);
-    let ops: Vec<String> = out
-        .iter()
-        .map(|x| match x {
-            Action::Kernel(m) => format!("{:?}", m.op),
-            Action::CloseFlow { flow, .. } => format!("CloseFlow {flow}"),
-            other => format!("{other:?}"),
-        })
-        .collect();
-    assert_eq!(ops, ["PeerClosed", "Closed", "CloseFlow 21"], "{out:?}");
-    // An abort too (the process gone).
-    let (mut a, _b) = connected(t);
-    a.client_gone(CLIENT_A);
-    let out = drain(&mut a);
-    let at = |want: &dyn Fn(&Action) -> bool| out.iter().position(want).expect("present");
-    let kernel = at(&|x| matches!(x, Action::Kernel(m) if m.op == Op::Closed));
-    let flow = at(&|x| matches!(x, Action::CloseFlow { .. }));
-    assert!(kernel < flow, "{out:?}");
 }

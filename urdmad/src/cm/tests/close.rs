@@ -252,3 +252,33 @@ fn urdmads_abort_acknowledges_what_the_process_received_only_when_told() {
     let r = open(&abort_packet(7, None));
     assert_eq!((r.flags & tw::FLAG_ACKS, r.ack_psn), (0, 0));
 }
+
+#[test]
+fn a_closed_connection_is_told_to_the_kernel_before_its_flow_is_closed() {
+    let t = Instant::now();
+    let (mut a, _b) = connected(t);
+    let closed = Request::QpClosed {
+        dev: DEV,
+        qpn: QPN_A,
+        status: 0,
+    };
+    assert_eq!(a.client_request(CLIENT_A, &closed), Response::Ok);
+    let out = drain(&mut a);
+    let ops: Vec<String> = out
+        .iter()
+        .map(|x| match x {
+            Action::Kernel(m) => format!("{:?}", m.op),
+            Action::CloseFlow { flow, .. } => format!("CloseFlow {flow}"),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(ops, ["PeerClosed", "Closed", "CloseFlow 21"], "{out:?}");
+    // An abort too (the process gone).
+    let (mut a, _b) = connected(t);
+    a.client_gone(CLIENT_A);
+    let out = drain(&mut a);
+    let at = |want: &dyn Fn(&Action) -> bool| out.iter().position(want).expect("present");
+    let kernel = at(&|x| matches!(x, Action::Kernel(m) if m.op == Op::Closed));
+    let flow = at(&|x| matches!(x, Action::CloseFlow { .. }));
+    assert!(kernel < flow, "{out:?}");
+}
