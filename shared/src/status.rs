@@ -105,6 +105,12 @@ pub struct Port {
     pub direct_max: Option<usize>,
     /// Without `direct`: why not.
     pub direct_off: Option<String>,
+    /// What ends urdmad's idle sleep when the port receives: `socket` (af_packet),
+    /// `interrupt` (a PCI device's RX interrupts) or `timer` (nothing: urdmad looks again
+    /// after `idle_sleep_us`).
+    pub rx_wake: String,
+    /// With `timer`: why the port has no interrupt.
+    pub rx_wake_reason: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -82,6 +82,8 @@ struct PortState {
     departed: counters::Departed,
     /// The counters last sent to the kernel on the current channel.
     pushed: Option<counters::PortCounters>,
+    /// Frames of RX queue 0 found by the look after arming its interrupt, for the next pass.
+    rx_stash: Vec<*mut sys::rte_mbuf>,
 }
 
 struct FlowRec {
@@ -297,6 +299,7 @@ impl Daemon {
                     rdma: pc.rdma_device.as_deref().map(device::RdmaDevice::new),
                     departed: counters::Departed::default(),
                     pushed: None,
+                    rx_stash: Vec::with_capacity(BURST),
                 }),
                 Err(e) => {
                     for p in &mut ports {
@@ -384,13 +387,14 @@ impl Daemon {
                 return Err(e.into());
             }
         };
-        let drivers: Vec<String> = ports.iter().map(|p| p.port.driver()).collect();
-        idle.watch_ports(drivers.iter().map(String::as_str));
+        let wakes: Vec<(u16, &port::RxWake)> =
+            ports.iter().map(|p| (p.port.id, &p.port.rx_wake)).collect();
+        idle.watch_ports(&wakes);
         tracing::info!(
             frames_wake = idle.frames_wake(),
             "idle sleeps end for frames {}",
             if idle.frames_wake() {
-                "(the ports' sockets are polled)"
+                "(the ports' sockets or interrupts are polled)"
             } else {
                 "only at the next look (a port has no descriptor to poll)"
             }

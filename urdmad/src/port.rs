@@ -7,6 +7,8 @@ use crate::proto::{Mac, Steering};
 use dpdk_sys as sys;
 use std::ffi::CString;
 use std::net::SocketAddrV4;
+use std::os::fd::RawFd;
+use std::path::Path;
 use std::ptr;
 
 /// Whether the port can hand us back our own transmissions: an af_packet port whose sends go
@@ -25,6 +27,56 @@ pub fn is_pci(device: &str) -> bool {
         && parts
             .iter()
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Why DPDK has no port for PCI device `device`, from what `devices` (sysfs's
+/// `/sys/bus/pci/devices`) says of it.
+fn pci_why(device: &str, devices: &Path) -> String {
+    let addr = if device.matches(':').count() == 1 {
+        format!("0000:{device}")
+    } else {
+        device.to_string()
+    };
+    let dir = devices.join(&addr);
+    if !dir.exists() {
+        return "no such PCI device".into();
+    }
+    let driver_of = |d: &Path| {
+        std::fs::read_link(d.join("driver"))
+            .ok()
+            .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()))
+    };
+    match driver_of(&dir).as_deref() {
+        None => "it is bound to no driver (bind it to vfio-pci)".into(),
+        Some("vfio-pci") => {
+            let Ok(members) = std::fs::read_dir(dir.join("iommu_group").join("devices")) else {
+                return "it is bound to vfio-pci but has no IOMMU group (is the IOMMU on: \
+                        intel_iommu=on or amd_iommu=on?)"
+                    .into();
+            };
+            let others: Vec<String> = members
+                .flatten()
+                .map(|m| m.file_name().to_string_lossy().into_owned())
+                .filter(|m| *m != addr)
+                .map(|m| {
+                    let drv = driver_of(&devices.join(&m)).unwrap_or_else(|| "no driver".into());
+                    format!("{m} ({drv})")
+                })
+                .collect();
+            if others.is_empty() {
+                "DPDK did not probe it (see EAL's lines before this one)".into()
+            } else {
+                format!(
+                    "its IOMMU group also holds {}: vfio-pci needs every device of the group",
+                    others.join(", ")
+                )
+            }
+        }
+        Some(d @ ("uio_pci_generic" | "igb_uio")) => {
+            format!("DPDK did not probe it under {d} (see EAL's lines before this one)")
+        }
+        Some(d) => format!("it is bound to {d}, not to vfio-pci"),
+    }
 }
 
 /// The device name of a devargs string (the part before the first comma).
@@ -47,8 +99,8 @@ fn err(rc: i32) -> String {
 /// error code DPDK returned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
-    #[error("PCI device {device} has no DPDK port (is it bound to vfio-pci or uio?)")]
-    PciNotBound { device: String },
+    #[error("PCI device {device} has no DPDK port: {why}")]
+    PciNotBound { device: String, why: String },
     #[error("device contains NUL")]
     Nul,
     #[error("cannot probe device {device:?}: {reason}")]
@@ -117,6 +169,7 @@ fn probe(devargs: &str) -> Result<u16, DeviceError> {
     if is_pci(devargs) {
         return port_id_by_name(devargs).ok_or_else(|| DeviceError::PciNotBound {
             device: devargs.to_string(),
+            why: pci_why(devargs, Path::new("/sys/bus/pci/devices")),
         });
     }
     let c = CString::new(devargs).map_err(|_| DeviceError::Nul)?;
@@ -152,9 +205,11 @@ fn remove(port: u16) {
 }
 
 /// Configures `queues` RX and as many TX queues: some PMDs (TAP) insist on equal numbers;
-/// urdmad transmits on TX queue 0 only.
-fn configure(port: u16, queues: u16) -> Result<(), DeviceError> {
-    let conf: sys::rte_eth_conf = Default::default();
+/// urdmad transmits on TX queue 0 only. `rx_interrupts`: each RX queue gets an interrupt of
+/// its own ([`RxWake`]).
+fn configure(port: u16, queues: u16, rx_interrupts: bool) -> Result<(), DeviceError> {
+    let mut conf: sys::rte_eth_conf = Default::default();
+    conf.intr_conf.set_rxq(u32::from(rx_interrupts));
     // SAFETY: the port exists and is stopped.
     let rc = unsafe { sys::rte_eth_dev_configure(port, queues, queues, &conf) };
     if rc < 0 {
@@ -172,8 +227,9 @@ fn start(
     flow_queues: u16,
     flow_desc: u16,
     pool: *mut sys::rte_mempool,
+    rx_interrupts: bool,
 ) -> Result<(), DeviceError> {
-    configure(port, 1 + flow_queues)?;
+    configure(port, 1 + flow_queues, rx_interrupts)?;
     // SAFETY: the port exists, is configured and stopped; pool is a valid mempool.
     unsafe {
         let mut rxd = rx_desc;
@@ -450,6 +506,73 @@ pub struct Port {
     default_rule: Option<Rule>,
     /// Sysctl values to put back on close.
     saved_sysctls: Vec<(String, String)>,
+    /// What tells an idle urdmad that frames came.
+    pub rx_wake: RxWake,
+}
+
+/// What tells an idle urdmad that a port received frames.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RxWake {
+    /// The af_packet PMD's kernel sockets, which poll() reports readable.
+    Socket,
+    /// Each RX queue's interrupt (an eventfd per queue, index = queue), armed only around a
+    /// sleep ([`arm`]): a PCI device bound to vfio-pci with an IOMMU.
+    Interrupt(Vec<RawFd>),
+    /// Nothing: urdmad looks again when its sleep times out. Why.
+    Timer(String),
+}
+
+impl RxWake {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RxWake::Socket => "socket",
+            RxWake::Interrupt(_) => "interrupt",
+            RxWake::Timer(_) => "timer",
+        }
+    }
+
+    /// Why the port has no interrupt, for status.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            RxWake::Timer(why) => Some(why),
+            _ => None,
+        }
+    }
+}
+
+/// The interrupts of the started port's RX queues 0..=`flow_queues`, left disarmed.
+fn interrupts(port: u16, flow_queues: u16) -> RxWake {
+    if flow_queues > 0 {
+        // Each flow queue would need the look after arming that queue 0 gets (forward.rs).
+        return RxWake::Timer("hardware steering's flow queues have no interrupt mode".into());
+    }
+    let mut fds = Vec::new();
+    for q in 0..=flow_queues {
+        // SAFETY: the port is started with intr_conf.rxq.
+        let fd = unsafe { sys::rte_eth_dev_rx_intr_ctl_q_get_fd(port, q) };
+        if fd < 0 {
+            return RxWake::Timer(format!("RX queue {q} has no interrupt descriptor"));
+        }
+        fds.push(fd);
+    }
+    disarm(port, fds.len() as u16);
+    RxWake::Interrupt(fds)
+}
+
+/// Arms the interrupts of RX queues `0..queues`: the next frame raises one.
+pub fn arm(port: u16, queues: u16) {
+    for q in 0..queues {
+        // SAFETY: a started port in interrupt mode.
+        unsafe { sys::rte_eth_dev_rx_intr_enable(port, q) };
+    }
+}
+
+/// Disarms them: frames are polled for while urdmad is awake.
+pub fn disarm(port: u16, queues: u16) {
+    for q in 0..queues {
+        // SAFETY: a started port in interrupt mode.
+        unsafe { sys::rte_eth_dev_rx_intr_disable(port, q) };
+    }
 }
 
 impl Port {
@@ -486,7 +609,7 @@ impl Port {
                 (Steering::Software, "flow_queues = 0".to_string(), 0)
             }
             config::SteeringChoice::Auto => {
-                match configure(id, 1 + wanted)
+                match configure(id, 1 + wanted, false)
                     .map_err(|error| SteeringError::Configure { error })
                     .and_then(|()| probe_rte_flow(id))
                 {
@@ -499,7 +622,7 @@ impl Port {
                 }
             }
         };
-        let started = |queues| {
+        let started = |queues, rx_interrupts| {
             start(
                 id,
                 cfg.rx_descriptors,
@@ -507,6 +630,7 @@ impl Port {
                 queues,
                 cfg.flow_queue_descriptors,
                 pool,
+                rx_interrupts,
             )
         };
         let start_error = |error| PortError::Start {
@@ -514,9 +638,20 @@ impl Port {
             device: cfg.device.clone(),
             error,
         };
-        if let Err(e) = started(flow_queues) {
-            remove(id);
-            return Err(start_error(e));
+        // A PCI device's queues may interrupt; a port that refuses is started without.
+        let mut rx_interrupts = is_pci(&cfg.device);
+        let mut no_interrupts = String::new();
+        if rx_interrupts {
+            if let Err(e) = started(flow_queues, true) {
+                no_interrupts = format!("the PMD refused RX interrupts: {e}");
+                rx_interrupts = false;
+            }
+        }
+        if !rx_interrupts {
+            if let Err(e) = started(flow_queues, false) {
+                remove(id);
+                return Err(start_error(e));
+            }
         }
         let mut default_rule = None;
         if steering == Steering::Hardware {
@@ -528,7 +663,7 @@ impl Port {
                     flow_queues = 0;
                     // SAFETY: started above.
                     unsafe { sys::rte_eth_dev_stop(id) };
-                    if let Err(e) = started(0) {
+                    if let Err(e) = started(0, rx_interrupts) {
                         remove(id);
                         return Err(start_error(e));
                     }
@@ -549,16 +684,32 @@ impl Port {
             }
         };
         keep_tap_queues_private();
-        if let Err(e) = start(exception_id, 512, 512, 0, 0, pool) {
+        if let Err(e) = start(exception_id, 512, 512, 0, 0, pool, false) {
             remove(exception_id);
             remove(id);
             return Err(exception_error(e));
         }
         let saved_sysctls = kernel_iface(&cfg.device).map(take_over).unwrap_or_default();
+        let rx_wake = if may_echo(&cfg.device) {
+            RxWake::Socket
+        } else if rx_interrupts {
+            interrupts(id, flow_queues)
+        } else if no_interrupts.is_empty() {
+            RxWake::Timer("the PMD has no RX interrupts".into())
+        } else {
+            RxWake::Timer(no_interrupts)
+        };
         tracing::info!(
             port = %cfg.name, device = %cfg.device, %mac, exception = %cfg.exception,
             steering = steering.as_str(), reason = %steering_reason, flow_queues, "port up"
         );
+        match &rx_wake {
+            RxWake::Timer(why) => tracing::warn!(port = %cfg.name, device = %cfg.device,
+                "no RX interrupts ({why}): urdmad looks for this port's frames on a timer \
+                 when idle (idle_sleep_us), or give it a core (idle_sleep_us = 0)"),
+            w => tracing::info!(port = %cfg.name, rx_wake = w.as_str(),
+                "this port's frames end urdmad's sleeps"),
+        }
         Ok(Port {
             index,
             name: cfg.name.clone(),
@@ -572,6 +723,7 @@ impl Port {
             flow_queues,
             default_rule,
             saved_sysctls,
+            rx_wake,
         })
     }
 
@@ -597,6 +749,82 @@ impl Port {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sysfs `devices` directory with `devices` (address, driver, IOMMU group).
+    fn sysfs(name: &str, devices: &[(&str, Option<&str>, Option<u32>)]) -> std::path::PathBuf {
+        let root = std::env::temp_dir().join(format!("urdmad-sysfs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let devs = root.join("devices");
+        for (addr, driver, group) in devices {
+            let d = devs.join(addr);
+            std::fs::create_dir_all(&d).unwrap();
+            if let Some(drv) = driver {
+                let target = root.join("drivers").join(drv);
+                std::fs::create_dir_all(&target).unwrap();
+                std::os::unix::fs::symlink(&target, d.join("driver")).unwrap();
+            }
+            if let Some(g) = group {
+                let gd = root.join("groups").join(g.to_string()).join("devices");
+                std::fs::create_dir_all(&gd).unwrap();
+                let _ = std::os::unix::fs::symlink(&d, gd.join(addr));
+                std::os::unix::fs::symlink(gd.parent().unwrap(), d.join("iommu_group")).unwrap();
+            }
+        }
+        devs
+    }
+
+    #[test]
+    fn a_pci_device_without_a_port_is_told_why() {
+        let devs = sysfs(
+            "why",
+            &[
+                ("0000:00:03.0", Some("vfio-pci"), Some(3)),
+                ("0000:00:04.0", Some("vfio-pci"), Some(4)),
+                ("0000:00:04.1", Some("e1000e"), Some(4)),
+                ("0000:00:05.0", Some("virtio-pci"), Some(5)),
+                ("0000:00:06.0", None, Some(6)),
+                ("0000:00:07.0", Some("vfio-pci"), None),
+                ("0000:00:08.0", Some("uio_pci_generic"), None),
+            ],
+        );
+        let why = |d| pci_why(d, &devs);
+        assert_eq!(why("0000:00:09.0"), "no such PCI device");
+        assert_eq!(
+            why("00:03.0"),
+            "DPDK did not probe it (see EAL's lines before this one)"
+        );
+        assert_eq!(
+            why("0000:00:04.0"),
+            "its IOMMU group also holds 0000:00:04.1 (e1000e): vfio-pci needs every device of \
+             the group"
+        );
+        assert_eq!(
+            why("0000:00:05.0"),
+            "it is bound to virtio-pci, not to vfio-pci"
+        );
+        assert_eq!(
+            why("0000:00:06.0"),
+            "it is bound to no driver (bind it to vfio-pci)"
+        );
+        assert!(why("0000:00:07.0").starts_with("it is bound to vfio-pci but has no IOMMU group"));
+        assert_eq!(
+            why("0000:00:08.0"),
+            "DPDK did not probe it under uio_pci_generic (see EAL's lines before this one)"
+        );
+        std::fs::remove_dir_all(devs.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn interrupt_mode_is_named_and_a_timer_says_why() {
+        assert_eq!(RxWake::Socket.as_str(), "socket");
+        assert_eq!(RxWake::Interrupt(vec![7]).as_str(), "interrupt");
+        assert_eq!(RxWake::Interrupt(vec![7]).reason(), None);
+        let t = RxWake::Timer("the PMD has no RX interrupts".into());
+        assert_eq!(
+            (t.as_str(), t.reason()),
+            ("timer", Some("the PMD has no RX interrupts"))
+        );
+    }
 
     #[test]
     fn pci_addresses_are_told_from_vdevs() {
@@ -624,11 +852,12 @@ mod tests {
             PortError::Probe {
                 port: "p0".into(),
                 error: DeviceError::PciNotBound {
-                    device: "0000:03:00.0".into()
+                    device: "0000:03:00.0".into(),
+                    why: "no such PCI device".into()
                 }
             }
             .to_string(),
-            "port p0: PCI device 0000:03:00.0 has no DPDK port (is it bound to vfio-pci or uio?)"
+            "port p0: PCI device 0000:03:00.0 has no DPDK port: no such PCI device"
         );
         assert_eq!(
             PortError::Start {

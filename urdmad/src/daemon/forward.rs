@@ -241,12 +241,19 @@ impl Daemon {
                 // SAFETY: ports are started; every mbuf is passed on exactly once.
                 unsafe {
                     let port = p.port.id;
-                    let n = usize::from(sys::rte_eth_rx_burst(
-                        port,
-                        0,
-                        rx.as_mut_ptr(),
-                        BURST as u16,
-                    ));
+                    let n = if p.rx_stash.is_empty() {
+                        usize::from(sys::rte_eth_rx_burst(
+                            port,
+                            0,
+                            rx.as_mut_ptr(),
+                            BURST as u16,
+                        ))
+                    } else {
+                        let n = p.rx_stash.len();
+                        rx[..n].copy_from_slice(&p.rx_stash);
+                        p.rx_stash.clear();
+                        n
+                    };
                     if n > 0 {
                         work += n;
                         let kept = if p.may_echo {
@@ -487,6 +494,14 @@ impl Daemon {
             })
             .collect();
         let control = control.len();
+        let armed = !ports.is_empty() && self.arm_interrupts();
+        if armed && self.ports.iter().any(|p| !p.rx_stash.is_empty()) {
+            // An interrupt the look's frames raised after the arming is read here, so that
+            // it does not end the next sleep for nothing.
+            self.idle.disarm(super::idle::readable);
+            self.idle.bell().awake();
+            return Woken::Frame;
+        }
         let ts = libc::timespec {
             tv_sec: limit.as_secs() as libc::time_t,
             tv_nsec: limit.subsec_nanos() as libc::c_long,
@@ -501,6 +516,10 @@ impl Daemon {
             )
         };
         self.idle.bell().awake();
+        if armed {
+            self.idle
+                .disarm(|fd| fds.iter().any(|f| f.fd == fd && f.revents != 0));
+        }
         if n <= 0 {
             return Woken::Timer;
         }
@@ -516,6 +535,25 @@ impl Daemon {
             return Woken::Kick;
         }
         Woken::Frame
+    }
+
+    /// Arms the ports' RX interrupts for a sleep, then looks at their queues once more: a
+    /// frame that came between the last pass and the arming raised no interrupt, and waits
+    /// in the port's stash for the next pass. Whether any port is armed.
+    fn arm_interrupts(&mut self) -> bool {
+        let mut armed = false;
+        for id in self.idle.arm() {
+            armed = true;
+            let Some(p) = self.ports.iter_mut().find(|p| p.port.id == id) else {
+                continue;
+            };
+            p.rx_stash.resize(BURST, std::ptr::null_mut());
+            // SAFETY: a started port; the mbufs are kept for the next pass, which takes them
+            // on exactly once.
+            let n = unsafe { sys::rte_eth_rx_burst(id, 0, p.rx_stash.as_mut_ptr(), BURST as u16) };
+            p.rx_stash.truncate(usize::from(n));
+        }
+        armed
     }
 
     /// What carries requests: the control socket, every process's socket, the kernel's

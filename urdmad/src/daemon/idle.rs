@@ -2,12 +2,14 @@
 //!
 //! Every sleep ends early for a request (the control socket, the processes' sockets, the
 //! kernel's channel) and for a process's kick (the doorbell, [`crate::doorbell`]). When every
-//! port is an af_packet one, its sockets are in the polled set as well, so a frame from the
-//! wire ends the sleep too: nothing then needs a timer, and urdmad sleeps `idle_sleep_max_us`
-//! at once instead of waking every `idle_sleep_us` to look. A PCI PMD's queue gives nothing
-//! to sleep on (interrupt mode would), nor does a TAP port here (its PMD raises SIGIO, which
-//! may reach another thread), and with such a port urdmad keeps waking to look. The
-//! exception TAPs carry only the kernel's own traffic, which waits at most a sleep either way.
+//! port can say that frames came ([`RxWake`]), a frame from the wire ends the sleep too:
+//! an af_packet port's sockets are in the polled set, and so are a PCI port's RX interrupts
+//! (vfio-pci), armed for the sleep only. Nothing then needs a timer, and urdmad sleeps
+//! `idle_sleep_max_us` at once instead of waking every `idle_sleep_us` to look. A PCI device
+//! without interrupts (uio_pci_generic) gives nothing to sleep on, nor does a TAP port here
+//! (its PMD raises SIGIO, which may reach another thread), and with such a port urdmad keeps
+//! waking to look. The exception TAPs carry only the kernel's own traffic, which waits at
+//! most a sleep either way.
 //!
 //! Why it matters: on a small host the processes and urdmad share the cores; a urdmad that
 //! wakes ten thousand times a second to find nothing takes them from the processes it waits
@@ -19,15 +21,13 @@
 
 use super::StartupError;
 use crate::doorbell::{self, Bell};
+use crate::port::{self, RxWake};
 use dpdk_sys as sys;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-
-/// PMDs whose queues are kernel sockets that poll() reports readable.
-const FD_DRIVERS: [&str; 1] = ["net_af_packet"];
 
 /// What urdmad's sleep waits on besides the control sockets.
 pub struct Idle {
@@ -37,6 +37,9 @@ pub struct Idle {
     kick_path: PathBuf,
     /// The ports' own descriptors; empty when some port has none.
     port_fds: Vec<RawFd>,
+    /// The ports in interrupt mode: their id and their RX queues' interrupts (in
+    /// `port_fds` too).
+    interrupts: Vec<(u16, Vec<RawFd>)>,
     /// The last sleep was ended by a port's descriptor and nothing was found after it.
     pub spurious: bool,
     /// How often that happened (status).
@@ -96,17 +99,50 @@ impl Idle {
             kick,
             kick_path,
             port_fds: Vec::new(),
+            interrupts: Vec::new(),
             spurious: false,
             spurious_wakes: 0,
         })
     }
 
-    /// Once the ports are up: when every one of `drivers` (their PMDs' names) reads kernel
-    /// descriptors, finds those descriptors so that a frame ends a sleep.
-    pub fn watch_ports<'a>(&mut self, mut drivers: impl Iterator<Item = &'a str>) {
+    /// Once the ports are up (their ids and how each says that frames came): when every
+    /// one can, finds the descriptors that make a frame end a sleep.
+    pub fn watch_ports(&mut self, ports: &[(u16, &RxWake)]) {
         self.port_fds.clear();
-        if drivers.all(|d| FD_DRIVERS.contains(&d)) {
+        self.interrupts.clear();
+        if ports.iter().any(|(_, w)| matches!(w, RxWake::Timer(_))) {
+            return;
+        }
+        if ports.iter().any(|(_, w)| **w == RxWake::Socket) {
             self.port_fds = port_descriptors();
+        }
+        for (id, w) in ports {
+            if let RxWake::Interrupt(fds) = w {
+                self.port_fds.extend(fds);
+                self.interrupts.push((*id, fds.clone()));
+            }
+        }
+    }
+
+    /// Arms the ports' RX interrupts for a sleep; the ports armed, whose frames that came
+    /// before the arming the caller must still look for (they raised nothing).
+    pub fn arm(&self) -> impl Iterator<Item = u16> + '_ {
+        self.interrupts.iter().map(|(id, fds)| {
+            port::arm(*id, fds.len() as u16);
+            *id
+        })
+    }
+
+    /// After a sleep: the interrupts disarmed, and those that fired (`fired` says which
+    /// descriptors poll() found readable) read, so that they do not end the next sleep.
+    pub fn disarm(&self, fired: impl Fn(RawFd) -> bool) {
+        for (id, fds) in &self.interrupts {
+            port::disarm(*id, fds.len() as u16);
+            for &fd in fds.iter().filter(|&&fd| fired(fd)) {
+                let mut count = [0u8; 8];
+                // SAFETY: an eventfd, readable (poll said so): the read does not block.
+                unsafe { libc::read(fd, count.as_mut_ptr().cast(), count.len()) };
+            }
         }
     }
 
@@ -143,6 +179,17 @@ impl Drop for Idle {
         // SAFETY: ours; no process reads it once urdmad stops (they see the socket close).
         unsafe { sys::rte_memzone_free(self.mz) };
     }
+}
+
+/// Whether `fd` is readable now.
+pub fn readable(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; a zero timeout only looks.
+    unsafe { libc::poll(&mut p, 1, 0) > 0 && p.revents & libc::POLLIN != 0 }
 }
 
 /// This process's AF_PACKET sockets: what the af_packet PMD reads.

@@ -76,6 +76,8 @@ impl Daemon {
                 echoes: p.echoes,
                 conns_direct: p.conns_direct,
                 conns_forwarded: p.conns_forwarded,
+                rx_wake: p.port.rx_wake.as_str().into(),
+                rx_wake_reason: p.port.rx_wake.reason().map(Into::into),
                 direct: p.direct.is_some(),
                 direct_flows: p.direct.as_ref().map(|d| d.len()),
                 direct_max: p.direct.as_ref().map(|d| d.max()),
