@@ -7,9 +7,16 @@ use crate::proto::{Mac, Steering};
 use dpdk_sys as sys;
 use std::ffi::CString;
 use std::net::SocketAddrV4;
-use std::os::fd::RawFd;
 use std::path::Path;
 use std::ptr;
+
+mod pci;
+mod rx_wake;
+
+pub use pci::is_pci;
+use pci::pci_why;
+use rx_wake::interrupts;
+pub use rx_wake::{arm, disarm, RxWake};
 
 /// Whether the port can hand us back our own transmissions: an af_packet port whose sends go
 /// through the kernel's queueing (`tc netem` on the link releases frames from their socket,
@@ -18,65 +25,6 @@ use std::ptr;
 /// same MAC), so only af_packet ports drop them.
 pub fn may_echo(device: &str) -> bool {
     device.starts_with("net_af_packet") || device.starts_with("eth_af_packet")
-}
-
-/// `0000:03:00.0` or `03:00.0`: a PCI address rather than a vdev.
-pub fn is_pci(device: &str) -> bool {
-    let parts: Vec<&str> = device.split([':', '.']).collect();
-    (parts.len() == 3 || parts.len() == 4)
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_hexdigit()))
-}
-
-/// Why DPDK has no port for PCI device `device`, from what `devices` (sysfs's
-/// `/sys/bus/pci/devices`) says of it.
-fn pci_why(device: &str, devices: &Path) -> String {
-    let addr = if device.matches(':').count() == 1 {
-        format!("0000:{device}")
-    } else {
-        device.to_string()
-    };
-    let dir = devices.join(&addr);
-    if !dir.exists() {
-        return "no such PCI device".into();
-    }
-    let driver_of = |d: &Path| {
-        std::fs::read_link(d.join("driver"))
-            .ok()
-            .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()))
-    };
-    match driver_of(&dir).as_deref() {
-        None => "it is bound to no driver (bind it to vfio-pci)".into(),
-        Some("vfio-pci") => {
-            let Ok(members) = std::fs::read_dir(dir.join("iommu_group").join("devices")) else {
-                return "it is bound to vfio-pci but has no IOMMU group (is the IOMMU on: \
-                        intel_iommu=on or amd_iommu=on?)"
-                    .into();
-            };
-            let others: Vec<String> = members
-                .flatten()
-                .map(|m| m.file_name().to_string_lossy().into_owned())
-                .filter(|m| *m != addr)
-                .map(|m| {
-                    let drv = driver_of(&devices.join(&m)).unwrap_or_else(|| "no driver".into());
-                    format!("{m} ({drv})")
-                })
-                .collect();
-            if others.is_empty() {
-                "DPDK did not probe it (see EAL's lines before this one)".into()
-            } else {
-                format!(
-                    "its IOMMU group also holds {}: vfio-pci needs every device of the group",
-                    others.join(", ")
-                )
-            }
-        }
-        Some(d @ ("uio_pci_generic" | "igb_uio")) => {
-            format!("DPDK did not probe it under {d} (see EAL's lines before this one)")
-        }
-        Some(d) => format!("it is bound to {d}, not to vfio-pci"),
-    }
 }
 
 /// The device name of a devargs string (the part before the first comma).
@@ -510,71 +458,6 @@ pub struct Port {
     pub rx_wake: RxWake,
 }
 
-/// What tells an idle urdmad that a port received frames.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RxWake {
-    /// The af_packet PMD's kernel sockets, which poll() reports readable.
-    Socket,
-    /// Each RX queue's interrupt (an eventfd per queue, index = queue), armed only around a
-    /// sleep ([`arm`]): a PCI device bound to vfio-pci with an IOMMU.
-    Interrupt(Vec<RawFd>),
-    /// Nothing: urdmad looks again when its sleep times out. Why.
-    Timer(String),
-}
-
-impl RxWake {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            RxWake::Socket => "socket",
-            RxWake::Interrupt(_) => "interrupt",
-            RxWake::Timer(_) => "timer",
-        }
-    }
-
-    /// Why the port has no interrupt, for status.
-    pub fn reason(&self) -> Option<&str> {
-        match self {
-            RxWake::Timer(why) => Some(why),
-            _ => None,
-        }
-    }
-}
-
-/// The interrupts of the started port's RX queues 0..=`flow_queues`, left disarmed.
-fn interrupts(port: u16, flow_queues: u16) -> RxWake {
-    if flow_queues > 0 {
-        // Each flow queue would need the look after arming that queue 0 gets (forward.rs).
-        return RxWake::Timer("hardware steering's flow queues have no interrupt mode".into());
-    }
-    let mut fds = Vec::new();
-    for q in 0..=flow_queues {
-        // SAFETY: the port is started with intr_conf.rxq.
-        let fd = unsafe { sys::rte_eth_dev_rx_intr_ctl_q_get_fd(port, q) };
-        if fd < 0 {
-            return RxWake::Timer(format!("RX queue {q} has no interrupt descriptor"));
-        }
-        fds.push(fd);
-    }
-    disarm(port, fds.len() as u16);
-    RxWake::Interrupt(fds)
-}
-
-/// Arms the interrupts of RX queues `0..queues`: the next frame raises one.
-pub fn arm(port: u16, queues: u16) {
-    for q in 0..queues {
-        // SAFETY: a started port in interrupt mode.
-        unsafe { sys::rte_eth_dev_rx_intr_enable(port, q) };
-    }
-}
-
-/// Disarms them: frames are polled for while urdmad is awake.
-pub fn disarm(port: u16, queues: u16) {
-    for q in 0..queues {
-        // SAFETY: a started port in interrupt mode.
-        unsafe { sys::rte_eth_dev_rx_intr_disable(port, q) };
-    }
-}
-
 impl Port {
     /// Probes and starts the port, then creates and starts its TAP with the same MAC.
     /// On failure everything this call created is removed again.
@@ -749,82 +632,6 @@ impl Port {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A sysfs `devices` directory with `devices` (address, driver, IOMMU group).
-    fn sysfs(name: &str, devices: &[(&str, Option<&str>, Option<u32>)]) -> std::path::PathBuf {
-        let root = std::env::temp_dir().join(format!("urdmad-sysfs-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let devs = root.join("devices");
-        for (addr, driver, group) in devices {
-            let d = devs.join(addr);
-            std::fs::create_dir_all(&d).unwrap();
-            if let Some(drv) = driver {
-                let target = root.join("drivers").join(drv);
-                std::fs::create_dir_all(&target).unwrap();
-                std::os::unix::fs::symlink(&target, d.join("driver")).unwrap();
-            }
-            if let Some(g) = group {
-                let gd = root.join("groups").join(g.to_string()).join("devices");
-                std::fs::create_dir_all(&gd).unwrap();
-                let _ = std::os::unix::fs::symlink(&d, gd.join(addr));
-                std::os::unix::fs::symlink(gd.parent().unwrap(), d.join("iommu_group")).unwrap();
-            }
-        }
-        devs
-    }
-
-    #[test]
-    fn a_pci_device_without_a_port_is_told_why() {
-        let devs = sysfs(
-            "why",
-            &[
-                ("0000:00:03.0", Some("vfio-pci"), Some(3)),
-                ("0000:00:04.0", Some("vfio-pci"), Some(4)),
-                ("0000:00:04.1", Some("e1000e"), Some(4)),
-                ("0000:00:05.0", Some("virtio-pci"), Some(5)),
-                ("0000:00:06.0", None, Some(6)),
-                ("0000:00:07.0", Some("vfio-pci"), None),
-                ("0000:00:08.0", Some("uio_pci_generic"), None),
-            ],
-        );
-        let why = |d| pci_why(d, &devs);
-        assert_eq!(why("0000:00:09.0"), "no such PCI device");
-        assert_eq!(
-            why("00:03.0"),
-            "DPDK did not probe it (see EAL's lines before this one)"
-        );
-        assert_eq!(
-            why("0000:00:04.0"),
-            "its IOMMU group also holds 0000:00:04.1 (e1000e): vfio-pci needs every device of \
-             the group"
-        );
-        assert_eq!(
-            why("0000:00:05.0"),
-            "it is bound to virtio-pci, not to vfio-pci"
-        );
-        assert_eq!(
-            why("0000:00:06.0"),
-            "it is bound to no driver (bind it to vfio-pci)"
-        );
-        assert!(why("0000:00:07.0").starts_with("it is bound to vfio-pci but has no IOMMU group"));
-        assert_eq!(
-            why("0000:00:08.0"),
-            "DPDK did not probe it under uio_pci_generic (see EAL's lines before this one)"
-        );
-        std::fs::remove_dir_all(devs.parent().unwrap()).unwrap();
-    }
-
-    #[test]
-    fn interrupt_mode_is_named_and_a_timer_says_why() {
-        assert_eq!(RxWake::Socket.as_str(), "socket");
-        assert_eq!(RxWake::Interrupt(vec![7]).as_str(), "interrupt");
-        assert_eq!(RxWake::Interrupt(vec![7]).reason(), None);
-        let t = RxWake::Timer("the PMD has no RX interrupts".into());
-        assert_eq!(
-            (t.as_str(), t.reason()),
-            ("timer", Some("the PMD has no RX interrupts"))
-        );
-    }
 
     #[test]
     fn pci_addresses_are_told_from_vdevs() {
