@@ -36,6 +36,8 @@ impl RxWake {
 
 /// The interrupts of the started port's RX queues 0..=`flow_queues`, left disarmed.
 pub(super) fn interrupts(port: u16, flow_queues: u16) -> RxWake {
+    // Left armed, an interrupt nobody reads would still be raised for every frame.
+    disarm(port, 1 + flow_queues);
     if flow_queues > 0 {
         // Each flow queue would need the look after arming that queue 0 gets (forward.rs).
         return RxWake::Timer("hardware steering's flow queues have no interrupt mode".into());
@@ -49,7 +51,6 @@ pub(super) fn interrupts(port: u16, flow_queues: u16) -> RxWake {
         }
         fds.push(fd);
     }
-    disarm(port, fds.len() as u16);
     RxWake::Interrupt(fds)
 }
 
