@@ -2,7 +2,9 @@
 # The PMD link end to end (docs/testbed.md, "The PMD link"): the bed's nodes wired by the VM's
 # two virtio-net PCI NICs instead of the veth pair, each urdmad driving its NIC through DPDK's
 # virtio PMD (the NIC bound to vfio-pci behind the VM's IOMMU, so that its RX queues
-# interrupt). Each urdmad's port is its NIC and says its frames end its sleeps by interrupt;
+# interrupt). Each urdmad's port is its NIC and says its frames end its sleeps by interrupt,
+# and idle, each urdmad uses at most IDLE_PMD_BOUND_PCT (default 1.5) percent of one CPU, as on
+# the veth bed (55-e2e-idle; measured 0.2 %, and about 3 % for a urdmad looking on its timer).
 # ping, rping -V, ib_write_bw -R and the data-verifying workload pass over it; verify passes
 # again with 5 % of the link's frames dropped (by its relay on the host, scripts/pmd-relay:
 # netem cannot reach frames the kernel never sees), and the devices' retransmissions rise
@@ -19,6 +21,23 @@ OPS=${PMD_OPS:-100}
 RPING=${PMD_RPING:-50}
 prog=$(build_e2e verify) || exit 1
 port=7800
+IDLE_BOUND=${IDLE_PMD_BOUND_PCT:-1.5}
+
+# idle_pct NODE...: percent of one CPU each node's urdmad used over 5 s with no traffic.
+idle_pct() {
+	local n hz t1 s0 s1 out=
+	hz=$(getconf CLK_TCK)
+	declare -A c
+	s0=$(date +%s.%N)
+	for n in "$@"; do c[$n]=$(awk '{print $14 + $15}' "/proc/$(cat "/run/urdma/bed/$n.pid")/stat"); done
+	sleep 5
+	s1=$(date +%s.%N)
+	for n in "$@"; do
+		t1=$(awk '{print $14 + $15}' "/proc/$(cat "/run/urdma/bed/$n.pid")/stat")
+		out+="$n=$(awk -v a="${c[$n]}" -v b="$t1" -v hz="$hz" -v s0="$s0" -v s1="$s1" 'BEGIN {printf "%.2f", 100 * (b - a) / hz / (s1 - s0)}') "
+	done
+	echo "$out"
+}
 
 # verify_run LABEL: verify.c, client in node A, server in node B, 2 connections.
 verify_run() {
@@ -48,6 +67,12 @@ for n in A B; do
 	[ "$wake" = "interrupt null" ] || fail "node $n's port: rx_wake '$wake', not interrupt"
 done
 echo "ports: node A on $pci_a, node B on $pci_b (vfio-pci, DPDK's virtio PMD, RX interrupts)"
+idle=$(idle_pct A B)
+echo "idle, interrupts: urdmad CPU % of one CPU over 5 s: $idle(bound $IDLE_BOUND)"
+for kv in $idle; do
+	awk -v p="${kv#*=}" -v b="$IDLE_BOUND" 'BEGIN {exit !(p <= b)}' ||
+		fail "idle urdmad ${kv%%=*} on its PMD port used ${kv#*=} % of one CPU, above $IDLE_BOUND %"
+done
 
 t "$BED" exec A ping -c 3 -i 0.5 -W 10 "$ADDR_B" >/dev/null || fail "ping across the PMD link"
 rx=$(t "$BED" status --json B | jq -r '.port[0].rx_packets')
@@ -88,6 +113,6 @@ for n in A B; do
 	[ "$lines" = 1 ] || fail "node $n's urdmad logged $lines lines on its missing interrupts, not 1"
 done
 t "$BED" exec A ping -c 3 -i 0.5 -W 10 "$ADDR_B" >/dev/null || fail "ping across the PMD link without interrupts"
-echo "uio_pci_generic: $wake; ping: ok"
+echo "uio_pci_generic: $wake; ping: ok; idle urdmad CPU %: $(idle_pct A B)"
 dmesg_check
 echo "PASS"
