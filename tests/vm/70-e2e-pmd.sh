@@ -9,7 +9,8 @@
 # again with 5 % of the link's frames dropped (by its relay on the host, scripts/pmd-relay:
 # netem cannot reach frames the kernel never sees), and the devices' retransmissions rise
 # with it. Then the NICs bound to uio_pci_generic, which has no RX interrupts: each urdmad
-# says so in one log line and in status, and still serves (ping), on its timer.
+# says so in one log line and in status, and still serves (ping), on its timer. Last, a
+# urdmad given a NIC bound to no driver exits non-zero with one line naming it.
 # Reduced for CI (PMD_OPS=100 operations, PMD_RPING=50 iterations); the full form is
 #   scripts/vm -- env PMD_OPS=2000 PMD_RPING=1000 tests/vm/run-all 70-e2e-pmd
 # vm-timeout: 1800
@@ -114,5 +115,30 @@ for n in A B; do
 done
 t "$BED" exec A ping -c 3 -i 0.5 -W 10 "$ADDR_B" >/dev/null || fail "ping across the PMD link without interrupts"
 echo "uio_pci_generic: $wake; ping: ok; idle urdmad CPU %: $(idle_pct A B)"
+
+# Bad input: a urdmad whose port names a NIC bound to no driver says so in one line naming the
+# NIC and exits non-zero, and leaves the other NIC as it was.
+t "$BED" down >"$OUT/bed-down-uio.log" 2>&1 || fail "scripts/bed down: $(tail -n1 "$OUT/bed-down-uio.log")"
+drv_a=$(basename "$(readlink "/sys/bus/pci/devices/$pci_a/driver")")
+drv_b=$(basename "$(readlink "/sys/bus/pci/devices/$pci_b/driver")")
+echo "$pci_a" >"/sys/bus/pci/devices/$pci_a/driver/unbind" || fail "cannot unbind $pci_a from $drv_a"
+bad=$OUT/pmd-unbound
+printf '%s\n' "[daemon]" 'socket = "/run/urdma/pmd-unbound.sock"' 'group = ""' \
+	'file_prefix = "urdmapmdunbound"' "memory_mb = 64" "" "[[port]]" 'name = "unbound"' \
+	"device = \"$pci_a\"" 'exception = "urdma-tapx"' 'addresses = ["10.77.9.1/24"]' >"$bad.toml"
+ip netns add urdmapmdx || fail "ip netns add urdmapmdx"
+timeout -k 5 120 ip netns exec urdmapmdx target/release/urdmad --config "$bad.toml" </dev/null >"$bad.log" 2>&1
+rc=$?
+ip netns del urdmapmdx
+echo "$pci_a" >/sys/bus/pci/drivers_probe
+[ "$(basename "$(readlink "/sys/bus/pci/devices/$pci_a/driver")")" = "$drv_a" ] || fail "$pci_a not rebound to $drv_a"
+case $rc in 0 | 124 | 137) fail "urdmad with an unbound NIC: exit $rc, not an error exit" ;; esac
+want="PCI device $pci_a has no DPDK port: it is bound to no driver (bind it to vfio-pci)"
+lines=$(grep -c "$pci_a" "$bad.log")
+grep -qF "$want" "$bad.log" && [ "$lines" = 1 ] ||
+	fail "urdmad with an unbound NIC: $lines lines name $pci_a, not the one line '$want': $(tail -n3 "$bad.log" | tr '\n' ' ')"
+[ "$(basename "$(readlink "/sys/bus/pci/devices/$pci_b/driver")")" = "$drv_b" ] ||
+	fail "urdmad with an unbound NIC $pci_a changed $pci_b's driver"
+echo "unbound NIC: exit $rc, '$(grep -F "$pci_a" "$bad.log")'"
 dmesg_check
 echo "PASS"
