@@ -1,5 +1,6 @@
 //! Goodput of an RDMA Write stream across a matrix of lossy and reordering
-//! links, against the same stream on a clean one (issue #42). Prints a table
+//! links, against the same stream on a clean one: every case must complete
+//! every Write, and the table of goodput and sender statistics is printed
 //! (`cargo test -p trp --release --test loss_matrix -- --nocapture`).
 
 use trp::reliability::SenderStats;
@@ -127,6 +128,5 @@ fn loss_matrix() {
             s.fast_recoveries,
             s.max_in_flight,
         );
-        let _ = r.acks;
     }
 }
