@@ -57,4 +57,14 @@ done
 check "--no-plots with a pattern beside its floor" scripts/bench-report --no-plots "$out/goal" "$out/goal-report"
 check "its goal: 1.1 x the floor, urdma at 1.14 of it, not met" \
 	grep -qF '| `poll-write` | — | 100 | 50.0 | 80.0 | 88.0 | 1.14 | not met |' "$out/goal-report/benchmarks.md"
+# The PMD link's table: urdmad idle on both links and the baseline run's PMD figures beside.
+check "--pmd: urdmad idle and the baseline run's column" \
+	sh -c "scripts/bench-report --pmd docs/benchmarks >'$out/pmd.md' &&
+		grep -q '^| urdmad idle, each (% of a CPU) | ' '$out/pmd.md' &&
+		head -n1 '$out/pmd.md' | grep -q 'PMD link (virtio), run of '"
+# bench-guest refuses a bad idle measurement, in one line, before it touches anything.
+for v in BENCH_IDLE_SECS=0 BENCH_IDLE_SECS=x BENCH_IDLE_SETTLE=-1; do
+	check "bench-guest refuses $v" \
+		sh -c "env $v scripts/bench-guest --out '$out/bg' --stacks urdma 2>'$out/bg.err'; [ \$? = 2 ] && [ \$(wc -l <'$out/bg.err') = 1 ] && [ ! -e '$out/bg' ]"
+done
 summary
