@@ -37,7 +37,8 @@ MAX_WORDS = 2500
 
 SPAN = re.compile(r"`([^`\n]+)`")
 PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]*)+$")
-QUALIFIED = re.compile(r"^([A-Za-z0-9_./-]+\.(rs|c|h))::([A-Za-z_][A-Za-z0-9_]*)(::([A-Za-z_][A-Za-z0-9_]*))?$")
+IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+QUALIFIED = re.compile(rf"^([A-Za-z0-9_./-]+\.(rs|c|h))::({IDENT})(::({IDENT}))?$")
 
 RUST_ITEM = (
     r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:(?:const|async|unsafe|extern\s+\"C\")\s+)*"
@@ -101,9 +102,12 @@ def rust_defines(text, name, member):
                 inside.update(range(first, last))
         item = re.compile(RUST_ITEM.format(re.escape(name)))
         macro = re.compile(RUST_MACRO.format(re.escape(name)))
-        return any((item.match(l) or macro.match(l)) and i not in inside for i, l in enumerate(lines))
+        return any(
+            (item.match(l) or macro.match(l)) and i not in inside for i, l in enumerate(lines)
+        )
     fn = re.compile(RUST_ITEM.format(re.escape(member)))
-    variant = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?{}\b\s*([,({{:]|$)".format(re.escape(member)))
+    # a variant (`Name,` `Name(..)` `Name {`) or a field (`name: T`)
+    variant = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?" + re.escape(member) + r"\b\s*([,({:]|$)")
     for kind, block, first, last in blocks:
         if block != name:
             continue
@@ -217,8 +221,10 @@ def self_test():
         got = run(doc)
     refused = [s for s in right + wrong if problem(s) is not None]
     ok = refused == wrong and got == len(wrong)
-    print(f"self-test: {'ok' if ok else 'FAIL'}: {len(wrong)} wrong names refused, {len(right)} right ones kept"
-          if ok else f"self-test: FAIL: refused {refused}, expected {wrong}")
+    if ok:
+        print(f"self-test: ok: {len(wrong)} wrong names refused, {len(right)} right ones kept")
+    else:
+        print(f"self-test: FAIL: refused {refused}, expected {wrong}")
     return 0 if ok else 1
 
 
