@@ -3,7 +3,8 @@
 # the provider ABI of the libibverbs it was built against and carrying nothing of the daemon,
 # the daemon with its unit, conffile, group and modules, and a DKMS source tree that builds
 # urdma.ko for the VM's kernel as DKMS would. (Installing them into a Debian booted with
-# systemd is tests/deploy's part.)
+# systemd is tests/deploy's part.) lintian finds nothing to say about them, and urdmad's
+# manual page documents the options its --help lists.
 #   bash tests/host/package.sh
 set -u
 
@@ -63,6 +64,26 @@ check "the unit runs the packaged paths" \
 	grep -qx "ExecStart=/usr/sbin/urdmad --config /etc/urdma/urdmad.toml" "$out/d/lib/systemd/system/urdmad.service"
 check "sysusers makes the urdma group" grep -qx "g urdma -" "$out/d/usr/lib/sysusers.d/urdma.conf"
 check "modules-load.d loads urdma" grep -qx urdma "$out/d/usr/lib/modules-load.d/urdma.conf"
+check "urdmad has its manual page" has "$daemon" /usr/share/man/man8/urdmad.8.gz
+check "the postinst makes the urdma group" \
+	bash -c "dpkg-deb --ctrl-tarfile '$daemon' | tar -xO ./postinst | grep -q 'systemd-sysusers.* urdma.conf'"
+
+# The manual page and --help name the same long options, for the daemon and for status.
+options() { grep -o -- '--[a-z][a-z-]*' | sort -u; }
+man_options=$(zcat "$out/d/usr/share/man/man8/urdmad.8.gz" | sed 's/\\-/-/g' | options)
+help_options=$({ "$out/d/usr/sbin/urdmad" --help && "$out/d/usr/sbin/urdmad" status --help; } | options)
+check "the manual page documents every option of --help" \
+	test -n "$help_options" -a "$man_options" = "$help_options"
+[ "$man_options" = "$help_options" ] ||
+	diff <(echo "$man_options") <(echo "$help_options") | sed 's/^/package:   (man < > help) /'
+
+# lintian: no error and no warning (overrides in debian/*.lintian-overrides, each with its
+# reason). Run as root, it says so on stderr; only its tags count.
+lintian --tag-display-limit 0 --fail-on error,warning "$provider" "$daemon" "$dkms" >"$out/lintian.log" 2>&1
+lintian_rc=$?
+check "lintian reports no error and no warning" \
+	test "$lintian_rc" = 0 -a -z "$(grep -E '^[EW]: ' "$out/lintian.log")"
+grep -E '^[EWI]: ' "$out/lintian.log" | sed 's/^/package:   lintian: /'
 
 # The DKMS tree builds urdma.ko as dkms.conf says, for the VM's kernel.
 mkdir -p "$out/k"
