@@ -56,7 +56,7 @@ use crate::progress::{Round, Step};
 /// shared CPU delays the application it serves, and by using CPU time it loses the
 /// scheduler's preference for threads that wake after sleeping, so that its next wake-up
 /// waits for a time slice to end (measured in the emulated two-vCPU bed: `ib_write_lat`
-/// 2.9 ms with a 64-round spin, 0.8 ms without; docs/performance.md).
+/// 2.9 ms with a 64-round spin, 0.8 ms without).
 const YIELD_FREE: Duration = Duration::from_micros(100);
 
 /// Gives up the CPU; whether nobody else took it ([`YIELD_FREE`]).
