@@ -13,7 +13,7 @@ use rdma_core_sys::{
 use crate::abi::{context_is_ours, AllocContextResp};
 use crate::guard::{catch, set_errno};
 use crate::zero::{zeroed, Zeroable};
-use crate::{cq_ex, data, log, mw, qp_ex, srq, verbs};
+use crate::{control_verbs, cq_ex, data_verbs, log, mw, qp_ex, srq};
 
 /// The provider's per-open-device state. libibverbs allocates it (zeroed)
 /// and gives out the embedded `verbs_context`; it must stay plain data, as
@@ -47,30 +47,30 @@ unsafe impl Sync for ContextOps {}
 
 /// The verbs urdma implements. Left out (None), libibverbs installs its
 /// own stubs, which fail with EOPNOTSUPP in the way each verb reports
-/// errors. The data-path verbs run in user space ([`data`], [`srq`]).
+/// errors. The data-path verbs run in user space ([`data_verbs`], [`srq`]).
 static CONTEXT_OPS: ContextOps = ContextOps(verbs_context_ops {
-    query_device_ex: Some(verbs::query_device_ex),
-    query_port: Some(verbs::query_port),
-    alloc_pd: Some(verbs::alloc_pd),
-    dealloc_pd: Some(verbs::dealloc_pd),
-    reg_mr: Some(verbs::reg_mr),
-    dereg_mr: Some(verbs::dereg_mr),
+    query_device_ex: Some(control_verbs::query_device_ex),
+    query_port: Some(control_verbs::query_port),
+    alloc_pd: Some(control_verbs::alloc_pd),
+    dealloc_pd: Some(control_verbs::dealloc_pd),
+    reg_mr: Some(control_verbs::reg_mr),
+    dereg_mr: Some(control_verbs::dereg_mr),
     alloc_mw: Some(mw::alloc_mw),
     dealloc_mw: Some(mw::dealloc_mw),
     bind_mw: Some(mw::bind_mw),
-    create_cq: Some(verbs::create_cq),
+    create_cq: Some(control_verbs::create_cq),
     create_cq_ex: Some(cq_ex::create_cq_ex),
-    destroy_cq: Some(verbs::destroy_cq),
-    create_qp: Some(verbs::create_qp),
+    destroy_cq: Some(control_verbs::destroy_cq),
+    create_qp: Some(control_verbs::create_qp),
     create_qp_ex: Some(qp_ex::create_qp_ex),
-    modify_qp: Some(verbs::modify_qp),
-    query_qp: Some(verbs::query_qp),
-    destroy_qp: Some(verbs::destroy_qp),
+    modify_qp: Some(control_verbs::modify_qp),
+    query_qp: Some(control_verbs::query_qp),
+    destroy_qp: Some(control_verbs::destroy_qp),
     free_context: Some(free_context),
-    poll_cq: Some(data::poll_cq),
-    req_notify_cq: Some(data::req_notify_cq),
-    post_send: Some(data::post_send),
-    post_recv: Some(data::post_recv),
+    poll_cq: Some(data_verbs::poll_cq),
+    req_notify_cq: Some(data_verbs::req_notify_cq),
+    post_send: Some(data_verbs::post_send),
+    post_recv: Some(data_verbs::post_recv),
     create_srq: Some(srq::create_srq),
     modify_srq: Some(srq::modify_srq),
     query_srq: Some(srq::query_srq),

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rdma_core_sys::*;
 
+use crate::control_verbs::{cq_key, create_cq, UrdmaCq};
 use crate::guard::{catch, set_errno};
-use crate::runtime;
-use crate::verbs::{cq_key, create_cq, UrdmaCq};
+use crate::process;
 
 /// The completion fields urdma fills; the rest (timestamps, VLAN, flow
 /// tag, tag matching) it has none of. SLID, SL and DLID path bits are IB's
@@ -100,7 +100,7 @@ unsafe fn take(cq: *mut ibv_cq_ex, progress: bool) -> c_int {
     let key = unsafe { cq_key(cq.cast()) };
     // SAFETY: per the contract.
     let slot = unsafe { current_slot(cq) };
-    let n = runtime::with(|sh, now| {
+    let n = process::with(|sh, now| {
         if progress {
             sh.full_round(now);
         }

@@ -5,7 +5,7 @@
 //! lock at that moment, the child's copy would stay locked for good. So the
 //! lock is taken before the fork and let go after it on both sides, and in
 //! the child, while it is held, the copy of the parent's attachment is let
-//! go of ([`crate::runtime::Shared::forked`]) before fork() returns there.
+//! go of ([`crate::process::Shared::forked`]) before fork() returns there.
 //!
 //! `posix_spawn`, `system` and `vfork` run no fork handlers and need none:
 //! the child runs nothing of the provider's before it executes a program.
@@ -13,7 +13,7 @@
 use std::cell::RefCell;
 use std::sync::MutexGuard;
 
-use crate::runtime::{self, Shared};
+use crate::process::{self, Shared};
 
 thread_local! {
     /// The lock, from the fork handler before fork() to the one after it, on the thread
@@ -35,14 +35,14 @@ pub fn watch() {
 
 extern "C" fn before() {
     crate::guard::catch((), || {
-        let g = runtime::lock();
+        let g = process::lock();
         HELD.with(|h| *h.borrow_mut() = Some(g));
     });
 }
 
 extern "C" fn in_parent() {
     crate::guard::catch((), || {
-        crate::direct::forked_parent();
+        crate::socket_flow::forked_parent();
         HELD.with(|h| h.borrow_mut().take());
     });
 }

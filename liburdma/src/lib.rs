@@ -4,7 +4,7 @@
 //! claimed; a constructor registers [`device::DEVICE_OPS`], libibverbs asks
 //! [`device`] whether a device is ours and then opens it through
 //! [`context`]. Control verbs go through the kernel with the `ibv_cmd_*`
-//! helpers ([`verbs`]); the data path runs in user space: the progress
+//! helpers ([`control_verbs`]); the data path runs in user space: the progress
 //! [`engine`] drives trp connections over DPDK rings shared with urdmad,
 //! or, on the direct path, over each connection's own packet socket,
 //! places data through the process's MR table ([`mem`]) and completes
@@ -15,11 +15,11 @@
 
 pub mod abi;
 pub mod context;
+pub mod control_verbs;
 pub mod cq;
 mod cq_ex;
-mod data;
+mod data_verbs;
 pub mod device;
-mod direct;
 mod dpdk;
 pub mod engine;
 mod fork;
@@ -28,12 +28,12 @@ mod int_hash;
 mod log;
 pub mod mem;
 mod mw;
+mod process;
 mod progress;
 mod qp_ex;
 mod qp_table;
-mod runtime;
+mod socket_flow;
 pub mod srq;
-pub mod verbs;
 mod zero;
 
 /// Registers the provider with libibverbs when the library is loaded.

@@ -4,17 +4,17 @@
 //! path's protection checks find it as they find an MR.
 //!
 //! A bind is a send queue request: `ibv_bind_mw` (type 1) posts one, as
-//! an `IBV_WR_BIND_MW` request (type 2) is ([`crate::data`]).
+//! an `IBV_WR_BIND_MW` request (type 2) is ([`crate::data_verbs`]).
 
 use std::ffi::c_int;
 
 use rdma_core_sys::*;
 
+use crate::control_verbs::{create, destroy, dev_of, object, qp_key, PANIC_ERRNO};
 use crate::engine::{SendReq, Work};
 use crate::guard::catch;
 use crate::mem::{Bind, MwType};
-use crate::runtime;
-use crate::verbs::{create, destroy, dev_of, object, qp_key, PANIC_ERRNO};
+use crate::process;
 use crate::zero::zeroed;
 
 fn mw_type(t: ibv_mw_type) -> Option<MwType> {
@@ -50,7 +50,7 @@ pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) ->
             .inspect(|&mw: &*mut ibv_mw| {
                 // SAFETY: the kernel filled in the window; pd is valid.
                 let (dev, stag, pdh) = unsafe { (dev_of((*pd).context), (*mw).rkey, (*pd).handle) };
-                runtime::with_engine(|e| e.mrs.add_window(dev, stag, pdh, kind));
+                process::with_engine(|e| e.mrs.add_window(dev, stag, pdh, kind));
             }),
         )
     })
@@ -62,7 +62,7 @@ pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
         let (dev, stag) = unsafe { (dev_of((*mw).context), (*mw).rkey) };
         // Unbound and out of the table first, under the engine lock: no
         // access through it can be running or start after.
-        let old = runtime::with_engine(|e| e.mrs.remove_window(dev, stag));
+        let old = process::with_engine(|e| e.mrs.remove_window(dev, stag));
         // SAFETY: mw came from alloc_mw.
         let cmd = || unsafe { ibv_cmd_dealloc_mw(mw) };
         // SAFETY: mw came from alloc_mw (create); libibverbs does not use
@@ -70,7 +70,7 @@ pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
         let ret = unsafe { destroy(mw, cmd, || {}) };
         if let (true, Some(w)) = (ret != 0, old) {
             // Still allocated: back, unbound.
-            runtime::with_engine(|e| e.mrs.add_window(dev, w.stag, w.pd, w.kind));
+            process::with_engine(|e| e.mrs.add_window(dev, w.stag, w.pd, w.kind));
         }
         ret
     })
@@ -121,7 +121,7 @@ pub(crate) unsafe extern "C" fn bind_mw(
         };
         // SAFETY: libibverbs passes a QP of ours.
         let key = unsafe { qp_key(qp) };
-        let r = runtime::with(|sh, now| {
+        let r = process::with(|sh, now| {
             let r = sh.post_send(key, &req, now);
             sh.progress_after_post(key, now);
             r

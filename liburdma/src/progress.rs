@@ -1,6 +1,6 @@
 //! The progress policy: when the helper thread makes progress, when it sleeps, what wakes
 //! it, and when an application call must wake it or move its alarm. Deterministic: no
-//! clock, no lock, no descriptor of its own; `runtime` passes the time and what the
+//! clock, no lock, no descriptor of its own; `process` passes the time and what the
 //! application's threads did, and carries out the answer.
 //!
 //! The application's own calls make progress while it polls; the helper covers the time
@@ -41,7 +41,7 @@ pub const APP_QUIET: Duration = Duration::from_millis(10);
 pub const LOOK_MAX: Duration = Duration::from_millis(2);
 
 /// Rounds the helper keeps going after the last useful one, as long as the CPU is its own
-/// to spin on (`runtime`'s yield tells).
+/// to spin on (`process`'s yield tells).
 pub const SPIN_ROUNDS: u32 = 64;
 
 /// The policy's knobs (`URDMA_APP_ACTIVE_US`, `URDMA_STEADY_GAP_US`, `URDMA_STEADY_CALLS` and

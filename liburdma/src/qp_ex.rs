@@ -15,11 +15,11 @@ use std::sync::OnceLock;
 use rdma_core_sys::*;
 use trp::{AtomicOp, SendOp, Sge};
 
+use crate::control_verbs::{create_qp, qp_key, UrdmaQp, PANIC_ERRNO};
 use crate::engine::{SendReq, Work};
 use crate::guard::{catch, set_errno};
 use crate::mw::bind_of;
-use crate::runtime;
-use crate::verbs::{create_qp, qp_key, UrdmaQp, PANIC_ERRNO};
+use crate::process;
 
 /// The operations a QP made here may be built with: all but iWARP's
 /// missing Send with Immediate and what urdma has not (TSO, flush, atomic
@@ -276,7 +276,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
 fn post_all(qp: *mut ibv_qp_ex, reqs: &[Pending]) -> c_int {
     // SAFETY: our QP.
     let key = unsafe { qp_key(qp.cast()) };
-    runtime::with(|sh, now| {
+    process::with(|sh, now| {
         if sh
             .engine
             .send_room(key)

@@ -9,12 +9,12 @@ use std::ffi::c_int;
 use rdma_core_sys::*;
 
 use crate::abi::{urdma_ureq_modify_srq, URDMA_SRQ_REPORT_LIMIT};
-use crate::data::post_list;
+use crate::control_verbs::{create, destroy, dev_of, object, PANIC_ERRNO};
+use crate::data_verbs::post_list;
 use crate::engine::SrqKey;
 use crate::guard::catch;
-use crate::verbs::{create, destroy, dev_of, object, PANIC_ERRNO};
 use crate::zero::{zeroed, Zeroable};
-use crate::{log, runtime};
+use crate::{log, process};
 use trp::Sge;
 
 #[repr(C)]
@@ -69,7 +69,7 @@ pub(crate) unsafe extern "C" fn create_srq(
             // SAFETY: srq is the live box create returned.
             unsafe { (*srq).max_sge = a.max_sge };
             let key = srq_key(srq.cast());
-            runtime::with_engine(|e| {
+            process::with_engine(|e| {
                 e.create_srq(key, dev, pdh, a.max_wr as usize);
                 if let Some(q) = e.srq(key) {
                     q.set_limit(a.srq_limit);
@@ -93,7 +93,7 @@ pub(crate) unsafe extern "C" fn modify_srq(
         if ret == 0 && mask & IBV_SRQ_LIMIT as c_int != 0 {
             // SAFETY: attr is valid when the mask names the limit.
             let limit = unsafe { (*attr).srq_limit };
-            runtime::with_engine(|e| e.srq(srq_key(srq)).map(|q| q.set_limit(limit)));
+            process::with_engine(|e| e.srq(srq_key(srq)).map(|q| q.set_limit(limit)));
         }
         ret
     })
@@ -102,7 +102,7 @@ pub(crate) unsafe extern "C" fn modify_srq(
 pub(crate) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     catch(PANIC_ERRNO, || {
         let Some((max_wr, limit)) =
-            runtime::with_engine(|e| e.srq(srq_key(srq)).map(|q| (q.max_wr(), q.limit())))
+            process::with_engine(|e| e.srq(srq_key(srq)).map(|q| (q.max_wr(), q.limit())))
         else {
             return libc::EINVAL;
         };
@@ -123,7 +123,7 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         // SAFETY: srq came from create_srq. The kernel refuses (EBUSY)
         // while a QP is on it.
         let cmd = || unsafe { ibv_cmd_destroy_srq(srq) };
-        let forget = || runtime::with_engine(|e| e.destroy_srq(srq_key(srq)));
+        let forget = || process::with_engine(|e| e.destroy_srq(srq_key(srq)));
         // SAFETY: srq came from create_srq, a box of UrdmaSrq at offset 0;
         // libibverbs does not use it after a successful destroy.
         unsafe { destroy(srq.cast::<UrdmaSrq>(), cmd, forget) }
@@ -137,7 +137,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     // SAFETY: libibverbs passes an SRQ of ours, a box of UrdmaSrq.
     let max_sge = unsafe { (*srq.cast::<UrdmaSrq>()).max_sge } as usize;
-    let post = |sh: &mut runtime::Shared, key, w: &ibv_recv_wr, list: &[Sge], _| {
+    let post = |sh: &mut process::Shared, key, w: &ibv_recv_wr, list: &[Sge], _| {
         if list.len() > max_sge {
             return Err(libc::EINVAL);
         }

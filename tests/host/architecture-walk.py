@@ -195,7 +195,7 @@ def self_test():
     right = [
         "liburdma/src/engine/work.rs",
         "liburdma/src/engine/work.rs::Engine::post_send",
-        "liburdma/src/data.rs::post_send",
+        "liburdma/src/data_verbs.rs::post_send",
         "liburdma/src/engine.rs::Flow::transmit",
         "liburdma/src/dpdk.rs::DpdkFlow::transmit",
         "urdmad/src/cm.rs::Action::HandOver",

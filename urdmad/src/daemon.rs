@@ -26,7 +26,7 @@ mod connections;
 mod control;
 mod counters;
 mod device;
-mod direct;
+mod direct_port;
 mod flows;
 mod forward;
 mod idle;
@@ -63,7 +63,7 @@ struct PortState {
     /// Whether the port can hand us back our own frames ([`port::may_echo`]).
     may_echo: bool,
     /// The direct path ([`crate::direct`]), where the port offers it.
-    direct: Option<direct::DirectPort>,
+    direct: Option<direct_port::DirectPort>,
     /// Why it does not (status).
     direct_off: String,
     /// The af_packet PMD's sockets of the port, DPDK's: the kernel drops frames there when
@@ -96,7 +96,7 @@ struct FlowRec {
     /// Why a flow on a hardware-steered port is steered in software.
     fallback: Option<String>,
     /// The connection's own socket, when it is on the direct path.
-    direct: Option<direct::DirectSock>,
+    direct: Option<direct_port::DirectSock>,
     /// Its QP's slot in the table of QP figures, for a connection's flow.
     stats: Option<u32>,
 }
@@ -169,16 +169,16 @@ pub struct Daemon {
     departed: Vec<(u32, u32)>,
     swept_at: Instant,
     /// Where processes keep their connected QPs' figures.
-    qp_table: counters::QpTable,
+    qp_table: counters::QpFigures,
     /// Makes the direct path's sockets ready and closes them (`socket_keeper`); why not.
-    keeper: Result<Arc<SocketKeeper<direct::Prepared>>, String>,
+    keeper: Result<Arc<SocketKeeper<direct_port::Prepared>>, String>,
     /// The direct path's filters of closed connections, for the keeper to use again.
-    filters: Arc<direct::Filters>,
+    filters: Arc<direct_port::Filters>,
     /// When the ports' counters may next go to the kernel.
     next_push: Instant,
     /// The direct sockets of processes' ended connections, by client id, until the process
     /// parks or gives each back (`direct`).
-    shelves: BTreeMap<u32, Vec<direct::DirectSock>>,
+    shelves: BTreeMap<u32, Vec<direct_port::DirectSock>>,
     /// Connections that took a socket their process had parked, since start.
     sockets_reused: u64,
 }
@@ -323,15 +323,15 @@ impl Daemon {
         }
         // The direct path's sockets are made ready and closed on a thread of their own, which
         // also uses the filters of closed connections again.
-        let filters = Arc::new(direct::Filters::default());
+        let filters = Arc::new(direct_port::Filters::default());
         if cfg.ports.iter().any(|p| p.direct) {
-            if let Err(e) = filters.stock(direct::FILTER_STOCK, || FlowFilter::new(true)) {
+            if let Err(e) = filters.stock(direct_port::FILTER_STOCK, || FlowFilter::new(true)) {
                 tracing::debug!("no stock of filters: {e}");
             }
         }
         let make = {
             let filters = Arc::clone(&filters);
-            Box::new(move |geo| direct::prepare(geo, Some(&filters)))
+            Box::new(move |geo| direct_port::prepare(geo, Some(&filters)))
         };
         let keeper = SocketKeeper::new(cfg.daemon.direct_ready as usize, make)
             .map(Arc::new)
@@ -339,11 +339,17 @@ impl Daemon {
         // Once the ports' sockets exist.
         for (p, pc) in ports.iter_mut().zip(&cfg.ports) {
             // Found once: the direct path filters them, the status reads their drops.
-            let sockets = direct::port_sockets(&pc.device);
+            let sockets = direct_port::port_sockets(&pc.device);
             if let Ok((_, fds)) = &sockets {
                 p.sockets = fds.clone();
             }
-            match direct::DirectPort::new(&sockets, pc.direct, pc.direct_max, &keeper, &filters) {
+            match direct_port::DirectPort::new(
+                &sockets,
+                pc.direct,
+                pc.direct_max,
+                &keeper,
+                &filters,
+            ) {
                 Ok(d) => {
                     tracing::info!(port = %pc.name, "connections take the direct path");
                     p.direct = Some(d);
@@ -380,7 +386,7 @@ impl Daemon {
                 return Err(e.into());
             }
         };
-        let qp_table = match counters::QpTable::new() {
+        let qp_table = match counters::QpFigures::new() {
             Ok(t) => t,
             Err(e) => {
                 close_all(&mut ports);

@@ -63,14 +63,14 @@ pub(super) fn figures(v: &Values) -> status::QpFigures {
 }
 
 /// The table of QP figures, in urdmad's shared memory.
-pub(super) struct QpTable {
+pub(super) struct QpFigures {
     mz: *const sys::rte_memzone,
     slots: *const Slot,
     free: Vec<u32>,
 }
 
-impl QpTable {
-    pub fn new() -> Result<QpTable, StartupError> {
+impl QpFigures {
+    pub fn new() -> Result<QpFigures, StartupError> {
         let name = CString::new(MEMZONE).unwrap();
         let len = SLOTS as usize * std::mem::size_of::<Slot>();
         // SAFETY: EAL is up; a valid name.
@@ -88,7 +88,7 @@ impl QpTable {
             }
             p as *const Slot
         };
-        Ok(QpTable {
+        Ok(QpFigures {
             mz,
             slots,
             // Taken from the end: the lowest first.
@@ -127,7 +127,7 @@ impl QpTable {
     }
 }
 
-impl Drop for QpTable {
+impl Drop for QpFigures {
     fn drop(&mut self) {
         // SAFETY: reserved in `new`; no process is attached any more when urdmad drops it.
         unsafe { sys::rte_memzone_free(self.mz) };

@@ -445,7 +445,7 @@ fn a_way_out_that_stays_shut_holds_the_close_back_for_a_bounded_time() {
 
 /// Host CPU time per 64-byte Write with `pairs` connected QP pairs in one engine, each
 /// keeping `depth` Writes outstanding, for `total` Writes in all; every Write must complete.
-/// Each post is followed by the round the provider makes for it (`data::post_list`: a round
+/// Each post is followed by the round the provider makes for it (`data_verbs::post_list`: a round
 /// over every QP), and each poll by a round as well.
 /// Each post is followed by the round the provider makes for it: a full one when
 /// `every_qp_on_post` (what the provider did first), else [`Engine::progress_after_post`].

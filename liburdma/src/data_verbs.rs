@@ -9,11 +9,11 @@ use std::ffi::c_int;
 use rdma_core_sys::*;
 use trp::{AtomicOp, Instant, SendOp, Sge};
 
+use crate::control_verbs::{cq_key, qp_key};
 use crate::engine::{QpKey, SendReq, Work};
 use crate::guard::catch;
 use crate::mw::bind_of;
-use crate::runtime;
-use crate::verbs::{cq_key, qp_key};
+use crate::process;
 
 /// Most SGEs a request may carry (the device's max_sge).
 const MAX_SGE: usize = 8;
@@ -142,8 +142,8 @@ pub(crate) unsafe fn post_list<W: WorkRequest, K: Copy>(
     key: K,
     wr: *mut W,
     bad_wr: *mut *mut W,
-    mut post: impl FnMut(&mut runtime::Shared, K, &W, &[Sge], Instant) -> Result<(), c_int>,
-    done: impl FnOnce(&mut runtime::Shared, K, Instant),
+    mut post: impl FnMut(&mut process::Shared, K, &W, &[Sge], Instant) -> Result<(), c_int>,
+    done: impl FnOnce(&mut process::Shared, K, Instant),
 ) -> c_int {
     let fail = |at: *mut W, e: c_int| {
         if !bad_wr.is_null() {
@@ -153,7 +153,7 @@ pub(crate) unsafe fn post_list<W: WorkRequest, K: Copy>(
         e
     };
     catch(fail(wr, libc::EIO), || {
-        runtime::with(|sh, now| {
+        process::with(|sh, now| {
             let mut cur = wr;
             let mut ret = 0;
             while !cur.is_null() {
@@ -183,7 +183,7 @@ pub(crate) unsafe fn post_list<W: WorkRequest, K: Copy>(
 }
 
 /// What a QP's posts are followed by: their progress.
-fn after_post(sh: &mut runtime::Shared, key: QpKey, now: Instant) {
+fn after_post(sh: &mut process::Shared, key: QpKey, now: Instant) {
     sh.progress_after_post(key, now);
 }
 
@@ -192,7 +192,7 @@ pub(crate) unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
-    let post = |sh: &mut runtime::Shared, key, w: &ibv_send_wr, list: &[Sge], now| {
+    let post = |sh: &mut process::Shared, key, w: &ibv_send_wr, list: &[Sge], now| {
         // SAFETY: the application's request, naming its own objects.
         let op = unsafe { work(w) }.ok_or(libc::EINVAL)?;
         let mut parts: [&[u8]; MAX_SGE] = [&[]; MAX_SGE];
@@ -224,7 +224,7 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    let post = |sh: &mut runtime::Shared, key, w: &ibv_recv_wr, list: &[Sge], _| {
+    let post = |sh: &mut process::Shared, key, w: &ibv_recv_wr, list: &[Sge], _| {
         sh.engine
             .post_recv(key, w.wr_id, list)
             .map_err(|e| e.errno())
@@ -249,7 +249,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         let key = unsafe { cq_key(cq) };
         // SAFETY: wc is non-null with room for n entries (the caller's).
         let out = unsafe { std::slice::from_raw_parts_mut(wc, n) };
-        runtime::with(|sh, now| {
+        process::with(|sh, now| {
             sh.full_round(now);
             match sh.engine.poll_cq(key, out, now) {
                 Some(k) => k as c_int,
@@ -263,7 +263,7 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     catch(libc::EIO, || {
         // SAFETY: cq is ours.
         let key = unsafe { cq_key(cq) };
-        runtime::with(|sh, now| {
+        process::with(|sh, now| {
             // urdma.ko's bell fires a CQ's event when a frame that completes a receive is in
             // the ring, before any thread has pushed the completion. Pushed now, before the
             // arm, it fires no second event, and the CQ holds it when the caller polls, as

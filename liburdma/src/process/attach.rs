@@ -131,8 +131,8 @@ impl Shared {
         }
         self.engine.forked();
         // The parent gives these back or keeps them parked; the child's copies just close.
-        drop(crate::direct::take_for_urdmad());
-        crate::direct::forget_parked();
+        drop(crate::socket_flow::take_for_urdmad());
+        crate::socket_flow::forget_parked();
         if let Some(a) = self.attached.take() {
             if a.ctl.is_none() {
                 // The parent lost urdmad and let go of EAL's memory: nothing to attach with.

@@ -30,7 +30,7 @@ use crate::log;
 const BURST: u32 = 32;
 
 /// The sockets of flows dropped, for the next holder of the provider's lock to give back to
-/// urdmad (`GIVEBACK`, in `runtime::control`): the last close of a socket with rings waits
+/// urdmad (`GIVEBACK`, in `process::control`): the last close of a socket with rings waits
 /// for three RCU grace periods, and urdmad makes it its own. Only touched under the
 /// provider's lock, so never held across a fork.
 static RETURNED: Mutex<Vec<OwnedFd>> = Mutex::new(Vec::new());
@@ -313,7 +313,7 @@ impl Flow for SocketFlow {
 
     /// The child's copies of the socket and its mapped rings are its own to close and
     /// unmap (the parent's copy stays open, so the close does not wait); the epoll set was
-    /// renewed (`runtime`), so taking the socket out of it leaves
+    /// renewed (`process`), so taking the socket out of it leaves
     /// the parent's set alone.
     fn forked(&mut self) {
         self.ring.forked();

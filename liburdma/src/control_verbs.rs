@@ -13,7 +13,7 @@ use crate::engine::QpInit;
 use crate::guard::{catch, set_errno};
 use crate::mem::access_from_ibv;
 use crate::zero::{zeroed, Zeroable};
-use crate::{context, log, runtime};
+use crate::{context, log, process};
 
 /// Allocates a zeroed `T` for libibverbs to fill in and runs the kernel
 /// command `cmd` that creates the object on it. On success the kernel holds
@@ -264,7 +264,7 @@ pub(crate) unsafe extern "C" fn reg_mr(
                     length as u64,
                     access_from_ibv(access as u32),
                 );
-                runtime::with_engine(|e| e.mrs.insert(dev, stag, region, access as u32));
+                process::with_engine(|e| e.mrs.insert(dev, stag, region, access as u32));
                 // SAFETY: vmr is the live box create returned.
                 unsafe { &raw mut (*vmr).ibv_mr }
             }),
@@ -279,7 +279,7 @@ pub(crate) unsafe extern "C" fn dereg_mr(vmr: *mut verbs_mr) -> c_int {
         // Out of the table first, under the engine lock: no placement can
         // be running, and none will reach this memory after. Not while
         // windows are bound to it (EBUSY).
-        let old = match runtime::with_engine(|e| e.mrs.remove(dev, stag)) {
+        let old = match process::with_engine(|e| e.mrs.remove(dev, stag)) {
             Ok(old) => old,
             Err(e) => return e,
         };
@@ -289,7 +289,7 @@ pub(crate) unsafe extern "C" fn dereg_mr(vmr: *mut verbs_mr) -> c_int {
         // after a successful dereg.
         let ret = unsafe { destroy(vmr, cmd, || {}) };
         if let (true, Some(m)) = (ret != 0, old) {
-            runtime::with_engine(|e| e.mrs.restore(dev, stag, m));
+            process::with_engine(|e| e.mrs.restore(dev, stag, m));
         }
         ret
     })
@@ -347,7 +347,7 @@ pub(crate) unsafe extern "C" fn create_cq(
             });
             let cap = cqe.max(1) as usize;
             let key = (dev, resp.drv.cq_id);
-            runtime::with_engine(|e| e.create_cq_with_arm(key, cap, notify, arm));
+            process::with_engine(|e| e.create_cq_with_arm(key, cap, notify, arm));
             log::debug(format_args!("cq {} ({cqe} entries)", resp.drv.cq_id));
             ibcq
         }))
@@ -361,7 +361,7 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         let forget = || {
             // SAFETY: cq came from create_cq and is not freed yet.
             let key = unsafe { cq_key(cq) };
-            runtime::with_engine(|e| e.destroy_cq(key));
+            process::with_engine(|e| e.destroy_cq(key));
         };
         // SAFETY: cq came from create_cq, a box of UrdmaCq at offset 0;
         // libibverbs does not use it after a successful destroy.
@@ -434,7 +434,7 @@ pub(crate) unsafe extern "C" fn create_qp(
         let ibdev_path = unsafe { c_path(&(*(*ctx).device).ibdev_path) };
         // The first QP of the process attaches it to urdmad. urdmad hears whose QP it is
         // from urdma.ko, with the QP's CONNECT or ACCEPT: nothing is said to it here.
-        let registered = runtime::with(|sh, _| {
+        let registered = process::with(|sh, _| {
             sh.ensure_attached_for(&ibdev_path)?;
             sh.engine.create_qp((dev, qpn), init);
             Ok(())
@@ -471,7 +471,7 @@ pub(crate) unsafe extern "C" fn modify_qp(
             let state = unsafe { (*attr).qp_state };
             // SAFETY: qp came from create_qp.
             let key = unsafe { qp_key(qp) };
-            runtime::with(|sh, now| {
+            process::with(|sh, now| {
                 match state {
                     IBV_QPS_SQD => {
                         // urdma.ko tells urdmad nothing of this close: the provider does
@@ -508,7 +508,7 @@ pub(crate) unsafe extern "C" fn query_qp(
         // knows it at once (a Terminate, a peer gone silent).
         // SAFETY: qp came from create_qp.
         let key = unsafe { qp_key(qp) };
-        if ret == 0 && runtime::with_engine(|e| e.qp_in_error(key)) {
+        if ret == 0 && process::with_engine(|e| e.qp_in_error(key)) {
             // SAFETY: attr is the caller's, filled by the kernel above.
             unsafe {
                 (*attr).qp_state = IBV_QPS_ERR;
@@ -524,12 +524,12 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         // Before the kernel hears of it: urdmad then aborts the connection.
         // SAFETY: qp came from create_qp.
         let key = unsafe { qp_key(qp) };
-        runtime::with(|sh, now| sh.engine.send_held_ack(key, now));
+        process::with(|sh, now| sh.engine.send_held_ack(key, now));
         // SAFETY: qp came from create_qp.
         let cmd = || unsafe { ibv_cmd_destroy_qp(qp) };
         let forget = || {
-            if let Some(told) = runtime::with_engine(|e| e.destroy_qp(key)) {
-                runtime::unregister_qp(key, told);
+            if let Some(told) = process::with_engine(|e| e.destroy_qp(key)) {
+                process::unregister_qp(key, told);
             }
             // SAFETY: qp came from create_qp; its batch, if any, is no
             // longer used (the application is done with the QP).

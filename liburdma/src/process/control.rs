@@ -23,10 +23,10 @@ use urdma_shared::proto::{Event, Request, Response};
 
 use super::helper::kick_helper;
 use super::{lock, rt, Shared};
-use crate::direct::SocketFlow;
 use crate::dpdk::{self, DpdkFlow};
 use crate::engine::{Flow, Notice, QpKey, Unregister};
 use crate::log;
+use crate::socket_flow::SocketFlow;
 
 /// Tells urdmad what it must hear of a destroyed QP: its `QPCLOSED` if destroying it made
 /// one, and `UNQP` unless that was all. Posted: urdmad accepts it whatever it finds, so
@@ -130,7 +130,7 @@ impl Shared {
                 }
                 self.engine.fail_all(now);
                 // Nobody would use them again.
-                crate::direct::forget_parked();
+                crate::socket_flow::forget_parked();
                 // No flow is left and no EVENT CONNECTED can come: nothing
                 // touches urdmad's memory any more.
                 dpdk::detach();
@@ -205,12 +205,12 @@ impl Shared {
             }
         }
         let lingered = self.engine.take_lingered();
-        let (returned, parked) = crate::direct::take_for_urdmad();
+        let (returned, parked) = crate::socket_flow::take_for_urdmad();
         let Some(ctl) = self.control() else {
             // Without urdmad these close here: its copies are gone too, and nobody would
             // use a parked one again.
             if !parked.is_empty() {
-                crate::direct::forget_parked();
+                crate::socket_flow::forget_parked();
             }
             return;
         };
@@ -268,7 +268,7 @@ fn make_flow(
     // urdmad no longer takes the connection's frames: without the socket nothing arrives.
     let geo = urdma_shared::direct::Geometry::new(c.datagram, c.direct);
     let rings = if c.reuse != 0 {
-        let rings = crate::direct::take_parked(c.reuse)
+        let rings = crate::socket_flow::take_parked(c.reuse)
             .ok_or("urdmad named a parked socket this process does not hold")?;
         if rings.geometry() != geo {
             return Err("urdmad named a parked socket of other rings".into());
@@ -277,7 +277,7 @@ fn make_flow(
     } else {
         let sock =
             sock.ok_or("urdmad put the connection on the direct path but passed no socket")?;
-        crate::direct::map(sock, geo)?
+        crate::socket_flow::map(sock, geo)?
     };
     let epoll = rt()
         .sockets
