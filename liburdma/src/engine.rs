@@ -5,7 +5,7 @@
 //! A QP's datagrams come and go through its [`Flow`] (DPDK rings in the
 //! provider, in-memory queues in tests), time is an argument, and what
 //! urdmad must hear about (a peer's FIN, the end of a connection) is
-//! collected as [`Notice`]s. [`crate::process`] keeps one engine behind one lock;
+//! collected as [`Notice`]s. `process` keeps one engine behind one lock;
 //! everything here runs under it, which is what makes a deregistration
 //! unable to race a placement and an arm unable to miss a completion.
 
