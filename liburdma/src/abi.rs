@@ -16,6 +16,7 @@ mod generated {
 
 pub use generated::*;
 
+use crate::error::Error;
 use rdma_core_sys::{
     ib_uverbs_create_cq_resp, ib_uverbs_create_qp_resp, ib_uverbs_get_context_resp,
 };
@@ -50,18 +51,18 @@ pub struct CreateQpResp {
 
 /// Whether an alloc_ucontext response really came from a urdma.ko speaking
 /// our ABI version (the device match only saw sysfs).
-pub fn context_is_ours(r: &urdma_uresp_alloc_ctx) -> Result<(), String> {
+pub fn context_is_ours(r: &urdma_uresp_alloc_ctx) -> Result<(), Error> {
     if r.magic != URDMA_ABI_MAGIC {
-        return Err(format!(
+        return Err(Error::ForeignDevice(format!(
             "device answered with magic {:#010x}, not urdma's {URDMA_ABI_MAGIC:#010x}",
             r.magic
-        ));
+        )));
     }
     if r.abi_version != URDMA_ABI_VERSION {
-        return Err(format!(
+        return Err(Error::ForeignDevice(format!(
             "kernel speaks urdma ABI {}, this provider {URDMA_ABI_VERSION}",
             r.abi_version
-        ));
+        )));
     }
     Ok(())
 }

@@ -11,7 +11,8 @@ use rdma_core_sys::{
 };
 
 use crate::abi::{context_is_ours, AllocContextResp};
-use crate::guard::{catch, set_errno};
+use crate::error::{object, Error};
+use crate::guard::catch;
 use crate::zero::{zeroed, Zeroable};
 use crate::{control_verbs, cq_ex, data_verbs, log, mw, qp_ex, srq};
 
@@ -93,19 +94,13 @@ pub(crate) unsafe extern "C" fn alloc_context(
     catch(std::ptr::null_mut(), || {
         // SAFETY: device and cmd_fd come from libibverbs' open path, which
         // hands us ownership of cmd_fd.
-        match unsafe { open(device, cmd_fd) } {
-            Ok(ctx) => ctx,
-            Err(e) => {
-                set_errno(e);
-                std::ptr::null_mut()
-            }
-        }
+        object("alloc_context", unsafe { open(device, cmd_fd) })
     })
 }
 
 /// # Safety
 /// As for `verbs_device_ops::alloc_context`.
-unsafe fn open(device: *mut ibv_device, cmd_fd: c_int) -> Result<*mut verbs_context, i32> {
+unsafe fn open(device: *mut ibv_device, cmd_fd: c_int) -> Result<*mut verbs_context, Error> {
     // SAFETY: device and cmd_fd per the contract; the size and offset
     // describe UrdmaContext, which embeds the verbs_context.
     let ctx = unsafe {
@@ -120,7 +115,7 @@ unsafe fn open(device: *mut ibv_device, cmd_fd: c_int) -> Result<*mut verbs_cont
     .cast::<UrdmaContext>();
     if ctx.is_null() {
         // libibverbs has closed cmd_fd and set errno.
-        return Err(crate::guard::errno());
+        return Err(Error::last_os("verbs_init_and_alloc_context"));
     }
     // SAFETY: ctx is the non-null UrdmaContext just allocated.
     let vctx = unsafe { &raw mut (*ctx).vctx };
@@ -138,15 +133,9 @@ unsafe fn open(device: *mut ibv_device, cmd_fd: c_int) -> Result<*mut verbs_cont
             size_of_val(&resp),
         )
     };
-    let checked = if ret != 0 {
-        log::error(format_args!("alloc_ucontext failed: errno {ret}"));
-        Err(ret)
-    } else {
-        context_is_ours(&resp.drv).map_err(|why| {
-            log::error(format_args!("refusing device: {why}"));
-            libc::EPROTO
-        })
-    };
+    let checked = Error::kernel("ibv_cmd_get_context", ret)
+        .and_then(|()| context_is_ours(&resp.drv))
+        .inspect_err(|e| log::error(format_args!("{e}")));
     if let Err(e) = checked {
         // Closes cmd_fd, which also releases the kernel's ucontext.
         // SAFETY: vctx was initialised by verbs_init_and_alloc_context,

@@ -10,7 +10,8 @@ use rdma_core_sys::*;
 use crate::abi::{urdma_ureq_create_cq, CreateCqCmd, CreateCqResp, CreateQpResp};
 use crate::cq::ArmWord;
 use crate::engine::QpInit;
-use crate::guard::{catch, set_errno};
+use crate::error::{object, status, Error};
+use crate::guard::catch;
 use crate::mem::access_from_ibv;
 use crate::zero::{zeroed, Zeroable};
 use crate::{context, log, process};
@@ -18,48 +19,42 @@ use crate::{context, log, process};
 /// Allocates a zeroed `T` for libibverbs to fill in and runs the kernel
 /// command `cmd` that creates the object on it. On success the kernel holds
 /// the object and the box is handed out, to be freed by [`destroy`]; on
-/// failure (`cmd`'s errno) nothing refers to it and it is freed here.
-pub(crate) fn create<T: Zeroable>(cmd: impl FnOnce(*mut T) -> c_int) -> Result<*mut T, c_int> {
+/// failure (the kernel's errno, for `verb`) nothing refers to it and it is freed here.
+pub(crate) fn create<T: Zeroable>(
+    verb: &'static str,
+    cmd: impl FnOnce(*mut T) -> c_int,
+) -> Result<*mut T, Error> {
     let obj = Box::into_raw(Box::new(zeroed::<T>()));
-    match cmd(obj) {
-        0 => Ok(obj),
-        ret => {
+    match Error::kernel(verb, cmd(obj)) {
+        Ok(()) => Ok(obj),
+        Err(e) => {
             // SAFETY: obj came from Box::into_raw above and the failed
             // command left nothing holding it: it is still only ours.
             drop(unsafe { Box::from_raw(obj) });
-            Err(ret)
+            Err(e)
         }
     }
 }
 
 /// Runs the kernel command `cmd` that destroys `obj`; once it succeeded,
 /// `forget` drops what the provider keeps about the object (it may still
-/// read `obj`) and the box is freed. A failed command leaves both, as the
-/// object still exists; its errno is returned.
+/// read `obj`) and the box is freed. A failed command (the kernel's errno,
+/// for `verb`) leaves both, as the object still exists.
 ///
 /// # Safety
 /// `obj` came from [`create`] (as a `T`) and is not used after a success.
 pub(crate) unsafe fn destroy<T>(
+    verb: &'static str,
     obj: *mut T,
     cmd: impl FnOnce() -> c_int,
     forget: impl FnOnce(),
-) -> c_int {
-    let ret = cmd();
-    if ret == 0 {
-        forget();
-        // SAFETY: per the contract: create's box, which the kernel let go
-        // of and nothing uses any more.
-        drop(unsafe { Box::from_raw(obj) });
-    }
-    ret
-}
-
-/// Constructor result: the object or NULL with errno set.
-pub(crate) fn object<T>(r: Result<*mut T, c_int>) -> *mut T {
-    r.unwrap_or_else(|e| {
-        set_errno(e);
-        std::ptr::null_mut()
-    })
+) -> Result<(), Error> {
+    Error::kernel(verb, cmd())?;
+    forget();
+    // SAFETY: per the contract: create's box, which the kernel let go
+    // of and nothing uses any more.
+    drop(unsafe { Box::from_raw(obj) });
+    Ok(())
 }
 
 /// For verbs that return an errno: a panic becomes EIO.
@@ -192,19 +187,22 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     catch(std::ptr::null_mut(), || {
         let mut cmd: ibv_alloc_pd = zeroed();
         let mut resp: ib_uverbs_alloc_pd_resp = zeroed();
-        object(create(|pd| {
-            // SAFETY: pd is ours; ctx as libibverbs passed it.
-            unsafe {
-                ibv_cmd_alloc_pd(
-                    ctx,
-                    pd,
-                    &mut cmd,
-                    size_of_val(&cmd),
-                    &mut resp,
-                    size_of_val(&resp),
-                )
-            }
-        }))
+        object(
+            "alloc_pd",
+            create("ibv_cmd_alloc_pd", |pd| {
+                // SAFETY: pd is ours; ctx as libibverbs passed it.
+                unsafe {
+                    ibv_cmd_alloc_pd(
+                        ctx,
+                        pd,
+                        &mut cmd,
+                        size_of_val(&cmd),
+                        &mut resp,
+                        size_of_val(&resp),
+                    )
+                }
+            }),
+        )
     })
 }
 
@@ -214,7 +212,9 @@ pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
         let cmd = || unsafe { ibv_cmd_dealloc_pd(pd) };
         // SAFETY: pd came from alloc_pd (create); libibverbs does not use
         // it after a successful dealloc.
-        unsafe { destroy(pd, cmd, || {}) }
+        status("dealloc_pd", unsafe {
+            destroy("ibv_cmd_dealloc_pd", pd, cmd, || {})
+        })
     })
 }
 
@@ -228,16 +228,15 @@ pub(crate) unsafe extern "C" fn reg_mr(
     catch(std::ptr::null_mut(), || {
         // Tagged offsets are the addresses the memory is copied at.
         if hca_va != addr as u64 {
-            log::error(format_args!(
-                "reg_mr with an I/O virtual address other than the address is not supported"
-            ));
-            set_errno(libc::EOPNOTSUPP);
-            return std::ptr::null_mut();
+            let e = Error::Unsupported("reg_mr with an I/O virtual address other than the address");
+            log::error(format_args!("{e}"));
+            return object("reg_mr", Err(e));
         }
         let mut cmd: ibv_reg_mr = zeroed();
         let mut resp: ib_uverbs_reg_mr_resp = zeroed();
         object(
-            create(|vmr| {
+            "reg_mr",
+            create("ibv_cmd_reg_mr", |vmr| {
                 // SAFETY: vmr is ours; the rest as libibverbs passed it.
                 unsafe {
                     ibv_cmd_reg_mr(
@@ -281,17 +280,17 @@ pub(crate) unsafe extern "C" fn dereg_mr(vmr: *mut verbs_mr) -> c_int {
         // windows are bound to it (EBUSY).
         let old = match process::with_engine(|e| e.mrs.remove(dev, stag)) {
             Ok(old) => old,
-            Err(e) => return e,
+            Err(e) => return status("dereg_mr", Err(e)),
         };
         // SAFETY: vmr came from reg_mr.
         let cmd = || unsafe { ibv_cmd_dereg_mr(vmr) };
         // SAFETY: vmr came from reg_mr (create); libibverbs does not use it
         // after a successful dereg.
-        let ret = unsafe { destroy(vmr, cmd, || {}) };
-        if let (true, Some(m)) = (ret != 0, old) {
+        let r = unsafe { destroy("ibv_cmd_dereg_mr", vmr, cmd, || {}) };
+        if let (true, Some(m)) = (r.is_err(), old) {
             process::with_engine(|e| e.mrs.restore(dev, stag, m));
         }
-        ret
+        status("dereg_mr", r)
     })
 }
 
@@ -313,7 +312,7 @@ pub(crate) unsafe extern "C" fn create_cq(
             },
         };
         let mut resp = CreateCqResp::default();
-        let made = create(|cq: *mut UrdmaCq| {
+        let made = create("ibv_cmd_create_cq", |cq: *mut UrdmaCq| {
             // SAFETY: cq is ours (verbs_cq starts with the ibv_cq); the
             // private request follows the command (CreateCqCmd is repr(C)).
             unsafe {
@@ -330,27 +329,30 @@ pub(crate) unsafe extern "C" fn create_cq(
                 )
             }
         });
-        object(made.map(|cq| {
-            let ibcq = cq.cast::<ibv_cq>();
-            // SAFETY: ctx is our context (libibverbs' contract).
-            let dev = unsafe { dev_of(ctx) };
-            // SAFETY: cq is the live box create returned.
-            unsafe {
-                (*cq).id = resp.drv.cq_id;
-                (*cq).dev = dev;
-            }
-            let at = ibcq as usize;
-            let notify: crate::cq::Notify = Box::new(move || {
-                // SAFETY: the engine drops this closure (destroy_cq) before
-                // the CQ is freed; it runs under the engine lock.
-                unsafe { ibv_cmd_req_notify_cq(at as *mut ibv_cq, 0) };
-            });
-            let cap = cqe.max(1) as usize;
-            let key = (dev, resp.drv.cq_id);
-            process::with_engine(|e| e.create_cq_with_arm(key, cap, notify, arm));
-            log::debug(format_args!("cq {} ({cqe} entries)", resp.drv.cq_id));
-            ibcq
-        }))
+        object(
+            "create_cq",
+            made.map(|cq| {
+                let ibcq = cq.cast::<ibv_cq>();
+                // SAFETY: ctx is our context (libibverbs' contract).
+                let dev = unsafe { dev_of(ctx) };
+                // SAFETY: cq is the live box create returned.
+                unsafe {
+                    (*cq).id = resp.drv.cq_id;
+                    (*cq).dev = dev;
+                }
+                let at = ibcq as usize;
+                let notify: crate::cq::Notify = Box::new(move || {
+                    // SAFETY: the engine drops this closure (destroy_cq) before
+                    // the CQ is freed; it runs under the engine lock.
+                    unsafe { ibv_cmd_req_notify_cq(at as *mut ibv_cq, 0) };
+                });
+                let cap = cqe.max(1) as usize;
+                let key = (dev, resp.drv.cq_id);
+                process::with_engine(|e| e.create_cq_with_arm(key, cap, notify, arm));
+                log::debug(format_args!("cq {} ({cqe} entries)", resp.drv.cq_id));
+                ibcq
+            }),
+        )
     })
 }
 
@@ -365,7 +367,9 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         };
         // SAFETY: cq came from create_cq, a box of UrdmaCq at offset 0;
         // libibverbs does not use it after a successful destroy.
-        unsafe { destroy(cq.cast::<UrdmaCq>(), cmd, forget) }
+        status("destroy_cq", unsafe {
+            destroy("ibv_cmd_destroy_cq", cq.cast::<UrdmaCq>(), cmd, forget)
+        })
     })
 }
 
@@ -381,7 +385,7 @@ pub(crate) unsafe extern "C" fn create_qp(
         let mut cmd: ibv_create_qp = zeroed();
         let mut resp = CreateQpResp::default();
         // The kernel first: an invalid request fails with its errno.
-        let made = create(|qp: *mut UrdmaQp| {
+        let made = create("ibv_cmd_create_qp", |qp: *mut UrdmaQp| {
             // SAFETY: qp is ours (verbs_qp starts with the ibv_qp).
             unsafe {
                 ibv_cmd_create_qp(
@@ -397,7 +401,7 @@ pub(crate) unsafe extern "C" fn create_qp(
         });
         let qp = match made {
             Ok(qp) => qp,
-            Err(ret) => return object(Err(ret)),
+            Err(e) => return object("create_qp", Err(e)),
         };
         let ibqp = qp.cast::<ibv_qp>();
         // libibverbs fills qp_num whichever way the command went (write or
@@ -439,21 +443,24 @@ pub(crate) unsafe extern "C" fn create_qp(
             sh.engine.create_qp((dev, qpn), init);
             Ok(())
         });
-        object(match registered {
-            Ok(()) => {
-                log::debug(format_args!("qp {qpn} (dev {dev})"));
-                Ok(ibqp)
-            }
-            Err(e) => {
-                // Undo the kernel's QP; if that fails too, the object stays
-                // allocated, as the kernel still has it.
-                // SAFETY: the kernel QP made above.
-                let cmd = || unsafe { ibv_cmd_destroy_qp(ibqp) };
-                // SAFETY: qp is create's box, never handed to libibverbs.
-                unsafe { destroy(qp, cmd, || {}) };
-                Err(e)
-            }
-        })
+        object(
+            "create_qp",
+            match registered {
+                Ok(()) => {
+                    log::debug(format_args!("qp {qpn} (dev {dev})"));
+                    Ok(ibqp)
+                }
+                Err(e) => {
+                    // Undo the kernel's QP; if that fails too, the object stays
+                    // allocated, as the kernel still has it.
+                    // SAFETY: the kernel QP made above.
+                    let cmd = || unsafe { ibv_cmd_destroy_qp(ibqp) };
+                    // SAFETY: qp is create's box, never handed to libibverbs.
+                    let _ = unsafe { destroy("ibv_cmd_destroy_qp", qp, cmd, || {}) };
+                    Err(e)
+                }
+            },
+        )
     })
 }
 
@@ -489,7 +496,7 @@ pub(crate) unsafe extern "C" fn modify_qp(
                 sh.engine.progress(now);
             });
         }
-        ret
+        status("modify_qp", Error::kernel("ibv_cmd_modify_qp", ret))
     })
 }
 
@@ -515,7 +522,7 @@ pub(crate) unsafe extern "C" fn query_qp(
                 (*attr).cur_qp_state = IBV_QPS_ERR;
             }
         }
-        ret
+        status("query_qp", Error::kernel("ibv_cmd_query_qp", ret))
     })
 }
 
@@ -537,7 +544,9 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         };
         // SAFETY: qp came from create_qp, a box of UrdmaQp at offset 0;
         // libibverbs does not use it after a successful destroy.
-        unsafe { destroy(qp.cast::<UrdmaQp>(), cmd, forget) }
+        status("destroy_qp", unsafe {
+            destroy("ibv_cmd_destroy_qp", qp.cast::<UrdmaQp>(), cmd, forget)
+        })
     })
 }
 

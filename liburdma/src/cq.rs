@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use rdma_core_sys::*;
-use trp::{Completion, PostError, WcOpcode, WcStatus};
+use trp::{Completion, WcOpcode, WcStatus};
 
 use crate::abi::{
     urdma_cq_arm_URDMA_CQ_ARM_NEXT as URDMA_CQ_ARM_NEXT,
@@ -80,17 +80,6 @@ pub fn to_wc(c: &Completion, qp_num: u32) -> ibv_wc {
         wc.wc_flags |= IBV_WC_WITH_INV;
     }
     wc
-}
-
-/// The errno a refused post returns.
-pub fn post_errno(e: PostError) -> i32 {
-    match e {
-        PostError::State => libc::EINVAL,
-        PostError::QueueFull => libc::ENOMEM,
-        PostError::LocalProtection(_) | PostError::TooLong | PostError::AtomicResult => {
-            libc::EINVAL
-        }
-    }
 }
 
 /// What an armed queue waits for.
@@ -319,8 +308,6 @@ mod tests {
         assert_eq!(wc_status(WcStatus::LocalProtection), IBV_WC_LOC_PROT_ERR);
         assert_eq!(wc_opcode(WcOpcode::RdmaRead), IBV_WC_RDMA_READ);
         assert_eq!(wc_opcode(WcOpcode::RdmaWrite), IBV_WC_RDMA_WRITE);
-        assert_eq!(post_errno(PostError::QueueFull), libc::ENOMEM);
-        assert_eq!(post_errno(PostError::State), libc::EINVAL);
     }
 
     fn counter() -> (Arc<AtomicUsize>, Notify) {

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rdma_core_sys::*;
 
 use crate::control_verbs::{cq_key, create_cq, UrdmaCq};
-use crate::guard::{catch, set_errno};
+use crate::error::{object, status, Error};
+use crate::guard::catch;
 use crate::process;
 
 /// The completion fields urdma fills; the rest (timestamps, VLAN, flow
@@ -36,12 +37,14 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             || a.flags & !IBV_CREATE_CQ_ATTR_SINGLE_THREADED == 0;
         let mask_ok = a.comp_mask & !IBV_CQ_INIT_ATTR_MASK_FLAGS == 0;
         if a.wc_flags & !WC_FLAGS != 0 || !flags_ok || !mask_ok {
-            set_errno(libc::EOPNOTSUPP);
-            return std::ptr::null_mut();
+            let e = Error::Unsupported("a completion field, flag or attribute urdma has not");
+            return object("create_cq_ex", Err(e));
         }
         let Ok(cqe) = c_int::try_from(a.cqe) else {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return object(
+                "create_cq_ex",
+                Err(Error::Invalid("more CQ entries than an int")),
+            );
         };
         // SAFETY: ctx is ours; the CQ is made as ibv_create_cq makes one.
         let cq = unsafe { create_cq(ctx, cqe, a.channel, a.comp_vector as c_int) };
@@ -116,7 +119,7 @@ unsafe fn take(cq: *mut ibv_cq_ex, progress: bool) -> c_int {
             0
         }
         Some(_) => libc::ENOENT,
-        None => libc::EINVAL,
+        None => status("ibv_next_poll", Err(Error::Invalid("no such CQ"))),
     }
 }
 
@@ -126,7 +129,10 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
     catch(libc::EIO, || {
         // SAFETY: libibverbs passes the caller's attributes.
         if !attr.is_null() && unsafe { (*attr).comp_mask } != 0 {
-            return libc::EINVAL;
+            return status(
+                "ibv_start_poll",
+                Err(Error::Invalid("a poll attribute mask")),
+            );
         }
         // SAFETY: libibverbs calls this on a CQ of create_cq_ex.
         let polling = unsafe { polling(cq) };

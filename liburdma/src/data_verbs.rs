@@ -9,8 +9,9 @@ use std::ffi::c_int;
 use rdma_core_sys::*;
 use trp::{AtomicOp, Instant, SendOp, Sge};
 
-use crate::control_verbs::{cq_key, qp_key};
+use crate::control_verbs::{cq_key, qp_key, PANIC_ERRNO};
 use crate::engine::{QpKey, SendReq, Work};
+use crate::error::{status, Error};
 use crate::guard::catch;
 use crate::mw::bind_of;
 use crate::process;
@@ -133,26 +134,30 @@ impl WorkRequest for ibv_recv_wr {
 /// Posts the list at `wr` on the QP or SRQ `key`, one request at a time through `post`
 /// (given the request and its SGEs, under the engine lock), and stops at
 /// the first one refused: that one goes to `*bad_wr` and its errno is the
-/// result, as libibverbs says. A list with an unreadable SGE list is
-/// refused with `EINVAL`. `done` runs once the list is done (a QP's progress).
+/// result, as libibverbs says (`verb` names the call in the log). A request
+/// with more SGEs than the device allows is refused. `done` runs once the
+/// list is done (a QP's progress).
 ///
 /// # Safety
 /// `wr` is the caller's list and `bad_wr` null or its out-pointer.
 pub(crate) unsafe fn post_list<W: WorkRequest, K: Copy>(
+    verb: &'static str,
     key: K,
     wr: *mut W,
     bad_wr: *mut *mut W,
-    mut post: impl FnMut(&mut process::Shared, K, &W, &[Sge], Instant) -> Result<(), c_int>,
+    mut post: impl FnMut(&mut process::Shared, K, &W, &[Sge], Instant) -> Result<(), Error>,
     done: impl FnOnce(&mut process::Shared, K, Instant),
 ) -> c_int {
-    let fail = |at: *mut W, e: c_int| {
+    let fail = |at: *mut W, e: Result<(), Error>| {
         if !bad_wr.is_null() {
             // SAFETY: the caller's out-pointer.
             unsafe { *bad_wr = at };
         }
-        e
+        status(verb, e)
     };
-    catch(fail(wr, libc::EIO), || {
+    // A panic is blamed on the list's first request.
+    fail(wr, Ok(()));
+    catch(PANIC_ERRNO, || {
         process::with(|sh, now| {
             let mut cur = wr;
             let mut ret = 0;
@@ -167,11 +172,14 @@ pub(crate) unsafe fn post_list<W: WorkRequest, K: Copy>(
                 let (list, n) = w.sg_list();
                 // SAFETY: the request's own list of n entries.
                 let Some(list) = (unsafe { sges(list, n, &mut buf) }) else {
-                    ret = fail(cur, libc::EINVAL);
+                    ret = fail(
+                        cur,
+                        Err(Error::Invalid("more SGEs than the device's max_sge")),
+                    );
                     break;
                 };
                 if let Err(e) = post(sh, key, w, list, now) {
-                    ret = fail(cur, e);
+                    ret = fail(cur, Err(e));
                     break;
                 }
                 cur = w.next();
@@ -194,7 +202,7 @@ pub(crate) unsafe extern "C" fn post_send(
 ) -> c_int {
     let post = |sh: &mut process::Shared, key, w: &ibv_send_wr, list: &[Sge], now| {
         // SAFETY: the application's request, naming its own objects.
-        let op = unsafe { work(w) }.ok_or(libc::EINVAL)?;
+        let op = unsafe { work(w) }.ok_or(Error::Invalid("an opcode iWARP has not"))?;
         let mut parts: [&[u8]; MAX_SGE] = [&[]; MAX_SGE];
         let inline = w.send_flags & IBV_SEND_INLINE != 0;
         if inline {
@@ -213,10 +221,10 @@ pub(crate) unsafe extern "C" fn post_send(
             signaled: w.send_flags & IBV_SEND_SIGNALED != 0,
             inline: inline.then_some(&parts[..list.len()]),
         };
-        sh.post_send(key, &req, now).map_err(|e| e.errno())
+        sh.post_send(key, &req, now)
     };
     // SAFETY: libibverbs passes a QP of ours and its list of requests.
-    unsafe { post_list(qp_key(qp), wr, bad_wr, post, after_post) }
+    unsafe { post_list("post_send", qp_key(qp), wr, bad_wr, post, after_post) }
 }
 
 pub(crate) unsafe extern "C" fn post_recv(
@@ -225,25 +233,24 @@ pub(crate) unsafe extern "C" fn post_recv(
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
     let post = |sh: &mut process::Shared, key, w: &ibv_recv_wr, list: &[Sge], _| {
-        sh.engine
-            .post_recv(key, w.wr_id, list)
-            .map_err(|e| e.errno())
+        sh.engine.post_recv(key, w.wr_id, list)
     };
     // SAFETY: libibverbs passes a QP of ours and its list of requests.
-    unsafe { post_list(qp_key(qp), wr, bad_wr, post, after_post) }
+    unsafe { post_list("post_recv", qp_key(qp), wr, bad_wr, post, after_post) }
 }
 
 /// Negative errno on failure, as `ibv_poll_cq` callers expect.
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     catch(-libc::EIO, || {
+        let invalid = |why| -status("poll_cq", Err(Error::Invalid(why)));
         let Ok(n) = usize::try_from(n) else {
-            return -libc::EINVAL;
+            return invalid("a negative number of entries");
         };
         if n == 0 {
             return 0;
         }
         if wc.is_null() {
-            return -libc::EINVAL;
+            return invalid("no array for the completions");
         }
         // SAFETY: cq is ours.
         let key = unsafe { cq_key(cq) };
@@ -253,7 +260,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
             sh.full_round(now);
             match sh.engine.poll_cq(key, out, now) {
                 Some(k) => k as c_int,
-                None => -libc::EINVAL,
+                None => invalid("no such CQ"),
             }
         })
     })
@@ -270,11 +277,11 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
             // with a kernel stack, whichever CQ the caller polls first.
             sh.full_round(now);
             sh.app_going_to_sleep();
-            if sh.engine.arm_cq(key, solicited_only != 0) {
-                0
-            } else {
-                libc::EINVAL
-            }
+            let armed = match sh.engine.arm_cq(key, solicited_only != 0) {
+                true => Ok(()),
+                false => Err(Error::Invalid("no such CQ")),
+            };
+            status("req_notify_cq", armed)
         })
     })
 }

@@ -22,6 +22,7 @@ use urdma_shared::qpstats::{Slot, SLOTS};
 use urdma_shared::secondary;
 
 use crate::engine::Flow;
+use crate::error::Error;
 use urdma_shared::frame::{self, Endpoints, HEADERS};
 
 const BURST: usize = 32;
@@ -31,8 +32,8 @@ const BURST: usize = 32;
 /// urdmad reserved and starts its own threads from it, which inherit its
 /// signal mask, so the application's threads keep their affinity and
 /// signals.
-pub fn eal_init(a: &Attachment) -> Result<(), String> {
-    secondary::eal_init(a, "liburdma").map_err(|e| e.to_string())?;
+pub fn eal_init(a: &Attachment) -> Result<(), Error> {
+    secondary::eal_init(a, "liburdma")?;
     // The first success is the process that initialised EAL; a child forked later
     // finds EAL up and this already set.
     let _ = EAL_PID.compare_exchange(0, std::process::id(), Ordering::Relaxed, Ordering::Relaxed);
@@ -101,8 +102,8 @@ fn unlock_files_under(dir: &Path) {
     }
 }
 
-fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, String> {
-    secondary::lookup_ring(name).map_err(|e| e.to_string())
+fn lookup_ring(name: &str) -> Result<*mut sys::rte_ring, Error> {
+    Ok(secondary::lookup_ring(name)?)
 }
 
 /// What the attachment gave the process: its mbuf rings and one TX ring
@@ -136,8 +137,8 @@ impl Rings {
 
     /// Looks up the rings and the doorbell of the urdmad whose control
     /// socket is `control` (after [`eal_init`]).
-    pub fn lookup(a: &Attachment, control: &Path) -> Result<Rings, String> {
-        let (mbufs, tx) = secondary::lookup_attachment(a).map_err(|e| e.to_string())?;
+    pub fn lookup(a: &Attachment, control: &Path) -> Result<Rings, Error> {
+        let (mbufs, tx) = secondary::lookup_attachment(a)?;
         Ok(Rings {
             mbufs,
             tx,
@@ -158,12 +159,12 @@ impl Rings {
         remote: std::net::SocketAddrV4,
         remote_mac: [u8; 6],
         stats: Option<u32>,
-    ) -> Result<DpdkFlow, String> {
+    ) -> Result<DpdkFlow, Error> {
         let p = usize::from(port);
         let (Some(&tx), Some(&local_mac)) = (self.tx.get(p), self.macs.get(p)) else {
-            return Err(format!(
+            return Err(Error::HandOver(format!(
                 "urdmad named port {port}, which the attachment lacks"
-            ));
+            )));
         };
         Ok(DpdkFlow {
             rx: lookup_ring(rx_ring)?,

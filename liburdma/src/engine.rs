@@ -18,7 +18,8 @@ use trp::{
     Instant, LocalOp, PostError, Queue, RecvWr, SendOp, SendWr, Sge, Srq, WcOpcode, WcStatus,
 };
 
-use crate::cq::{post_errno, to_wc, ArmWord, Cq, Notify};
+use crate::cq::{to_wc, ArmWord, Cq, Notify};
+use crate::error::Error;
 use crate::int_hash::IntMap;
 use crate::mem::{Bind, InlineBuf, MrTable, INLINE_STAG};
 use crate::qp_table::QpTable;
@@ -162,30 +163,6 @@ pub struct SendReq<'a> {
     pub signaled: bool,
     /// `IBV_SEND_INLINE`: the SGEs' bytes, to copy now (lkeys ignored).
     pub inline: Option<&'a [&'a [u8]]>,
-}
-
-/// Why a post was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PostFail {
-    Errno(i32),
-    /// The QP has no connection yet (the caller may look for a pending
-    /// `EVENT CONNECTED` and retry; otherwise EINVAL).
-    NotConnected,
-}
-
-impl PostFail {
-    pub fn errno(self) -> i32 {
-        match self {
-            PostFail::Errno(e) => e,
-            PostFail::NotConnected => libc::EINVAL,
-        }
-    }
-}
-
-impl From<PostError> for PostFail {
-    fn from(e: PostError) -> Self {
-        PostFail::Errno(post_errno(e))
-    }
 }
 
 pub fn fail_errno(r: FailReason) -> i32 {
@@ -529,10 +506,13 @@ impl Engine {
         h: &Connected,
         flow: Box<dyn Flow>,
         now: Instant,
-    ) -> Result<(), String> {
-        let qp = self.qps.get_mut(&key).ok_or("no such QP")?;
+    ) -> Result<(), Error> {
+        let qp = self
+            .qps
+            .get_mut(&key)
+            .ok_or(Error::HandOver("no such QP".into()))?;
         if qp.conn.is_some() {
-            return Err("QP is connected already".into());
+            return Err(Error::HandOver("the QP is connected already".into()));
         }
         let cfg = trp::Config {
             pd: qp.init.pd,
@@ -543,16 +523,19 @@ impl Engine {
         };
         let conn = match h.role {
             Role::Active => {
-                let c = Connecting::new(cfg, h.conn, h.isn, &h.pdata, now)
-                    .map_err(|e| format!("connection setup: {e}"))?;
+                let c = Connecting::new(cfg, h.conn, h.isn, &h.pdata, now)?;
                 match c.handle_datagram(now, &h.pkt) {
                     ConnectOutcome::Established { conn, .. } => conn,
-                    _ => return Err("the Accept does not establish the connection".into()),
+                    _ => {
+                        return Err(Error::HandOver(
+                            "the Accept does not establish the connection".into(),
+                        ))
+                    }
                 }
             }
-            Role::Passive => Incoming::parse(&h.pkt)
-                .and_then(|i| i.accept(cfg, h.conn, h.isn, &h.pdata))
-                .map_err(|e| format!("connection setup: {e}"))?,
+            Role::Passive => {
+                Incoming::parse(&h.pkt).and_then(|i| i.accept(cfg, h.conn, h.isn, &h.pdata))?
+            }
         };
         let mut conn = conn;
         let inline = qp.inline_region();

@@ -24,12 +24,6 @@ pub(crate) fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
-/// The calling thread's `errno`.
-pub(crate) fn errno() -> i32 {
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,6 +45,9 @@ mod tests {
     #[test]
     fn errno_round_trips() {
         set_errno(libc::EOPNOTSUPP);
-        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EOPNOTSUPP)
+        );
     }
 }

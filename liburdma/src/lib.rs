@@ -22,6 +22,7 @@ mod data_verbs;
 pub mod device;
 mod dpdk;
 pub mod engine;
+pub mod error;
 mod fork;
 mod guard;
 mod int_hash;

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use trp::mr::InvalidateError;
 use trp::{Access, AtomicOp, Memory, Region, Srq};
 
+use crate::error::Error;
 use crate::int_hash::IntMap;
 
 /// The STag of a QP's private inline buffer. The kernel's STags are
@@ -118,10 +119,10 @@ impl MrTable {
         };
         self.mrs.insert((dev, stag), mr);
     }
-    /// Takes an MR out of the table; `EBUSY` while windows are bound to it.
-    pub fn remove(&mut self, dev: u32, stag: u32) -> Result<Option<Mr>, i32> {
+    /// Takes an MR out of the table; refused while windows are bound to it.
+    pub fn remove(&mut self, dev: u32, stag: u32) -> Result<Option<Mr>, Error> {
         match self.mrs.get(&(dev, stag)) {
-            Some(m) if m.windows > 0 => Err(libc::EBUSY),
+            Some(m) if m.windows > 0 => Err(Error::Busy("memory windows are bound to the MR")),
             _ => Ok(self.mrs.remove(&(dev, stag))),
         }
     }
@@ -172,42 +173,62 @@ impl MrTable {
     /// Checks that a QP of protection domain `pd` may make `b`, by the
     /// verbs' rules (the window, the MR and the QP in one PD; the MR with
     /// the bind right, and local write for a window that writes; the range
-    /// inside the MR): `EINVAL`, or `EACCES` for a right missing.
-    pub fn check_bind(&self, dev: u32, pd: u32, b: &Bind) -> Result<(), i32> {
-        let mw = self.window(dev, b.mw).ok_or(libc::EINVAL)?;
-        if index(b.new_stag) != index(mw.stag) || mw.pd != pd {
-            return Err(libc::EINVAL);
+    /// inside the MR); a right missing is [`Error::Access`].
+    pub fn check_bind(&self, dev: u32, pd: u32, b: &Bind) -> Result<(), Error> {
+        let mw = self
+            .window(dev, b.mw)
+            .ok_or(Error::Invalid("bind: no such memory window"))?;
+        if index(b.new_stag) != index(mw.stag) {
+            return Err(Error::Invalid(
+                "bind: the new rkey is not the window's index",
+            ));
+        }
+        if mw.pd != pd {
+            return Err(Error::Invalid(
+                "bind: the window is of another PD than the QP",
+            ));
         }
         if b.access & IBV_ACCESS_ZERO_BASED != 0 {
-            return Err(libc::EINVAL);
+            return Err(Error::Invalid("bind: a zero-based window"));
         }
         let Some(lkey) = b.mr else {
             // Only a type 1 window is unbound by a bind (of nothing).
             return match (mw.kind, b.len, b.addr) {
                 (MwType::One, 0, 0) => Ok(()),
-                _ => Err(libc::EINVAL),
+                _ => Err(Error::Invalid(
+                    "bind: no MR, and not the unbinding of a type 1 window",
+                )),
             };
         };
         // A type 2 window must be free (invalidated) and the bind non-empty.
-        if mw.kind == MwType::Two && (mw.bound.is_some() || b.len == 0) {
-            return Err(libc::EINVAL);
+        if mw.kind == MwType::Two && mw.bound.is_some() {
+            return Err(Error::Invalid("bind: a type 2 window still bound"));
         }
-        let mr = self.mrs.get(&(dev, lkey)).ok_or(libc::EINVAL)?;
+        if mw.kind == MwType::Two && b.len == 0 {
+            return Err(Error::Invalid("bind: an empty type 2 window"));
+        }
+        let mr = self
+            .mrs
+            .get(&(dev, lkey))
+            .ok_or(Error::Invalid("bind: no such MR"))?;
         let r = &mr.region;
         if !r.valid || r.pd != pd {
-            return Err(libc::EINVAL);
+            return Err(Error::Invalid("bind: an MR invalidated or of another PD"));
         }
         if !mr.bind {
-            return Err(libc::EACCES);
+            return Err(Error::Access("bind: the MR lacks IBV_ACCESS_MW_BIND"));
         }
         let rights = access_from_ibv(b.access);
         let writes = Access::REMOTE_WRITE.union(Access::REMOTE_ATOMIC).bits();
         if rights.bits() & writes != 0 && !r.access.contains(Access::LOCAL_WRITE) {
-            return Err(libc::EACCES);
+            return Err(Error::Access(
+                "bind: remote write or atomic rights over an MR without local write",
+            ));
         }
-        let end = b.addr.checked_add(b.len).ok_or(libc::EINVAL)?;
+        let outside = Error::Invalid("bind: the range is not inside the MR");
+        let end = b.addr.checked_add(b.len).ok_or(outside.clone())?;
         if b.addr < r.base || end > r.base + r.len {
-            return Err(libc::EINVAL);
+            return Err(outside);
         }
         Ok(())
     }
@@ -652,7 +673,7 @@ mod tests {
             check(&v, 0x200, 1, 0x1800, 1, w),
             Err(ProtectionError::UnknownStag)
         );
-        assert_eq!(t.remove(0, 0x100), Err(libc::EBUSY));
+        assert_eq!(t.remove(0, 0x100).map_err(|e| e.errno()), Err(libc::EBUSY));
         // Bound to nothing (type 1): unusable, and the MR is free again.
         let none = Bind {
             mr: None,
@@ -716,7 +737,11 @@ mod tests {
             ),
         ];
         for (b, pd, errno) in refused {
-            assert_eq!(t.check_bind(0, pd, &b), Err(errno), "{b:?}");
+            assert_eq!(
+                t.check_bind(0, pd, &b).map_err(|e| e.errno()),
+                Err(errno),
+                "{b:?}"
+            );
         }
         // A remote read window over an MR without local write is fine.
         let ro = Bind {
@@ -728,7 +753,8 @@ mod tests {
         let b2 = bind(0x300, 0x301, 0x1000, 0x10, RW);
         t.bind(0, 7, &b2);
         assert_eq!(
-            t.check_bind(0, 1, &bind(0x301, 0x302, 0x1000, 0x10, RW)),
+            t.check_bind(0, 1, &bind(0x301, 0x302, 0x1000, 0x10, RW))
+                .map_err(|e| e.errno()),
             Err(libc::EINVAL)
         );
     }
@@ -762,7 +788,7 @@ mod tests {
         let again = bind(0x3a0, 0x3a1, 0x1000, 0x10, RW);
         assert_eq!(t.check_bind(0, 1, &again), Ok(()));
         t.bind(0, 7, &again);
-        assert_eq!(t.remove(0, 0x100), Err(libc::EBUSY));
+        assert_eq!(t.remove(0, 0x100).map_err(|e| e.errno()), Err(libc::EBUSY));
         t.unbind_qp(0, 7);
         assert!(t.window(0, 0x3a1).unwrap().bound.is_none());
         // Type 1 windows are never invalidated.

@@ -10,8 +10,9 @@ use std::ffi::c_int;
 
 use rdma_core_sys::*;
 
-use crate::control_verbs::{create, destroy, dev_of, object, qp_key, PANIC_ERRNO};
+use crate::control_verbs::{create, destroy, dev_of, qp_key, PANIC_ERRNO};
 use crate::engine::{SendReq, Work};
+use crate::error::{object, status, Error};
 use crate::guard::catch;
 use crate::mem::{Bind, MwType};
 use crate::process;
@@ -28,12 +29,16 @@ fn mw_type(t: ibv_mw_type) -> Option<MwType> {
 pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw {
     catch(std::ptr::null_mut(), || {
         let Some(kind) = mw_type(type_) else {
-            return object(Err(libc::EINVAL));
+            return object(
+                "alloc_mw",
+                Err(Error::Invalid("a window type other than 1 and 2")),
+            );
         };
         let mut cmd: ibv_alloc_mw = zeroed();
         let mut resp: ib_uverbs_alloc_mw_resp = zeroed();
         object(
-            create(|mw| {
+            "alloc_mw",
+            create("ibv_cmd_alloc_mw", |mw| {
                 // SAFETY: mw is ours; pd as libibverbs passed it.
                 unsafe {
                     ibv_cmd_alloc_mw(
@@ -67,12 +72,12 @@ pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
         let cmd = || unsafe { ibv_cmd_dealloc_mw(mw) };
         // SAFETY: mw came from alloc_mw (create); libibverbs does not use
         // it after a successful dealloc.
-        let ret = unsafe { destroy(mw, cmd, || {}) };
-        if let (true, Some(w)) = (ret != 0, old) {
+        let r = unsafe { destroy("ibv_cmd_dealloc_mw", mw, cmd, || {}) };
+        if let (true, Some(w)) = (r.is_err(), old) {
             // Still allocated: back, unbound.
             process::with_engine(|e| e.mrs.add_window(dev, w.stag, w.pd, w.kind));
         }
-        ret
+        status("dealloc_mw", r)
     })
 }
 
@@ -105,7 +110,10 @@ pub(crate) unsafe extern "C" fn bind_mw(
 ) -> c_int {
     catch(PANIC_ERRNO, || {
         if mw.is_null() || bind.is_null() {
-            return libc::EINVAL;
+            return status(
+                "bind_mw",
+                Err(Error::Invalid("no window or no bind description")),
+            );
         }
         // SAFETY: libibverbs' window and bind description.
         let (old, b) = unsafe { ((*mw).rkey, &*bind) };
@@ -126,14 +134,11 @@ pub(crate) unsafe extern "C" fn bind_mw(
             sh.progress_after_post(key, now);
             r
         });
-        match r {
-            Ok(()) => {
-                // SAFETY: the application's window, which it does not use
-                // concurrently with a bind of it.
-                unsafe { (*mw).rkey = new_stag };
-                0
-            }
-            Err(e) => e.errno(),
+        if r.is_ok() {
+            // SAFETY: the application's window, which it does not use
+            // concurrently with a bind of it.
+            unsafe { (*mw).rkey = new_stag };
         }
+        status("bind_mw", r)
     })
 }

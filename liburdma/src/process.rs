@@ -27,7 +27,8 @@ use urdma_shared::client::Connection as Control;
 pub use control::unregister_qp;
 
 use crate::dpdk::Rings;
-use crate::engine::{Engine, PostFail, QpKey, SendReq};
+use crate::engine::{Engine, QpKey, SendReq};
+use crate::error::Error;
 use crate::log;
 use crate::progress::{Activity, Sleep, Tuning};
 use helper::{kick_helper, set_alarm};
@@ -202,7 +203,7 @@ pub struct Shared {
     pub engine: Engine,
     attached: Option<Attached>,
     /// Why attaching failed for good (EAL can be initialised only once).
-    attach_failed: Option<i32>,
+    attach_failed: Option<Error>,
     /// How the helper sleeps (None: it is awake).
     helper_sleep: Option<Sleep>,
     /// Every connection was on the direct path when the helper went to sleep (none needed
@@ -384,14 +385,9 @@ impl Shared {
     /// `ibv_post_send`'s request on QP `key`. A QP without a connection may
     /// only be missing urdmad's `EVENT CONNECTED`, which comes before the
     /// application hears `ESTABLISHED`: then catch up and try once more.
-    pub fn post_send(
-        &mut self,
-        key: QpKey,
-        req: &SendReq<'_>,
-        now: Instant,
-    ) -> Result<(), PostFail> {
+    pub fn post_send(&mut self, key: QpKey, req: &SendReq<'_>, now: Instant) -> Result<(), Error> {
         let r = match self.engine.post_send(key, req) {
-            Err(PostFail::NotConnected) => {
+            Err(Error::NotConnected) => {
                 self.catch_up(now);
                 self.engine.post_send(key, req)
             }

@@ -13,11 +13,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use rdma_core_sys::*;
-use trp::{AtomicOp, SendOp, Sge};
+use trp::{AtomicOp, PostError, SendOp, Sge};
 
 use crate::control_verbs::{create_qp, qp_key, UrdmaQp, PANIC_ERRNO};
 use crate::engine::{SendReq, Work};
-use crate::guard::{catch, set_errno};
+use crate::error::{object, status, Error};
+use crate::guard::catch;
 use crate::mw::bind_of;
 use crate::process;
 
@@ -53,20 +54,18 @@ pub struct Batch {
     held: AtomicBool,
     reqs: Vec<Pending>,
     /// The first error a builder met: `ibv_wr_complete` returns it.
-    err: c_int,
+    err: Option<Error>,
 }
 
 impl Batch {
-    fn fail(&mut self, e: c_int) {
-        if self.err == 0 {
-            self.err = e;
-        }
+    fn fail(&mut self, e: Error) {
+        self.err.get_or_insert(e);
     }
 
     /// The request the `ibv_wr_set_*` calls complete.
     fn last(&mut self) -> Option<&mut Pending> {
         if self.reqs.last().is_none() {
-            self.fail(libc::EINVAL);
+            self.fail(Error::Invalid("an ibv_wr_set_* call before any request"));
         }
         self.reqs.last_mut()
     }
@@ -115,27 +114,28 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     attr: *mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
     catch(std::ptr::null_mut(), || {
-        let fail = |e| {
-            set_errno(e);
-            std::ptr::null_mut()
-        };
+        let fail = |e| object("create_qp_ex", Err(e));
         // SAFETY: the caller's attributes.
         let a = unsafe { &mut *attr };
         let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
         let no_flags = a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS == 0 || a.create_flags == 0;
         if a.comp_mask & !(known | IBV_QP_INIT_ATTR_CREATE_FLAGS) != 0 || !no_flags {
-            return fail(libc::EOPNOTSUPP);
+            return fail(Error::Unsupported(
+                "create_qp_ex with XRC, TSO, RSS or creation flags",
+            ));
         }
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
-            return fail(libc::EINVAL);
+            return fail(Error::Invalid("create_qp_ex without a PD"));
         }
         let ops = a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
         if ops && a.send_ops_flags & !SEND_OPS != 0 {
-            return fail(libc::EOPNOTSUPP);
+            return fail(Error::Unsupported("a send operation iWARP has not"));
         }
         let Some(offset) = comp_mask_offset().filter(|_| ops) else {
             return match ops {
-                true => fail(libc::EOPNOTSUPP),
+                true => fail(Error::Unsupported(
+                    "ibv_wr_* with a libibverbs of another ibv_qp_ex layout",
+                )),
                 false => plain(a),
             };
         };
@@ -245,14 +245,14 @@ unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
     // SAFETY: held now.
     let (b, _, _) = unsafe { batch(qp) };
     b.reqs.clear();
-    b.err = 0;
+    b.err = None;
 }
 
 unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
     // SAFETY: between wr_start and here.
     let (b, _, _) = unsafe { batch(qp) };
     b.reqs.clear();
-    b.err = 0;
+    b.err = None;
     b.held.store(false, Ordering::Release);
 }
 
@@ -260,12 +260,12 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     catch(PANIC_ERRNO, || {
         // SAFETY: between wr_start and here.
         let (b, _, _) = unsafe { batch(qp) };
-        let ret = match b.err {
-            0 => post_all(qp, &b.reqs),
-            e => e,
+        let r = match b.err.take() {
+            None => post_all(qp, &b.reqs),
+            Some(e) => Err(e),
         };
+        let ret = status("wr_complete", r);
         b.reqs.clear();
-        b.err = 0;
         b.held.store(false, Ordering::Release);
         ret
     })
@@ -273,7 +273,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
 
 /// Posts the batch's requests in order, then runs the QP's progress, as
 /// `ibv_post_send` does; nothing when the send queue cannot take them all.
-fn post_all(qp: *mut ibv_qp_ex, reqs: &[Pending]) -> c_int {
+fn post_all(qp: *mut ibv_qp_ex, reqs: &[Pending]) -> Result<(), Error> {
     // SAFETY: our QP.
     let key = unsafe { qp_key(qp.cast()) };
     process::with(|sh, now| {
@@ -282,9 +282,9 @@ fn post_all(qp: *mut ibv_qp_ex, reqs: &[Pending]) -> c_int {
             .send_room(key)
             .is_some_and(|room| room < reqs.len())
         {
-            return libc::ENOMEM;
+            return Err(Error::Post(PostError::QueueFull));
         }
-        let mut ret = 0;
+        let mut ret = Ok(());
         for r in reqs {
             let parts = [r.inline.as_deref().unwrap_or_default()];
             let req = SendReq {
@@ -295,7 +295,7 @@ fn post_all(qp: *mut ibv_qp_ex, reqs: &[Pending]) -> c_int {
                 inline: r.inline.is_some().then_some(&parts[..]),
             };
             if let Err(e) = sh.post_send(key, &req, now) {
-                ret = e.errno();
+                ret = Err(e);
                 break;
             }
         }
@@ -321,7 +321,9 @@ unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
 /// iWARP has no Send with Immediate Data.
 unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, _imm: __be32) {
     // SAFETY: as for wr_send.
-    unsafe { batch(qp) }.0.fail(libc::EOPNOTSUPP);
+    unsafe { batch(qp) }
+        .0
+        .fail(Error::Unsupported("Send with Immediate Data"));
 }
 
 unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
@@ -413,7 +415,9 @@ unsafe extern "C" fn wr_bind_mw(
 ) {
     if mw.is_null() || info.is_null() {
         // SAFETY: as for wr_send.
-        unsafe { batch(qp) }.0.fail(libc::EINVAL);
+        unsafe { batch(qp) }
+            .0
+            .fail(Error::Invalid("a bind without a window or its description"));
         return;
     }
     // SAFETY: the application's window and bind description, its MR ours.
@@ -441,7 +445,9 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, len: u
 /// `list` points to `n` entries when it is not null.
 unsafe fn parts<'a, T>(b: &mut Batch, n: usize, list: *const T) -> Option<&'a [T]> {
     if n > MAX_PARTS || (n > 0 && list.is_null()) {
-        b.fail(libc::EINVAL);
+        b.fail(Error::Invalid(
+            "more SGEs than a request takes, or none where some were named",
+        ));
         return None;
     }
     Some(match n {
@@ -490,7 +496,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
     let mut bytes = Vec::new();
     for d in list {
         if d.length > 0 && d.addr.is_null() {
-            b.fail(libc::EINVAL);
+            b.fail(Error::Invalid("inline data at a null address"));
             return;
         }
         if d.length > 0 {
@@ -563,7 +569,7 @@ mod tests {
             wr_atomic_fetch_add(x, 9, 0x4000, 1);
             wr_set_sge(x, 7, 0x5000, 8);
             let (b, _, _) = batch(x);
-            assert_eq!(b.err, 0);
+            assert_eq!(b.err, None);
             let got: Vec<_> = b
                 .reqs
                 .iter()

@@ -21,6 +21,8 @@ use std::sync::Mutex;
 
 use urdma_shared::bell::BellWord;
 use urdma_shared::direct::{Geometry, Rings};
+
+use crate::error::Error;
 use urdma_shared::frame::{self, Endpoints, HEADERS};
 
 use crate::dpdk::DpdkFlow;
@@ -172,17 +174,14 @@ impl SocketFlow {
         bell: Option<BellWord>,
         hushed: bool,
         park: bool,
-    ) -> Result<SocketFlow, String> {
+    ) -> Result<SocketFlow, Error> {
         let mut ev = libc::epoll_event {
             events: libc::EPOLLIN as u32,
             u64: rings.fd() as u64,
         };
         // SAFETY: valid descriptors and event.
         if unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, rings.fd(), &mut ev) } != 0 {
-            return Err(format!(
-                "cannot watch its socket: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(Error::last_os("watching the connection's socket"));
         }
         Ok(SocketFlow {
             ring,
@@ -202,8 +201,8 @@ impl SocketFlow {
 }
 
 /// Maps the rings of a new connection's `sock`, laid out as `geo`.
-pub fn map(sock: OwnedFd, geo: Geometry) -> Result<Rings, String> {
-    Rings::map(sock, geo).map_err(|e| format!("cannot map its socket: {e}"))
+pub fn map(sock: OwnedFd, geo: Geometry) -> Result<Rings, Error> {
+    Rings::map(sock, geo).map_err(|e| Error::os("mapping the connection's socket", &e))
 }
 
 impl Drop for SocketFlow {

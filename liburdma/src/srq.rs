@@ -9,9 +9,10 @@ use std::ffi::c_int;
 use rdma_core_sys::*;
 
 use crate::abi::{urdma_ureq_modify_srq, URDMA_SRQ_REPORT_LIMIT};
-use crate::control_verbs::{create, destroy, dev_of, object, PANIC_ERRNO};
+use crate::control_verbs::{create, destroy, dev_of, PANIC_ERRNO};
 use crate::data_verbs::post_list;
 use crate::engine::SrqKey;
+use crate::error::{object, status, Error};
 use crate::guard::catch;
 use crate::zero::{zeroed, Zeroable};
 use crate::{log, process};
@@ -48,7 +49,7 @@ pub(crate) unsafe extern "C" fn create_srq(
         let mut cmd: ibv_create_srq = zeroed();
         let mut resp: ib_uverbs_create_srq_resp = zeroed();
         // The kernel checks the limits and keeps the object.
-        let made = create(|srq: *mut UrdmaSrq| {
+        let made = create("ibv_cmd_create_srq", |srq: *mut UrdmaSrq| {
             // SAFETY: pd and attr are the caller's (libibverbs' contract);
             // srq is ours and starts with the ibv_srq.
             unsafe {
@@ -63,20 +64,23 @@ pub(crate) unsafe extern "C" fn create_srq(
                 )
             }
         });
-        object(made.map(|srq| {
-            // SAFETY: attr now holds what the kernel granted; pd is valid.
-            let (a, pdh, dev) = unsafe { ((*attr).attr, (*pd).handle, dev_of((*pd).context)) };
-            // SAFETY: srq is the live box create returned.
-            unsafe { (*srq).max_sge = a.max_sge };
-            let key = srq_key(srq.cast());
-            process::with_engine(|e| {
-                e.create_srq(key, dev, pdh, a.max_wr as usize);
-                if let Some(q) = e.srq(key) {
-                    q.set_limit(a.srq_limit);
-                }
-            });
-            srq.cast::<ibv_srq>()
-        }))
+        object(
+            "create_srq",
+            made.map(|srq| {
+                // SAFETY: attr now holds what the kernel granted; pd is valid.
+                let (a, pdh, dev) = unsafe { ((*attr).attr, (*pd).handle, dev_of((*pd).context)) };
+                // SAFETY: srq is the live box create returned.
+                unsafe { (*srq).max_sge = a.max_sge };
+                let key = srq_key(srq.cast());
+                process::with_engine(|e| {
+                    e.create_srq(key, dev, pdh, a.max_wr as usize);
+                    if let Some(q) = e.srq(key) {
+                        q.set_limit(a.srq_limit);
+                    }
+                });
+                srq.cast::<ibv_srq>()
+            }),
+        )
     })
 }
 
@@ -95,7 +99,7 @@ pub(crate) unsafe extern "C" fn modify_srq(
             let limit = unsafe { (*attr).srq_limit };
             process::with_engine(|e| e.srq(srq_key(srq)).map(|q| q.set_limit(limit)));
         }
-        ret
+        status("modify_srq", Error::kernel("ibv_cmd_modify_srq", ret))
     })
 }
 
@@ -104,7 +108,7 @@ pub(crate) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_
         let Some((max_wr, limit)) =
             process::with_engine(|e| e.srq(srq_key(srq)).map(|q| (q.max_wr(), q.limit())))
         else {
-            return libc::EINVAL;
+            return status("query_srq", Err(Error::Invalid("no such SRQ")));
         };
         // SAFETY: srq came from create_srq; attr is the caller's.
         unsafe {
@@ -126,7 +130,9 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         let forget = || process::with_engine(|e| e.destroy_srq(srq_key(srq)));
         // SAFETY: srq came from create_srq, a box of UrdmaSrq at offset 0;
         // libibverbs does not use it after a successful destroy.
-        unsafe { destroy(srq.cast::<UrdmaSrq>(), cmd, forget) }
+        status("destroy_srq", unsafe {
+            destroy("ibv_cmd_destroy_srq", srq.cast::<UrdmaSrq>(), cmd, forget)
+        })
     })
 }
 
@@ -139,12 +145,21 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     let max_sge = unsafe { (*srq.cast::<UrdmaSrq>()).max_sge } as usize;
     let post = |sh: &mut process::Shared, key, w: &ibv_recv_wr, list: &[Sge], _| {
         if list.len() > max_sge {
-            return Err(libc::EINVAL);
+            return Err(Error::Invalid("more SGEs than the SRQ's max_sge"));
         }
         sh.engine.post_srq_recv(key, w.wr_id, list)
     };
     // SAFETY: libibverbs' contract for ibv_post_srq_recv.
-    unsafe { post_list(srq_key(srq), wr, bad_wr, post, |_, _, _| {}) }
+    unsafe {
+        post_list(
+            "post_srq_recv",
+            srq_key(srq),
+            wr,
+            bad_wr,
+            post,
+            |_, _, _| {},
+        )
+    }
 }
 
 /// Asks urdma.ko to raise `IBV_EVENT_SRQ_LIMIT_REACHED` for each SRQ the

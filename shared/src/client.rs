@@ -461,10 +461,7 @@ impl Connection {
                 let lines = (0..lines)
                     .map(|_| self.read_reply_line(deadline))
                     .collect::<Result<Vec<_>, _>>()?;
-                lines
-                    .iter()
-                    .map(|l| crate::status::decode(l).map_err(Error::Malformed))
-                    .collect()
+                lines.iter().map(|l| crate::status::decode(l)).collect()
             }
             other => Err(refusal(other)),
         }

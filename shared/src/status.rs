@@ -278,9 +278,12 @@ pub fn encode(records: &[Record]) -> Vec<String> {
 }
 
 /// One line of the wire as its record; the error says what is wrong with it.
-pub fn decode(line: &str) -> Result<Record, String> {
-    serde_json::from_str(line.trim_end())
-        .map_err(|e| format!("urdmad sent a status line that is not a record ({e}): {line}"))
+pub fn decode(line: &str) -> Result<Record, crate::client::Error> {
+    serde_json::from_str(line.trim_end()).map_err(|e| {
+        crate::client::Error::Malformed(format!(
+            "urdmad sent a status line that is not a record ({e}): {line}"
+        ))
+    })
 }
 
 /// A kind of record, to pick its records out of a report ([`all`], [`first`]).

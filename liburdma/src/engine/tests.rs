@@ -288,7 +288,7 @@ fn receive_posted_before_the_connection_gets_the_send() {
         len: 11,
         lkey: 0x100,
     }];
-    assert_eq!(t.e.post_send(A, &send(1, &s)), Err(PostFail::NotConnected));
+    assert_eq!(t.e.post_send(A, &send(1, &s)), Err(Error::NotConnected));
     t.connect();
     t.e.post_send(A, &send(1, &s)).unwrap();
     t.run(10);
@@ -424,7 +424,10 @@ fn write_with_immediate_read_and_inline() {
         inline: Some(&parts),
         ..send(5, &bogus)
     };
-    assert_eq!(t.e.post_send(A, &wr), Err(PostFail::Errno(libc::EINVAL)));
+    assert_eq!(
+        t.e.post_send(A, &wr).map_err(|e| e.errno()),
+        Err(libc::EINVAL)
+    );
 }
 
 #[test]
@@ -465,25 +468,25 @@ fn local_errors_refuse_the_post() {
         lkey: 0x999,
     }];
     assert_eq!(
-        t.e.post_send(A, &send(1, &bad)),
-        Err(PostFail::Errno(libc::EINVAL))
+        t.e.post_send(A, &send(1, &bad)).map_err(|e| e.errno()),
+        Err(libc::EINVAL)
     );
     assert_eq!(
-        t.e.post_recv(A, 1, &bad),
-        Err(PostFail::Errno(libc::EINVAL))
+        t.e.post_recv(A, 1, &bad).map_err(|e| e.errno()),
+        Err(libc::EINVAL)
     );
     let five = [bad[0]; 5];
     assert_eq!(
-        t.e.post_recv(A, 1, &five),
-        Err(PostFail::Errno(libc::EINVAL))
+        t.e.post_recv(A, 1, &five).map_err(|e| e.errno()),
+        Err(libc::EINVAL)
     );
     // The send queue holds 16: the 17th is refused while nothing moves.
     for i in 0..16 {
         t.e.post_send(A, &send(i, &[])).unwrap();
     }
     assert_eq!(
-        t.e.post_send(A, &send(99, &[])),
-        Err(PostFail::Errno(libc::ENOMEM))
+        t.e.post_send(A, &send(99, &[])).map_err(|e| e.errno()),
+        Err(libc::ENOMEM)
     );
 }
 
@@ -803,12 +806,12 @@ fn zero_entry_queues_refuse_posts() {
     i.max_recv_wr = 0;
     t.e.create_qp((1, 11), i);
     assert_eq!(
-        t.e.post_send((1, 11), &send(1, &[])),
-        Err(PostFail::Errno(libc::ENOMEM))
+        t.e.post_send((1, 11), &send(1, &[])).map_err(|e| e.errno()),
+        Err(libc::ENOMEM)
     );
     assert_eq!(
-        t.e.post_recv((1, 11), 1, &[]),
-        Err(PostFail::Errno(libc::ENOMEM))
+        t.e.post_recv((1, 11), 1, &[]).map_err(|e| e.errno()),
+        Err(libc::ENOMEM)
     );
 }
 

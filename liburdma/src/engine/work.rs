@@ -8,16 +8,13 @@
 use super::*;
 
 impl Engine {
-    pub fn post_send(&mut self, key: QpKey, wr: &SendReq<'_>) -> Result<(), PostFail> {
-        let qp = self
-            .qps
-            .get_mut(&key)
-            .ok_or(PostFail::Errno(libc::EINVAL))?;
+    pub fn post_send(&mut self, key: QpKey, wr: &SendReq<'_>) -> Result<(), Error> {
+        let qp = self.qps.get_mut(&key).ok_or(Error::Invalid("no such QP"))?;
         if wr.sges.len() > qp.init.max_send_sge as usize && wr.inline.is_none() {
-            return Err(PostFail::Errno(libc::EINVAL));
+            return Err(Error::Invalid("more SGEs than the QP's max_send_sge"));
         }
         if qp.init.max_send_wr == 0 {
-            return Err(PostFail::Errno(libc::ENOMEM));
+            return Err(Error::Post(PostError::QueueFull));
         }
         let signaled = wr.signaled || qp.init.sig_all;
         let op = wr.op.send_op();
@@ -27,21 +24,20 @@ impl Engine {
                     .push_back(flush(wr.wr_id, Queue::Send, op.wc_opcode()));
                 return Ok(());
             }
-            return Err(PostFail::NotConnected);
+            return Err(Error::NotConnected);
         }
         // Checked before trp queues the request, done once it has; refused
         // at once when it cannot be done, rather than failing the QP.
         let (pd, qpn) = (qp.init.pd, key.1);
         match wr.op {
             Work::Wire(_) => {}
-            Work::Bind(b) => self
-                .mrs
-                .check_bind(key.0, pd, &b)
-                .map_err(PostFail::Errno)?,
+            Work::Bind(b) => self.mrs.check_bind(key.0, pd, &b)?,
             Work::Invalidate(stag) => self
                 .mrs
                 .check_invalidate(key.0, Some(qpn), stag, pd)
-                .map_err(|_| PostFail::Errno(libc::EINVAL))?,
+                .map_err(|_| {
+                    Error::Invalid("a local invalidate of an STag this QP may not invalidate")
+                })?,
         }
         // A local request has no data: no scatter list, nothing inline.
         let (sges, inline) = match wr.op {
@@ -53,19 +49,22 @@ impl Engine {
             None => sges,
             Some(parts) => {
                 if matches!(wr.op, Work::Wire(SendOp::RdmaRead { .. })) {
-                    return Err(PostFail::Errno(libc::EINVAL));
+                    return Err(Error::Invalid("an RDMA Read cannot be inline"));
                 }
                 let max = qp.init.max_inline as usize;
                 if parts.iter().map(|p| p.len()).sum::<usize>() > max {
-                    return Err(PostFail::Errno(libc::EINVAL));
+                    return Err(Error::Invalid("inline data past the QP's max_inline_data"));
                 }
                 if qp.inline.is_none() {
                     qp.inline = InlineBuf::new(qp.init.max_send_wr as usize, max);
                 }
-                let ib = qp.inline.as_mut().ok_or(PostFail::Errno(libc::EINVAL))?;
+                let ib = qp
+                    .inline
+                    .as_mut()
+                    .ok_or(Error::Invalid("the QP has no inline buffer"))?;
                 let (addr, len) = ib
                     .stage(parts.iter().copied())
-                    .ok_or(PostFail::Errno(libc::EINVAL))?;
+                    .ok_or(Error::Invalid("no free slot in the QP's inline buffer"))?;
                 one = [Sge {
                     addr,
                     len,
@@ -112,17 +111,18 @@ impl Engine {
             .map(|c| c.send_queue_room())
     }
 
-    pub fn post_recv(&mut self, key: QpKey, wr_id: u64, sges: &[Sge]) -> Result<(), PostFail> {
-        let qp = self
-            .qps
-            .get_mut(&key)
-            .ok_or(PostFail::Errno(libc::EINVAL))?;
-        // Its receives are posted to its SRQ.
-        if sges.len() > qp.init.max_recv_sge as usize || qp.init.srq.is_some() {
-            return Err(PostFail::Errno(libc::EINVAL));
+    pub fn post_recv(&mut self, key: QpKey, wr_id: u64, sges: &[Sge]) -> Result<(), Error> {
+        let qp = self.qps.get_mut(&key).ok_or(Error::Invalid("no such QP"))?;
+        if sges.len() > qp.init.max_recv_sge as usize {
+            return Err(Error::Invalid("more SGEs than the QP's max_recv_sge"));
+        }
+        if qp.init.srq.is_some() {
+            return Err(Error::Invalid(
+                "a QP on an SRQ takes its receives from the SRQ",
+            ));
         }
         if qp.init.max_recv_wr == 0 {
-            return Err(PostFail::Errno(libc::ENOMEM));
+            return Err(Error::Post(PostError::QueueFull));
         }
         let inline = qp.inline_region();
         let mem = self.mrs.view(key.0, Some(key.1), inline, None);
@@ -140,7 +140,7 @@ impl Engine {
             }
             None => {
                 if qp.early_recv.len() >= qp.init.max_recv_wr as usize {
-                    return Err(PostFail::Errno(libc::ENOMEM));
+                    return Err(Error::Post(PostError::QueueFull));
                 }
                 let mut total = 0u64;
                 for s in sges {
@@ -152,11 +152,11 @@ impl Engine {
                         u64::from(s.len),
                         Access::LOCAL_WRITE,
                     )
-                    .map_err(|_| PostFail::Errno(libc::EINVAL))?;
+                    .map_err(|e| Error::Post(PostError::LocalProtection(e)))?;
                     total += u64::from(s.len);
                 }
                 if total > 1 << 31 {
-                    return Err(PostFail::Errno(libc::EINVAL));
+                    return Err(Error::Post(PostError::TooLong));
                 }
                 qp.early_recv.push_back((wr_id, sges.to_vec()));
                 Ok(())
@@ -164,10 +164,13 @@ impl Engine {
         }
     }
 
-    pub fn post_srq_recv(&mut self, key: SrqKey, wr_id: u64, sges: &[Sge]) -> Result<(), i32> {
-        let (dev, srq) = self.srqs.get_mut(&key).ok_or(libc::EINVAL)?;
+    pub fn post_srq_recv(&mut self, key: SrqKey, wr_id: u64, sges: &[Sge]) -> Result<(), Error> {
+        let (dev, srq) = self
+            .srqs
+            .get_mut(&key)
+            .ok_or(Error::Invalid("no such SRQ"))?;
         let mem = self.mrs.view(*dev, None, None, None);
-        srq.post(&mem, &RecvWr { wr_id, sges }).map_err(post_errno)
+        Ok(srq.post(&mem, &RecvWr { wr_id, sges })?)
     }
 
     /// `ibv_poll_cq` at `now`: a receive completion taken starts the last stretch of its

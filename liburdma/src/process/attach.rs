@@ -32,25 +32,27 @@ use urdma_shared::proto::{Request, Response};
 use super::helper::{helper_loop, new_alarm};
 use super::{rt, Attached, Shared, CONTROL_TIMEOUT, IN_CALLS};
 use crate::dpdk::{self, Rings};
+use crate::error::Error;
 use crate::log;
 use trp::Instant;
+use urdma_shared::secondary::SecondaryError;
 
 /// The urdmad control socket of the device at `ibdev_path`, from sysfs.
-pub fn urdmad_socket(ibdev_path: &Path) -> Result<PathBuf, String> {
+pub fn urdmad_socket(ibdev_path: &Path) -> Result<PathBuf, Error> {
     let f = ibdev_path.join("urdmad");
     let s = std::fs::read_to_string(&f).map_err(|e| {
-        format!(
+        Error::NoUrdmad(format!(
             "cannot read {}: {e} (is urdma.ko new enough to name the device's urdmad?)",
             f.display()
-        )
+        ))
     })?;
     let s = s.trim();
     if s.is_empty() {
-        return Err(format!(
+        return Err(Error::NoUrdmad(format!(
             "no urdmad serves device {} ({} is empty): start urdmad for its interface",
             ibdev_path.display(),
             f.display()
-        ));
+        )));
     }
     Ok(PathBuf::from(s))
 }
@@ -58,7 +60,7 @@ pub fn urdmad_socket(ibdev_path: &Path) -> Result<PathBuf, String> {
 impl Shared {
     /// Attaches the process to the urdmad serving the device at `ibdev_path` unless it is
     /// attached already (to the same one).
-    pub fn ensure_attached_for(&mut self, ibdev_path: &Path) -> Result<(), i32> {
+    pub fn ensure_attached_for(&mut self, ibdev_path: &Path) -> Result<(), Error> {
         let known = self
             .attached
             .as_ref()
@@ -67,9 +69,8 @@ impl Shared {
         if let Some(path) = known {
             return self.ensure_attached(&path);
         }
-        let socket = urdmad_socket(ibdev_path).map_err(|e| {
+        let socket = urdmad_socket(ibdev_path).inspect_err(|e| {
             log::error(format_args!("create_qp: {e}"));
-            libc::ENODEV
         })?;
         self.ensure_attached(&socket)?;
         if let Some(a) = self.attached.as_mut() {
@@ -80,24 +81,23 @@ impl Shared {
 
     /// Attaches the process to the urdmad at `path` unless it is attached
     /// already (to the same one).
-    pub fn ensure_attached(&mut self, path: &Path) -> Result<(), i32> {
+    pub fn ensure_attached(&mut self, path: &Path) -> Result<(), Error> {
         if let Some(a) = &self.attached {
-            if a.path != path {
-                log::error(format_args!(
-                    "a process may use the devices of one urdmad only: attached to {}, device served by {}",
-                    a.path.display(),
-                    path.display()
-                ));
-                return Err(libc::EINVAL);
-            }
-            if a.ctl.is_none() {
-                log::error(format_args!("urdmad has gone away"));
-                return Err(libc::ENOTCONN);
-            }
-            return Ok(());
-        }
-        if let Some(e) = self.attach_failed {
+            let e = if a.path != path {
+                Error::OtherUrdmad {
+                    attached: a.path.clone(),
+                    wanted: path.to_owned(),
+                }
+            } else if a.ctl.is_none() {
+                Error::UrdmadGone
+            } else {
+                return Ok(());
+            };
+            log::error(format_args!("{e}"));
             return Err(e);
+        }
+        if let Some(e) = &self.attach_failed {
+            return Err(e.clone());
         }
         let r = attach(path);
         match r {
@@ -105,13 +105,12 @@ impl Shared {
                 self.attached = Some(a);
                 Ok(())
             }
-            Err((e, permanent)) => {
-                if permanent {
-                    self.attach_failed = Some(e);
+            Err(e) => {
+                if e.ends_attaching() {
+                    self.attach_failed = Some(e.clone());
                     log::fatal(format_args!(
-                        "cannot attach to urdmad at {} ({}): this process cannot use urdma devices",
+                        "cannot attach to urdmad at {} ({e}): this process cannot use urdma devices",
                         path.display(),
-                        std::io::Error::from_raw_os_error(e)
                     ));
                 }
                 Err(e)
@@ -127,7 +126,10 @@ impl Shared {
             log::error(format_args!(
                 "forked: cannot make the progress thread's descriptors: this process cannot attach to urdmad"
             ));
-            self.attach_failed.get_or_insert(libc::EMFILE);
+            self.attach_failed.get_or_insert(Error::Os {
+                what: "forked: the progress thread's descriptors",
+                errno: libc::EMFILE,
+            });
         }
         self.engine.forked();
         // The parent gives these back or keeps them parked; the child's copies just close.
@@ -136,7 +138,7 @@ impl Shared {
         if let Some(a) = self.attached.take() {
             if a.ctl.is_none() {
                 // The parent lost urdmad and let go of EAL's memory: nothing to attach with.
-                self.attach_failed.get_or_insert(libc::ENOTCONN);
+                self.attach_failed.get_or_insert(Error::UrdmadGone);
             }
             // Dropping closes the child's copies of the control socket, of the packet
             // sockets urdmad passed and of the doorbell's socket; the parent's stay open.
@@ -151,32 +153,25 @@ impl Shared {
 }
 
 /// Connects, attaches, starts the helper (which initialises EAL) and looks
-/// up the rings. The error says whether trying again is pointless.
-fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
-    let mut ctl = Control::connect(path, CONTROL_TIMEOUT).map_err(|e| {
+/// up the rings ([`Error::ends_attaching`] says whether trying again is pointless).
+fn attach(path: &Path) -> Result<Attached, Error> {
+    let urdmad = |what, source| {
+        let e = Error::Urdmad { what, source };
         log::error(format_args!("{e}"));
-        (libc::ECONNREFUSED, false)
-    })?;
+        e
+    };
+    let mut ctl = Control::connect(path, CONTROL_TIMEOUT).map_err(|e| urdmad("connecting", e))?;
     let a = match ctl.request(&Request::Attach) {
         Ok(Response::Attached(a)) => a,
-        Ok(other) => {
-            log::error(format_args!(
-                "ATTACH: {}",
-                urdma_shared::client::refusal(other)
-            ));
-            return Err((libc::EPERM, false));
-        }
-        Err(e) => {
-            log::error(format_args!("ATTACH: {e}"));
-            return Err((libc::ECONNREFUSED, false));
-        }
+        Ok(other) => return Err(urdmad("ATTACH", urdma_shared::client::refusal(other))),
+        Err(e) => return Err(urdmad("ATTACH", e)),
     };
     // The first attachment makes them; a forked child's attachment finds them renewed.
     for (cell, make) in helper_descriptors() {
         if cell.get().is_none() {
             let fd = make();
             if fd < 0 {
-                return Err((crate::guard::errno(), false));
+                return Err(Error::last_os("the progress thread's descriptors"));
             }
             // SAFETY: a fresh descriptor we own.
             let _ = cell.set(unsafe { OwnedFd::from_raw_fd(fd) });
@@ -194,21 +189,21 @@ fn attach(path: &Path) -> Result<Attached, (i32, bool)> {
         }
     })
     .map_err(|e| {
-        log::error(format_args!("cannot start the progress thread: {e}"));
-        (libc::EAGAIN, false)
-    })?;
-    match rx.recv() {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            log::error(format_args!("{e}"));
-            return Err((libc::EIO, true));
-        }
-        Err(_) => return Err((libc::EIO, true)),
-    }
-    let rings = Rings::lookup(&a, path).map_err(|e| {
+        let e = Error::Os {
+            what: "starting the progress thread",
+            errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+        };
         log::error(format_args!("{e}"));
-        (libc::EIO, true)
+        e
     })?;
+    let eal = rx.recv().unwrap_or_else(|_| {
+        Err(Error::Dpdk(SecondaryError::EalInit {
+            reason: "the progress thread ended before EAL was up".into(),
+        }))
+    });
+    let rings = eal
+        .and_then(|()| Rings::lookup(&a, path))
+        .inspect_err(|e| log::error(format_args!("{e}")))?;
     log::info(format_args!(
         "attached to urdmad at {} (client {}, {} port(s), DPDK up in {} ms)",
         path.display(),
@@ -304,10 +299,14 @@ mod tests {
     fn urdmad_socket_comes_from_sysfs() {
         let dir = std::env::temp_dir().join(format!("urdma-sysfs-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        assert!(urdmad_socket(&dir).unwrap_err().contains("cannot read"));
+        assert!(urdmad_socket(&dir)
+            .unwrap_err()
+            .to_string()
+            .contains("cannot read"));
         std::fs::write(dir.join("urdmad"), "\n").unwrap();
         assert!(urdmad_socket(&dir)
             .unwrap_err()
+            .to_string()
             .contains("no urdmad serves"));
         std::fs::write(dir.join("urdmad"), "/run/urdma/A.sock\n").unwrap();
         assert_eq!(

@@ -25,6 +25,7 @@ use super::helper::kick_helper;
 use super::{lock, rt, Shared};
 use crate::dpdk::{self, DpdkFlow};
 use crate::engine::{Flow, Notice, QpKey, Unregister};
+use crate::error::Error;
 use crate::log;
 use crate::socket_flow::SocketFlow;
 
@@ -63,13 +64,18 @@ impl Shared {
 
     /// One request to urdmad, waited for under the lock; events it meets are handled. Only
     /// where waiting is rare: see [`ask`].
-    fn request(&mut self, req: &Request, now: Instant) -> Result<Response, String> {
+    fn request(
+        &mut self,
+        what: &'static str,
+        req: &Request,
+        now: Instant,
+    ) -> Result<Response, Error> {
         let Some(ctl) = self.control() else {
-            return Err("not attached to urdmad".into());
+            return Err(Error::UrdmadGone);
         };
         let r = ctl.request(req);
         self.pump(now);
-        r.map_err(|e| e.to_string())
+        r.map_err(|source| Error::Urdmad { what, source })
     }
 
     /// Posts `req`, whose outcome nothing waits for (a refusal is logged when it is read).
@@ -92,10 +98,13 @@ impl Shared {
         }
     }
 
-    fn expect_ok(&mut self, req: &Request, now: Instant) -> Result<(), String> {
-        match self.request(req, now)? {
+    fn expect_ok(&mut self, what: &'static str, req: &Request, now: Instant) -> Result<(), Error> {
+        match self.request(what, req, now)? {
             Response::Ok => Ok(()),
-            other => Err(urdma_shared::client::refusal(other).to_string()),
+            other => Err(Error::Urdmad {
+                what,
+                source: urdma_shared::client::refusal(other),
+            }),
         }
     }
 
@@ -237,8 +246,8 @@ impl Shared {
         if self.pump(now) {
             return;
         }
-        if let Err(e) = self.expect_ok(&Request::Sync, now) {
-            log::error(format_args!("SYNC: {e}"));
+        if let Err(e) = self.expect_ok("SYNC", &Request::Sync, now) {
+            log::error(format_args!("{e}"));
         }
     }
 }
@@ -250,7 +259,7 @@ fn make_flow(
     ring: DpdkFlow,
     c: &urdma_shared::proto::Connected,
     fds: Option<ConnectionFds>,
-) -> Result<Box<dyn Flow>, String> {
+) -> Result<Box<dyn Flow>, Error> {
     let (sock, bell, hush) = match fds {
         Some(f) => (f.socket, f.bell, f.hush),
         None => (None, None, None),
@@ -268,21 +277,25 @@ fn make_flow(
     // urdmad no longer takes the connection's frames: without the socket nothing arrives.
     let geo = urdma_shared::direct::Geometry::new(c.datagram, c.direct);
     let rings = if c.reuse != 0 {
-        let rings = crate::socket_flow::take_parked(c.reuse)
-            .ok_or("urdmad named a parked socket this process does not hold")?;
+        let rings = crate::socket_flow::take_parked(c.reuse).ok_or(Error::HandOver(
+            "urdmad named a parked socket this process does not hold".into(),
+        ))?;
         if rings.geometry() != geo {
-            return Err("urdmad named a parked socket of other rings".into());
+            return Err(Error::HandOver(
+                "urdmad named a parked socket of other rings".into(),
+            ));
         }
         rings
     } else {
-        let sock =
-            sock.ok_or("urdmad put the connection on the direct path but passed no socket")?;
+        let sock = sock.ok_or(Error::HandOver(
+            "urdmad put the connection on the direct path but passed no socket".into(),
+        ))?;
         crate::socket_flow::map(sock, geo)?
     };
     let epoll = rt()
         .sockets
         .get()
-        .ok_or("no epoll set for the direct path")?
+        .ok_or(Error::HandOver("no epoll set for the direct path".into()))?
         .as_raw_fd();
     let ep = ring.endpoints();
     Ok(Box::new(SocketFlow::new(
@@ -394,9 +407,12 @@ mod tests {
         sh.engine.progress(t);
         assert_eq!(sh.engine.poll_cq((1, 1), &mut wc, t), Some(1));
         assert_eq!(wc[0].status, rdma_core_sys::IBV_WC_WR_FLUSH_ERR);
-        assert_eq!(sh.ensure_attached(&path), Err(libc::ENOTCONN));
+        assert_eq!(
+            sh.ensure_attached(&path).map_err(|e| e.errno()),
+            Err(libc::ENOTCONN)
+        );
         assert!(sh.control().is_none());
-        assert!(sh.expect_ok(&Request::Sync, t).is_err());
+        assert!(sh.expect_ok("SYNC", &Request::Sync, t).is_err());
         assert!(!sh.pump(t));
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -437,8 +453,14 @@ mod tests {
         std::fs::remove_file(dev.join("urdmad")).unwrap();
         assert_eq!(sh.ensure_attached_for(&dev), Ok(()));
         // ...but is for a device not seen yet, which another urdmad serves.
-        assert_eq!(sh.ensure_attached_for(&other), Err(libc::EINVAL));
-        assert_eq!(sh.ensure_attached_for(&dir), Err(libc::ENODEV));
+        assert_eq!(
+            sh.ensure_attached_for(&other).map_err(|e| e.errno()),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(
+            sh.ensure_attached_for(&dir).map_err(|e| e.errno()),
+            Err(libc::ENODEV)
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

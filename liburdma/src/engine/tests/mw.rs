@@ -78,7 +78,10 @@ fn writes_land_through_a_type_1_window_and_its_old_key_is_refused() {
     );
     assert_eq!(&target[100..116], &[7u8; 16]);
     // The MR holds a window: it cannot go.
-    assert_eq!(t.e.mrs.remove(2, MR), Err(libc::EBUSY));
+    assert_eq!(
+        t.e.mrs.remove(2, MR).map_err(|e| e.errno()),
+        Err(libc::EBUSY)
+    );
     // Rebound elsewhere with the next key: the old key is refused, and
     // the refused write fails A's connection with nothing placed.
     t.e.post_send(B, &bind_req(3, window(MW1 + 1, MW1 + 2, base, 32)))
@@ -115,8 +118,9 @@ fn a_type_2_window_is_invalidated_by_the_peer_and_bound_again() {
         .unwrap();
     // Bound already: a second bind is refused when posted.
     assert_eq!(
-        t.e.post_send(B, &bind_req(2, window(MW2, stag + 1, base, 128))),
-        Err(PostFail::Errno(libc::EINVAL))
+        t.e.post_send(B, &bind_req(2, window(MW2, stag + 1, base, 128)))
+            .map_err(|e| e.errno()),
+        Err(libc::EINVAL)
     );
     t.e.post_send(A, &write(3, &s, base, stag)).unwrap();
     let inv = SendReq {
@@ -155,8 +159,8 @@ fn a_type_2_window_is_invalidated_by_the_peer_and_bound_again() {
         ..send(7, &[])
     };
     assert_eq!(
-        t.e.post_send(B, &refused),
-        Err(PostFail::Errno(libc::EINVAL))
+        t.e.post_send(B, &refused).map_err(|e| e.errno()),
+        Err(libc::EINVAL)
     );
     t.run(4);
     assert_eq!(
