@@ -11,8 +11,9 @@
  *   objects DEVICE errors    each invalid request must fail with the errno
  *                            the kernel's verbs rules give it (SRQs'
  *                            included), the verbs urdma does not implement
- *                            (MW) with EOPNOTSUPP, and a send posted to a
- *                            QP that is not connected with EINVAL
+ *                            with EOPNOTSUPP, a send posted to a QP that
+ *                            is not connected with EINVAL, and a receive
+ *                            posted to a full receive queue with ENOMEM
  *
  * Prints one line per failed check and exits 1 if any failed.
  */
@@ -252,6 +253,36 @@ static void mw_errors(struct ibv_pd *pd, struct ibv_cq *cq)
 	CHECK(!mw2 || !ibv_dealloc_mw(mw2), "dealloc_mw type 2");
 }
 
+/*
+ * Receives wait on a QP before it connects, as many as its receive queue
+ * holds: one more is refused with ENOMEM, as rxe and siw refuse a post to
+ * a full queue.
+ */
+static void full_recv_queue(struct ibv_qp *qp)
+{
+	struct ibv_qp_init_attr init;
+	struct ibv_qp_attr attr;
+	struct ibv_recv_wr rw = { .wr_id = 1 }, *bad = NULL;
+	unsigned int i;
+	int ret;
+
+	ret = ibv_query_qp(qp, &attr, IBV_QP_CAP, &init);
+	CHECK(!ret, "query_qp: %s", strerror(ret));
+	if (ret)
+		return;
+	for (i = 0; i < init.cap.max_recv_wr; i++) {
+		ret = ibv_post_recv(qp, &rw, &bad);
+		CHECK(!ret, "post_recv %u of %u before connecting: %s", i + 1,
+		      init.cap.max_recv_wr, strerror(ret));
+		if (ret)
+			return;
+	}
+	ret = ibv_post_recv(qp, &rw, &bad);
+	CHECK(ret == ENOMEM && bad == &rw,
+	      "post_recv to a full receive queue: got %s, want %s, bad_wr %s",
+	      strerror(ret), strerror(ENOMEM), bad == &rw ? "set" : "not set");
+}
+
 static void errors(const char *name)
 {
 	static char buf[8192];
@@ -306,6 +337,7 @@ static void errors(const char *name)
 		CHECK(ret == EINVAL && bad == &swr,
 		      "post_send before connecting: got %s, bad_wr %s", strerror(ret),
 		      bad == &swr ? "set" : "not set");
+		full_recv_queue(qp);
 		CHECK(!ibv_destroy_qp(qp), "destroy_qp");
 	}
 	ret = ibv_poll_cq(cq, 1, &wc);
