@@ -195,19 +195,21 @@ impl Connection {
         }
     }
 
-    /// A complete line from the buffer, if one is there.
-    fn take_line(&mut self) -> Result<Option<String>, Error> {
+    /// The next complete line from the buffer, if one is there, as an iterator's next item.
+    fn take_line(&mut self) -> Option<Result<String, Error>> {
         match self.buf.iter().position(|&b| b == b'\n') {
             Some(pos) => {
                 let line: Vec<u8> = self.buf.drain(..=pos).collect();
-                String::from_utf8(line)
-                    .map(Some)
-                    .map_err(|_| Error::Malformed("urdmad sent a line that is not UTF-8".into()))
+                Some(
+                    String::from_utf8(line).map_err(|_| {
+                        Error::Malformed("urdmad sent a line that is not UTF-8".into())
+                    }),
+                )
             }
             None if self.buf.len() > MAX_LINE => {
-                Err(Error::Malformed("urdmad sent a line too long".into()))
+                Some(Err(Error::Malformed("urdmad sent a line too long".into())))
             }
-            None => Ok(None),
+            None => None,
         }
     }
 
@@ -255,7 +257,7 @@ impl Connection {
     /// The next line that is not an event (events are queued), waiting until `deadline`.
     fn read_reply_line(&mut self, deadline: Instant) -> Result<String, Error> {
         loop {
-            while let Some(line) = self.take_line()? {
+            while let Some(line) = self.take_line().transpose()? {
                 if proto::is_event(&line) {
                     self.queue_event(&line);
                 } else {
@@ -419,7 +421,7 @@ impl Connection {
                     _ => {}
                 }
             }
-            while let Some(line) = self.take_line()? {
+            while let Some(line) = self.take_line().transpose()? {
                 if proto::is_event(&line) {
                     self.queue_event(&line);
                 } else {
