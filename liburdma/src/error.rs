@@ -55,7 +55,11 @@ pub enum Error {
     /// No urdmad serves the device (sysfs names none, or cannot be read).
     #[error("{0}")]
     NoUrdmad(String),
-    /// urdmad could not be reached, refused or answered what it should not.
+    /// urdmad could not be connected to, for whatever reason it gave (the socket's
+    /// permissions, its group, its protocol version).
+    #[error("connecting to urdmad: {0}")]
+    Unreachable(client::Error),
+    /// urdmad refused a request, answered what it should not, or went silent.
     #[error("{what}: {source}")]
     Urdmad {
         what: &'static str,
@@ -92,6 +96,7 @@ impl Error {
             Error::Kernel { errno, .. } | Error::Os { errno, .. } => *errno,
             Error::ForeignDevice(_) => libc::EPROTO,
             Error::NoUrdmad(_) => libc::ENODEV,
+            Error::Unreachable(_) => libc::ECONNREFUSED,
             Error::Urdmad { source, .. } => match source {
                 client::Error::Refused { .. } | client::Error::Unexpected(_) => libc::EPERM,
                 _ => libc::ECONNREFUSED,
@@ -219,6 +224,13 @@ mod tests {
             source: client::Error::Closed,
         };
         assert_eq!(closed.errno(), libc::ECONNREFUSED);
+        // Whatever urdmad says when a process connects (not in its group, another
+        // protocol version), the process could not reach it.
+        let denied = Error::Unreachable(client::Error::Refused {
+            code: urdma_shared::proto::ErrorCode::Access,
+            message: "uid 65534 is not allowed".into(),
+        });
+        assert_eq!(denied.errno(), libc::ECONNREFUSED);
     }
 
     #[test]

@@ -160,7 +160,11 @@ fn attach(path: &Path) -> Result<Attached, Error> {
         log::error(format_args!("{e}"));
         e
     };
-    let mut ctl = Control::connect(path, CONTROL_TIMEOUT).map_err(|e| urdmad("connecting", e))?;
+    let mut ctl = Control::connect(path, CONTROL_TIMEOUT).map_err(|e| {
+        let e = Error::Unreachable(e);
+        log::error(format_args!("{e}"));
+        e
+    })?;
     let a = match ctl.request(&Request::Attach) {
         Ok(Response::Attached(a)) => a,
         Ok(other) => return Err(urdmad("ATTACH", urdma_shared::client::refusal(other))),
