@@ -1323,3 +1323,77 @@ fn work_acknowledged_by_the_datagram_that_fails_the_connection_completes() {
         [(1, WcStatus::Success), (2, WcStatus::Flush)]
     );
 }
+
+/// A's QP is destroyed while its graceful close still has a Write to deliver over a lossy
+/// link: once `release_memory` returns, its application may free and reuse the buffer, yet
+/// B receives the bytes the Write had when posted, and the close completes.
+#[test]
+fn a_lingering_close_sends_what_was_posted_not_what_the_memory_holds_now() {
+    let mut p = pair(Config::default(), Config::default());
+    p.ab.cfg = LinkConfig {
+        loss: 0.3,
+        ..LinkConfig::default()
+    };
+    let len = 64 * 1024;
+    let posted: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+    p.a.mem.bytes[..len].copy_from_slice(&posted);
+    send(
+        &mut p,
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: 1 << 19,
+            rkey: 2,
+        },
+        &sge(0, len as u32),
+    );
+    p.a.conn.close();
+    assert!(p.a.conn.release_memory(&p.a.mem));
+    // The application frees its buffer; the memory is someone else's now.
+    p.a.mem.bytes[..len].fill(0xee);
+    let limit = trp::Instant(p.now.0 + 60_000_000_000);
+    assert!(p.run_until(limit, |p| {
+        if p.b.conn.state() == QpState::Closing
+            || events(&mut p.b.conn).contains(&Event::PeerClosed)
+        {
+            p.b.conn.close();
+        }
+        p.a.conn.state() == QpState::Closed
+    }));
+    assert!(
+        p.a.conn.sender_stats().retransmitted > 0,
+        "the loss made it resend"
+    );
+    assert!(p.b.mem.bytes[1 << 19..(1 << 19) + len] == posted[..]);
+}
+
+/// A Read Response owed to the peer can only come from the memory: a connection answering
+/// one does not let the memory go, and the caller drops it instead.
+#[test]
+fn a_connection_serving_a_read_keeps_its_memory() {
+    let mut p = pair(Config::default(), Config::default());
+    p.ab.up = false;
+    // B reads A's remote half; A's responses cannot get through.
+    p.b.conn
+        .post_send(
+            &p.b.mem,
+            &SendWr {
+                wr_id: 1,
+                op: SendOp::RdmaRead {
+                    remote_addr: 1 << 19,
+                    rkey: 2,
+                },
+                sges: &sge(0, 8192),
+                signaled: true,
+            },
+        )
+        .unwrap();
+    let limit = trp::Instant(p.now.0 + 100_000_000);
+    p.run_until(limit, |p| p.a.conn.next_psn() != p.a.conn.unacked_psn());
+    assert_ne!(
+        p.a.conn.next_psn(),
+        p.a.conn.unacked_psn(),
+        "A is answering"
+    );
+    p.a.conn.close();
+    assert!(!p.a.conn.release_memory(&p.a.mem));
+}

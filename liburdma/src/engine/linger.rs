@@ -7,7 +7,8 @@ use trp::Instant;
 /// A destroyed QP whose graceful close had begun: its connection finishes the FIN exchange
 /// on its flow, as a TCP socket closed by its application does, so that the peer sees the
 /// close it was told of and not an Abort. Nothing of the application's is reachable from it
-/// (no memory, no CQ), and its number may already serve a new QP.
+/// (no memory: what it still sends was copied out when the QP was destroyed, trp's
+/// `Connection::release_memory`; no CQ), and its number may already serve a new QP.
 pub(super) struct Lingering {
     pub(super) key: QpKey,
     pub(super) qp: Qp,

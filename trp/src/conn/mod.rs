@@ -510,6 +510,25 @@ impl Connection {
         }
     }
 
+    /// The caller lets go of its memory while the connection finishes its
+    /// close (the QP is destroyed; its application may free its buffers):
+    /// what is still to be sent is copied out of that memory, and nothing
+    /// will land in it (posted receives are forgotten, and so are the
+    /// buffers Read and Atomic results were for). False, and nothing
+    /// changed, if the peer is reading that memory (a Read Response is
+    /// queued or unacknowledged): only the memory has those bytes, and the
+    /// caller drops the connection instead.
+    pub fn release_memory<M: Memory + ?Sized>(&mut self, mem: &M) -> bool {
+        let serves_reads = self.responses.iter().any(|r| matches!(r, Reply::Read(_)))
+            || self.tx.iter().any(TxKind::reads_local_memory);
+        if serves_reads {
+            return false;
+        }
+        self.sq.release_memory(mem);
+        self.recv.rq.clear();
+        true
+    }
+
     /// Produces the next datagram to send into `buf` (at least
     /// `max_datagram()` bytes) and returns its length.
     pub fn poll_transmit<M: Memory + ?Sized>(

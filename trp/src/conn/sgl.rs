@@ -32,8 +32,15 @@ pub(super) fn check_sges<M: Memory + ?Sized>(
 /// in the provider's ping-pong); longer lists go on the heap.
 #[derive(Clone, Debug)]
 pub(super) enum SgeList {
-    Inline { n: u8, sges: [Sge; 2] },
+    Inline {
+        n: u8,
+        sges: [Sge; 2],
+    },
     Heap(Vec<Sge>),
+    /// No longer the caller's memory: a copy of the bytes the list held,
+    /// taken when the caller let go of its memory (`Connection::release_memory`).
+    /// As a list it is empty: nothing lands in it.
+    Copied(Box<[u8]>),
 }
 
 impl SgeList {
@@ -56,12 +63,39 @@ impl SgeList {
     }
 }
 
+impl SgeList {
+    /// Copies bytes `off..off+out.len()` of the list's data into `out`.
+    #[inline(always)]
+    pub(super) fn gather<M: Memory + ?Sized>(&self, mem: &M, off: u64, out: &mut [u8]) {
+        match self {
+            SgeList::Copied(data) => {
+                let from = usize::try_from(off).unwrap_or(usize::MAX);
+                if let Some(src) = data.get(from..from.saturating_add(out.len())) {
+                    out.copy_from_slice(src);
+                }
+            }
+            sges => gather(mem, sges, off, out),
+        }
+    }
+
+    /// The list replaced by a copy of its first `len` bytes.
+    pub(super) fn copy_out<M: Memory + ?Sized>(&mut self, mem: &M, len: u32) {
+        if matches!(self, SgeList::Copied(_)) {
+            return;
+        }
+        let mut data = vec![0; len as usize].into_boxed_slice();
+        gather(mem, self, 0, &mut data);
+        *self = SgeList::Copied(data);
+    }
+}
+
 impl Deref for SgeList {
     type Target = [Sge];
     fn deref(&self) -> &[Sge] {
         match self {
             SgeList::Inline { n, sges } => &sges[..usize::from(*n)],
             SgeList::Heap(v) => v,
+            SgeList::Copied(_) => &[],
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Transmit: the send queue, cutting its work requests (and the peer's
 //! Reads we answer) into segments, and writing datagrams.
 
-use super::sgl::{gather, scatter, SgeList};
+use super::sgl::{scatter, SgeList};
 use super::states::Phase;
 use super::{take_msn, Connection, Msn};
 use crate::mr::Memory;
@@ -50,6 +50,20 @@ pub(super) enum TxKind {
         src: Src,
         len: u32,
     },
+}
+
+impl TxKind {
+    /// Whether (re)building the segment reads the local memory a Read
+    /// Request named.
+    pub(super) fn reads_local_memory(&self) -> bool {
+        matches!(
+            self,
+            TxKind::Seg {
+                src: Src::Local { .. },
+                ..
+            }
+        )
+    }
 }
 
 #[derive(Debug)]
@@ -242,6 +256,22 @@ impl SendQueue {
             e.issued = true;
             e.last_psn = last_psn;
             self.cursor += 1;
+        }
+    }
+
+    /// Copies the data of every entry out of the caller's memory; an
+    /// Atomic's buffer, where its result would land, is forgotten (a Read's
+    /// response lands through the region table, which the caller no longer
+    /// offers: `Connection::release_memory`).
+    pub(super) fn release_memory<M: Memory + ?Sized>(&mut self, mem: &M) {
+        for e in &mut self.entries {
+            match e.op {
+                SendOp::Send { .. } | SendOp::RdmaWrite { .. } | SendOp::RdmaWriteImm { .. } => {
+                    e.sges.copy_out(mem, e.len)
+                }
+                SendOp::Atomic { .. } => e.sges = SgeList::Copied(Box::default()),
+                SendOp::RdmaRead { .. } | SendOp::Local(_) => {}
+            }
         }
     }
 
@@ -625,12 +655,8 @@ impl Connection {
             let psn = self.tx.nxt();
             let buf = buf.as_mut();
             let at = trp::HEADER_LEN + hdr.header_len();
-            gather(
-                mem,
-                &e.sges,
-                u64::from(off),
-                &mut buf[at..at + len as usize],
-            );
+            e.sges
+                .gather(mem, u64::from(off), &mut buf[at..at + len as usize]);
             // As `follows`, with the room this run started with.
             let follows = if e.followed(hdr.last) && room > sent + 1 {
                 trp::FLAG_FOLLOWS
@@ -737,7 +763,7 @@ impl Connection {
                 match src {
                     Src::Sq { seq, off } => {
                         if let Some(e) = self.sq.get(seq) {
-                            gather(mem, &e.sges, u64::from(off), body);
+                            e.sges.gather(mem, u64::from(off), body);
                         }
                     }
                     Src::Local { addr } => mem.read(addr, body),
