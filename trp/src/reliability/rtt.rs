@@ -40,6 +40,14 @@ impl Rtt {
         self.rto
     }
 
+    /// How long a segment's round trip may usually take on this path: the
+    /// smoothed RTT plus twice its variation, and at least a quarter more
+    /// (RFC 8985's reordering window). Zero before any sample.
+    #[inline]
+    pub(super) fn usual_max(&self) -> u64 {
+        self.srtt.map_or(0, |s| s + (2 * self.rttvar).max(s / 4))
+    }
+
     pub(super) fn sample(&mut self, r: u64) {
         match self.srtt {
             None => {
