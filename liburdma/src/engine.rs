@@ -430,13 +430,11 @@ impl Engine {
         // Once this returns the application may free its buffers: a lingering connection
         // sends copies of what it still owes, and one that cannot (the peer is reading
         // the application's memory) goes as an open one does.
-        let inline = qp.inline_region();
-        let mem = self.mrs.view(key.0, Some(key.1), inline, None);
-        if closing
-            && qp.end == End::Open
-            && qp.flow.is_some()
-            && qp.conn.as_mut().is_some_and(|c| c.release_memory(&mem))
-        {
+        let lingers = closing && qp.end == End::Open && qp.flow.is_some() && {
+            let mem = self.mrs.view(key.0, Some(key.1), qp.inline_region(), None);
+            qp.conn.as_mut().is_some_and(|c| c.release_memory(&mem))
+        };
+        if lingers {
             // urdmad hears nothing more of it by this key, which the kernel may give to a
             // new QP: it ends on its own.
             qp.end = End::Told;

@@ -61,9 +61,7 @@ impl SgeList {
             sges: inline,
         }
     }
-}
 
-impl SgeList {
     /// Copies bytes `off..off+out.len()` of the list's data into `out`.
     #[inline(always)]
     pub(super) fn gather<M: Memory + ?Sized>(&self, mem: &M, off: u64, out: &mut [u8]) {
