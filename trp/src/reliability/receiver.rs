@@ -2,7 +2,7 @@
 
 use super::psn_lt;
 use crate::time::Instant;
-use crate::wire::trp::SackRanges;
+use crate::wire::trp::{SackRanges, MAX_SACK_RANGES};
 use core::time::Duration;
 
 /// What a received packet asks of our acknowledgement.
@@ -45,6 +45,8 @@ pub struct Receiver {
     slot_mask: u32,
     bits: Vec<u64>,
     highest: u32,
+    /// The PSN most recently held above a gap: its range is reported first.
+    last: u32,
     unacked: u32,
     ack_now: bool,
     ack_deadline: Option<Instant>,
@@ -77,6 +79,7 @@ impl Receiver {
             slot_mask: slots - 1,
             bits: vec![0; slots.div_ceil(64) as usize],
             highest: first_psn,
+            last: first_psn,
             unacked: 0,
             ack_now: false,
             ack_deadline: None,
@@ -136,6 +139,7 @@ impl Receiver {
     #[inline(always)]
     pub fn mark(&mut self, psn: u32) {
         self.set(psn, true);
+        self.last = psn;
         if psn_lt(self.highest, psn) {
             self.highest = psn;
         }
@@ -217,31 +221,90 @@ impl Receiver {
         psn_lt(self.nxt, self.highest)
     }
 
-    /// Up to four ranges of PSNs received above the cumulative ACK, lowest
-    /// first (the holes the sender most needs to fill).
+    /// Up to four ranges of PSNs received above the cumulative ACK, in PSN
+    /// order: the one holding the latest arrival, the lowest (above the
+    /// hole the sender most needs to fill) and the highest. Each range is
+    /// reported while it is the highest, and twice more as the next ones
+    /// grow, so the sender's scoreboard learns every range of a window with
+    /// hundreds of holes even when ACKs are lost (RFC 2018's rule, adapted).
+    /// Reporting only the lowest ranges let it learn four holes per round
+    /// trip.
     pub fn sack_ranges(&self) -> SackRanges {
-        let mut r = SackRanges::new();
-        let n = self
-            .highest
-            .wrapping_sub(self.nxt)
-            .wrapping_add(1)
-            .min(self.cap);
-        let mut start = None;
-        for d in 1..=n {
-            let psn = self.nxt.wrapping_add(d);
-            let have = d < n && self.bit(psn);
-            match (have, start) {
-                (true, None) => start = Some(psn),
-                (false, Some(s)) => {
-                    if !r.push(s, psn) {
-                        return r;
-                    }
-                    start = None;
+        let mut picked = [(0u32, 0u32); MAX_SACK_RANGES];
+        let mut n = 0;
+        let mut pick = |r: Option<(u32, u32)>, n: &mut usize| {
+            if let Some(r) = r {
+                if *n < MAX_SACK_RANGES && !picked[..*n].contains(&r) {
+                    picked[*n] = r;
+                    *n += 1;
                 }
-                _ => {}
             }
+        };
+        pick(self.range_around(self.last), &mut n);
+        let first_held = (1..self.span())
+            .map(|d| self.nxt.wrapping_add(d))
+            .find(|&p| self.bit(p));
+        pick(first_held.and_then(|p| self.range_around(p)), &mut n);
+        let mut below = self.highest.wrapping_add(1);
+        while n < MAX_SACK_RANGES {
+            let Some(top) = self.held_below(below) else {
+                break;
+            };
+            let r = self.range_around(top);
+            pick(r, &mut n);
+            below = r.map_or(top, |(start, _)| start);
+        }
+        let ranges = &mut picked[..n];
+        ranges.sort_unstable_by_key(|&(start, _)| start.wrapping_sub(self.nxt));
+        let mut r = SackRanges::new();
+        for &(start, end) in ranges.iter() {
+            r.push(start, end);
         }
         r
+    }
+
+    /// PSNs from `nxt` that may be held: up to and including `highest`,
+    /// at most the window.
+    fn span(&self) -> u32 {
+        self.highest
+            .wrapping_sub(self.nxt)
+            .wrapping_add(1)
+            .min(self.cap)
+    }
+
+    /// Whether `psn` lies above `nxt` within what may be held.
+    fn in_span(&self, psn: u32) -> bool {
+        let d = psn.wrapping_sub(self.nxt);
+        d > 0 && d < self.span()
+    }
+
+    /// The run of held PSNs that contains `psn`, as `(start, end)` with
+    /// `end` exclusive; none if `psn` is not held above `nxt`.
+    fn range_around(&self, psn: u32) -> Option<(u32, u32)> {
+        if !self.in_span(psn) || !self.bit(psn) {
+            return None;
+        }
+        let mut start = psn;
+        while self.in_span(start.wrapping_sub(1)) && self.bit(start.wrapping_sub(1)) {
+            start = start.wrapping_sub(1);
+        }
+        let mut end = psn.wrapping_add(1);
+        while self.in_span(end) && self.bit(end) {
+            end = end.wrapping_add(1);
+        }
+        Some((start, end))
+    }
+
+    /// The highest held PSN below `psn`.
+    fn held_below(&self, psn: u32) -> Option<u32> {
+        let mut p = psn.wrapping_sub(1);
+        while self.in_span(p) {
+            if self.bit(p) {
+                return Some(p);
+            }
+            p = p.wrapping_sub(1);
+        }
+        None
     }
 
     /// Schedules an acknowledgement after receiving a packet.
@@ -342,6 +405,26 @@ mod tests {
         let got: Vec<u32> = std::iter::from_fn(|| r.pop_in_order()).collect();
         assert_eq!(got, vec![10, 11, 12, 13]);
         assert_eq!(r.sack_ranges().as_slice(), &[(15, 16), (20, 21)]);
+    }
+
+    /// With more ranges than an ACK carries: the latest arrival's, the
+    /// lowest and the highest.
+    #[test]
+    fn many_holes_report_the_latest_lowest_and_highest() {
+        let mut r = Receiver::new(10, 64, Duration::from_micros(100), Duration::ZERO);
+        for p in [12, 13, 15, 20, 25, 26, 30, 40] {
+            r.mark(p);
+        }
+        assert_eq!(
+            r.sack_ranges().as_slice(),
+            &[(12, 14), (25, 27), (30, 31), (40, 41)]
+        );
+        // A late arrival in the middle: its range is reported.
+        r.mark(16);
+        assert_eq!(
+            r.sack_ranges().as_slice(),
+            &[(12, 14), (15, 17), (30, 31), (40, 41)]
+        );
     }
 
     #[test]
