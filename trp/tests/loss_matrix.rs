@@ -91,52 +91,125 @@ fn reordering(loss: f64) -> LinkConfig {
 
 const TOTAL: u64 = 32 * MSG;
 
+/// Each case with the least goodput it must keep, as a fraction of the
+/// lossless stream's. Random loss is retransmitted, not taken for
+/// congestion: at 10 % the stream keeps well over half its rate.
 #[test]
 fn loss_matrix() {
     let clean = LinkConfig::default();
-    let cases: &[(&str, LinkConfig, LinkConfig)] = &[
-        ("lossless", clean, clean),
-        ("1% both", lossy(0.01), lossy(0.01)),
-        ("2% both", lossy(0.02), lossy(0.02)),
-        ("5% both", lossy(0.05), lossy(0.05)),
-        ("10% both", lossy(0.10), lossy(0.10)),
-        ("20% both", lossy(0.20), lossy(0.20)),
-        ("10% data only", lossy(0.10), clean),
-        ("10% ACKs only", clean, lossy(0.10)),
-        ("5% reorder", reordering(0.0), reordering(0.0)),
-        ("10% + 5% reorder", reordering(0.10), reordering(0.10)),
+    let cases: &[(&str, LinkConfig, LinkConfig, f64)] = &[
+        ("lossless", clean, clean, 1.0),
+        ("1% both", lossy(0.01), lossy(0.01), 0.7),
+        ("2% both", lossy(0.02), lossy(0.02), 0.7),
+        ("5% both", lossy(0.05), lossy(0.05), 0.65),
+        ("10% both", lossy(0.10), lossy(0.10), 0.6),
+        ("20% both", lossy(0.20), lossy(0.20), 0.1),
+        ("10% data only", lossy(0.10), clean, 0.6),
+        ("10% ACKs only", clean, lossy(0.10), 0.9),
+        ("5% reorder", reordering(0.0), reordering(0.0), 0.9),
+        ("10% + 5% reorder", reordering(0.10), reordering(0.10), 0.55),
     ];
     let mut base = 0.0;
-    let mut reorder = None;
     eprintln!(
-        "{:<18} {:>9} {:>6} {:>7} {:>7} {:>6} {:>5} {:>6} {:>7}",
-        "case", "Mbit/s", "ratio", "sent", "retx", "lost", "RTOs", "recov", "maxfl"
+        "{:<18} {:>9} {:>6} {:>7} {:>7} {:>6} {:>5} {:>6} {:>5} {:>6} {:>7}",
+        "case",
+        "Mbit/s",
+        "ratio",
+        "sent",
+        "retx",
+        "lost",
+        "RTOs",
+        "probes",
+        "cuts",
+        "random",
+        "maxfl"
     );
-    for &(name, data, acks) in cases {
+    let mut failed = Vec::new();
+    for &(name, data, acks, least) in cases {
         let r = stream(data, acks, 7, TOTAL);
         if base == 0.0 {
             base = r.bps;
         }
         let s = r.sender;
+        let lost = r.data.lost + r.data.queue_drops;
         eprintln!(
-            "{name:<18} {:>9.1} {:>6.3} {:>7} {:>7} {:>6} {:>5} {:>6} {:>7}",
+            "{name:<18} {:>9.1} {:>6.3} {:>7} {:>7} {:>6} {:>5} {:>6} {:>5} {:>6} {:>7}",
             r.bps / 1e6,
             r.bps / base,
             s.sent,
             s.retransmitted,
-            r.data.lost + r.data.queue_drops,
+            lost,
             s.timeouts,
+            s.tail_probes,
             s.fast_recoveries,
+            s.random_losses,
             s.max_in_flight,
         );
-        if name == "5% reorder" {
-            reorder = Some((r.bps / base, s.retransmitted));
+        if r.bps / base < least {
+            failed.push(format!(
+                "{name}: {:.3} of lossless, below {least}",
+                r.bps / base
+            ));
+        }
+        // What is resent is what was lost, give or take a tenth: the
+        // reordering that RACK's time test waits out is not resent.
+        if s.retransmitted as f64 > lost as f64 * 1.1 + 10.0 {
+            failed.push(format!(
+                "{name}: {} resent for {lost} lost",
+                s.retransmitted
+            ));
         }
     }
-    // Reordering alone loses nothing: it must neither slow the stream nor
-    // resend much (a count of overtaking segments alone made 0.09 of
-    // lossless, each reordered datagram a halved window).
-    let (ratio, retx) = reorder.unwrap();
-    assert!(ratio >= 0.9, "5% reorder: {ratio:.3} of lossless");
-    assert!(retx <= 1_000, "5% reorder: {retx} retransmitted");
+    assert!(failed.is_empty(), "{failed:#?}");
+}
+
+/// One stream through a 1 Gbit/s link, slower than the sender, with a
+/// drop-tail queue of `queue_ns` and `random` loss: the fraction of the
+/// link it used, and of what it sent that the queue dropped.
+fn congested(queue_ns: u64, random: f64) -> (f64, f64) {
+    let data = LinkConfig {
+        rate_bps: 1_000_000_000,
+        delay: 250_000,
+        queue_limit: queue_ns,
+        loss: random,
+        ..LinkConfig::default()
+    };
+    let acks = LinkConfig {
+        delay: 250_000,
+        ..LinkConfig::default()
+    };
+    let r = stream(data, acks, 7, 16 * MSG);
+    let s = r.sender;
+    eprintln!(
+        "queue {queue_ns} ns, loss {random}: {:.1} Mbit/s, {} sent, {} dropped by the queue, {} lost at random, {} RTOs, {} cuts",
+        r.bps / 1e6,
+        s.sent,
+        r.data.queue_drops,
+        r.data.lost,
+        s.timeouts,
+        s.fast_recoveries,
+    );
+    (r.bps / 1e9, r.data.queue_drops as f64 / s.sent as f64)
+}
+
+/// A queue that overflows is congestion, random loss or not: the window
+/// halves, so the queue drops a small fraction of what is sent while the
+/// link stays busy. Reno, for comparison: 0.9 % dropped with the longer
+/// queue, 0.2 % with the shorter, and 0.18 of the link used with 2 %
+/// random loss, which it halves for. The shorter queue fills and empties
+/// within a round trip; the drops of bursts that never raise the round's
+/// least RTT are taken for random ones, hence its larger bound.
+#[test]
+fn a_congested_link_still_backs_off() {
+    // Half and a fifth of the path's bandwidth-delay product (550 µs).
+    for (queue, most_dropped) in [(275_000, 0.01), (110_000, 0.05)] {
+        for (random, least_used) in [(0.0, 0.8), (0.02, 0.7)] {
+            let (used, dropped) = congested(queue, random);
+            assert!(used >= least_used, "{used:.2} of the link");
+            assert!(
+                dropped <= most_dropped,
+                "the queue dropped {dropped:.3} of what was sent"
+            );
+        }
+    }
 }

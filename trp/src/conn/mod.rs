@@ -187,6 +187,8 @@ impl Connection {
             min_give_up: cfg.min_give_up,
             initial_cwnd: cfg.initial_cwnd,
             max_cwnd: cfg.max_cwnd.max(1),
+            ack_delay_ns: cfg.ack_delay.as_nanos().min(u128::from(u64::MAX)) as u64,
+            ack_hold_ns: LONGEST_HOLD.max(cfg.ack_hold).as_nanos() as u64,
         };
         let rx = Receiver::new(n.rcv_first, cfg.recv_window, cfg.ack_delay, cfg.ack_hold);
         let datagram = usize::from(

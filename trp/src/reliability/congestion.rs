@@ -1,7 +1,55 @@
-//! Congestion control: how many segments may be in the network (AIMD,
-//! RFC 5681, with SACK-based recovery).
+//! Congestion control: how many segments may be in the network.
+//!
+//! RFC 5681's window (slow start, one segment per window, halved on
+//! congestion) with one change: a loss is taken for congestion only when
+//! the round trip shows a queue, or when a round loses too much to be the
+//! path's own noise. A link that loses at random keeps its window (IRN:
+//! loss is not a rate signal), while a queue that overflows — a bottleneck
+//! shared or too slow — still halves it, as Reno would. TCP Veno tells the
+//! two kinds of loss apart the same way.
+//!
+//! A queue is seen when the least RTT of the last two rounds exceeds the
+//! path's base (the least of the last `BASE_ROUNDS` rounds) by an eighth:
+//! a full drop-tail queue delays every datagram, a random loss delays none.
 
-use super::psn_le;
+/// Rounds the base RTT is the least of.
+const BASE_ROUNDS: usize = 64;
+/// A round trip this many eighths above the base shows a queue.
+const QUEUE_EIGHTHS: u64 = 9;
+/// RTT samples after which a round's least alone says whether a queue
+/// stands; with fewer, the last round's is taken too.
+const ROUND_SAMPLES: u32 = 4;
+/// A round that loses more than this fraction of what it delivered and
+/// lost (and at least `NOISE_MIN` segments) is congested whatever its RTT:
+/// a policer or a queue too short to show in the round trip.
+const NOISE_THIRDS: u64 = 1;
+const NOISE_MIN: u64 = 4;
+/// Rounds without a cut after which one round runs at half the window, so
+/// that a queue this flow keeps full drains and the base RTT is learnt
+/// again: a flow that arrived at a full queue would otherwise take it for
+/// the path's and never see congestion (BBR's ProbeRTT, briefly).
+const DRAIN_EVERY: u32 = 48;
+
+/// What an ACK's progress meant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Progress {
+    SameRound,
+    /// A round trip ended; `cut` if its losses cut the window.
+    RoundEnded {
+        cut: bool,
+    },
+}
+
+/// What a loss did to the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LossResponse {
+    /// The window was halved: congestion.
+    Cut,
+    /// The window was already cut for this window of data.
+    InRecovery,
+    /// No queue: the path's own loss, only retransmitted.
+    Random,
+}
 
 #[derive(Debug)]
 pub(super) struct Congestion {
@@ -13,6 +61,24 @@ pub(super) struct Congestion {
     recovery_end: Option<u32>,
     /// After a timeout the window slow-starts back even during recovery.
     rto_recovery: bool,
+    /// The round trip under way ends once a segment sent after it began
+    /// (transmission number above this) is delivered.
+    round_end_xmit: u64,
+    /// The least RTT sampled in this round and in the one before (ns).
+    round_min: u64,
+    last_round_min: u64,
+    round_samples: u32,
+    /// What this round delivered and lost.
+    round_delivered: u64,
+    round_lost: u64,
+    /// The least RTT of each of the last rounds that had a sample.
+    mins: [u64; BASE_ROUNDS],
+    mins_at: usize,
+    mins_len: usize,
+    /// Rounds since the window was last cut or drained.
+    rounds_since_drain: u32,
+    /// This round runs at half the window.
+    draining: bool,
 }
 
 impl Congestion {
@@ -24,17 +90,64 @@ impl Congestion {
             ssthresh: max_cwnd,
             recovery_end: None,
             rto_recovery: false,
+            round_end_xmit: 0,
+            round_min: u64::MAX,
+            last_round_min: u64::MAX,
+            round_samples: 0,
+            round_delivered: 0,
+            round_lost: 0,
+            mins: [0; BASE_ROUNDS],
+            mins_at: 0,
+            mins_len: 0,
+            rounds_since_drain: 0,
+            draining: false,
         }
     }
 
+    /// The window in force: half while a round drains.
     #[inline]
     pub(super) fn cwnd(&self) -> u32 {
-        self.cwnd
+        if self.draining {
+            (self.cwnd / 2).max(2)
+        } else {
+            self.cwnd
+        }
     }
 
     #[inline]
     pub(super) fn in_recovery(&self) -> bool {
         self.recovery_end.is_some()
+    }
+
+    /// An RTT sample (ns).
+    #[inline]
+    pub(super) fn on_rtt(&mut self, rtt: u64) {
+        self.round_min = self.round_min.min(rtt);
+        self.round_samples += 1;
+    }
+
+    /// The path's least round trip of late: the base a queue adds to.
+    fn base_rtt(&self) -> Option<u64> {
+        self.mins[..self.mins_len].iter().copied().min()
+    }
+
+    /// Whether the round trip shows a queue: the least RTT of this round
+    /// (of the last as well while this one has few samples) is an eighth
+    /// above the base.
+    fn queue_seen(&self) -> bool {
+        let recent = if self.round_samples >= ROUND_SAMPLES {
+            self.round_min
+        } else {
+            self.round_min.min(self.last_round_min)
+        };
+        self.above_base(recent)
+    }
+
+    fn above_base(&self, rtt: u64) -> bool {
+        match self.base_rtt() {
+            Some(base) if rtt != u64::MAX => rtt * 8 > base * QUEUE_EIGHTHS,
+            _ => false,
+        }
     }
 
     /// Grows the window for `n` newly delivered segments: by one each in
@@ -43,6 +156,7 @@ impl Congestion {
     /// same as growing segment by segment.
     #[inline]
     pub(super) fn on_delivered(&mut self, mut n: u32) {
+        self.round_delivered += u64::from(n);
         if self.recovery_end.is_some() && !self.rto_recovery {
             return;
         }
@@ -68,20 +182,95 @@ impl Congestion {
         }
     }
 
-    /// The cumulative ACK moved to `una`: recovery ends once everything
-    /// sent before it began is acknowledged.
-    pub(super) fn on_cumulative(&mut self, una: u32) {
+    /// The newest delivered transmission is `delivered_xmit`, the newest
+    /// sent `sent_xmit`; `una` is the cumulative ACK, `nxt` the next PSN.
+    /// Ends the round once a segment sent in it is delivered, and ends
+    /// recovery once everything sent before it began is acknowledged.
+    pub(super) fn on_progress(
+        &mut self,
+        delivered_xmit: u64,
+        sent_xmit: u64,
+        una: u32,
+        nxt: u32,
+    ) -> Progress {
         if let Some(end) = self.recovery_end {
-            if psn_le(end, una) {
+            if super::psn_le(end, una) {
                 self.recovery_end = None;
                 self.rto_recovery = false;
             }
         }
+        if delivered_xmit <= self.round_end_xmit {
+            return Progress::SameRound;
+        }
+        self.round_end_xmit = sent_xmit;
+        Progress::RoundEnded {
+            cut: self.end_round(nxt),
+        }
     }
 
-    /// Losses were found; `nxt` is the next PSN to be sent. Returns whether
-    /// this began a recovery episode (one cut per window of data).
-    pub(super) fn on_loss(&mut self, nxt: u32) -> bool {
+    fn end_round(&mut self, nxt: u32) -> bool {
+        let lost = self.round_lost;
+        let seen = lost + self.round_delivered;
+        let cut = lost >= NOISE_MIN && lost * 3 > seen * NOISE_THIRDS && self.cut(nxt);
+        if self.draining {
+            self.draining = false;
+            self.rounds_since_drain = 0;
+        } else {
+            self.rounds_since_drain += 1;
+            self.draining = self.rounds_since_drain >= DRAIN_EVERY
+                && self.recovery_end.is_none()
+                && self.cwnd >= self.ssthresh;
+        }
+        // A queue building ends slow start before it overflows (HyStart's
+        // delay test): the losses of an overflow in slow start may be few
+        // in the round and taken for random ones, and doubling on would
+        // overshoot by the window.
+        if self.cwnd < self.ssthresh && self.above_base(self.round_min) {
+            self.ssthresh = self.cwnd;
+        }
+        if self.round_min != u64::MAX {
+            self.mins[self.mins_at] = self.round_min;
+            self.mins_at = (self.mins_at + 1) % BASE_ROUNDS;
+            self.mins_len = (self.mins_len + 1).min(BASE_ROUNDS);
+            self.last_round_min = self.round_min;
+        }
+        self.round_min = u64::MAX;
+        self.round_samples = 0;
+        self.round_delivered = 0;
+        self.round_lost = 0;
+        cut
+    }
+
+    /// `n` segments were found lost; `nxt` is the next PSN to be sent.
+    /// Halves the window, once per window of data, if the round trip shows
+    /// a queue; otherwise the loss is the path's and only retransmitted.
+    pub(super) fn on_loss(&mut self, n: u32, nxt: u32) -> LossResponse {
+        if std::env::var("DBG").is_ok() {
+            eprintln!(
+                "L n {n} cwnd {} ssth {} q {} base {:?} min {} last {} rec {}",
+                self.cwnd,
+                self.ssthresh,
+                self.queue_seen(),
+                self.base_rtt(),
+                self.round_min,
+                self.last_round_min,
+                self.recovery_end.is_some()
+            );
+        }
+        self.round_lost += u64::from(n);
+        if self.recovery_end.is_some() {
+            LossResponse::InRecovery
+        } else if !self.queue_seen() {
+            LossResponse::Random
+        } else {
+            self.cut(nxt);
+            LossResponse::Cut
+        }
+    }
+
+    /// Halves the window unless it already was for this window of data;
+    /// returns whether it did.
+    fn cut(&mut self, nxt: u32) -> bool {
         if self.recovery_end.is_some() {
             return false;
         }
@@ -89,25 +278,131 @@ impl Congestion {
         self.cwnd = self.ssthresh;
         self.cwnd_acc = 0;
         self.recovery_end = Some(nxt);
+        self.rounds_since_drain = 0;
+        self.draining = false;
         true
     }
 
     /// The retransmission timer fired with `pipe` segments believed in the
-    /// network.
+    /// network. The window restarts from two either way; slow start returns
+    /// to half of what was in the network if a queue was seen, and to the
+    /// window the path sustained if not (a random loss of a whole flight).
     pub(super) fn on_timeout(&mut self, pipe: u32, nxt: u32) {
-        self.ssthresh = (pipe / 2).max(2);
+        if self.queue_seen() {
+            self.ssthresh = (pipe / 2).max(2);
+        } else if !self.rto_recovery {
+            self.ssthresh = self.cwnd.max(2);
+        }
         // Loss window of two (RFC 5681 uses one): on a very lossy path one
         // probe and its ACK both survive too rarely.
         self.cwnd = 2;
         self.cwnd_acc = 0;
+        self.draining = false;
+        self.rounds_since_drain = 0;
         self.recovery_end = Some(nxt);
         self.rto_recovery = true;
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sender with window `cwnd` after `rounds` rounds whose least RTT
+    /// was `rtt`; returns it and the next transmission number.
+    fn settled(cwnd: u32, rtt: u64, rounds: u64) -> (Congestion, u64) {
+        let mut c = Congestion::new(cwnd, 1024);
+        c.ssthresh = cwnd;
+        let mut xmit = 0;
+        for _ in 0..rounds {
+            c.on_rtt(rtt);
+            xmit += 10;
+            c.on_progress(xmit, xmit, 0, 0);
+        }
+        (c, xmit)
+    }
+
+    #[test]
+    fn random_loss_keeps_the_window() {
+        let (mut c, _) = settled(40, 100_000, 8);
+        c.on_rtt(105_000);
+        assert_eq!(c.on_loss(1, 100), LossResponse::Random);
+        assert_eq!(c.on_loss(3, 100), LossResponse::Random);
+        assert_eq!(c.cwnd(), 40);
+        assert!(!c.in_recovery());
+        c.on_delivered(40);
+        assert_eq!(c.cwnd(), 41, "the window still grows");
+    }
+
+    /// Queued datagrams show in every RTT of a round: a loss then is the
+    /// queue's, and halves the window once per window of data.
+    #[test]
+    fn loss_with_a_queue_halves_once_per_window() {
+        let (mut c, xmit) = settled(40, 100_000, 8);
+        c.on_rtt(120_000);
+        c.on_progress(xmit + 10, xmit + 10, 0, 0);
+        c.on_rtt(125_000);
+        assert_eq!(c.on_loss(1, 100), LossResponse::Cut);
+        assert_eq!(c.cwnd(), 20);
+        assert_eq!(c.on_loss(2, 100), LossResponse::InRecovery);
+        assert_eq!(c.cwnd(), 20);
+        // Everything sent before the cut acknowledged: recovery ends, and
+        // the queue, still there, cuts again.
+        c.on_progress(xmit + 10, xmit + 10, 100, 150);
+        assert_eq!(c.on_loss(1, 150), LossResponse::Cut);
+        assert_eq!(c.cwnd(), 10);
+    }
+
+    /// One slow sample is not a queue: the round's least RTT decides.
+    #[test]
+    fn one_slow_sample_is_not_a_queue() {
+        let (mut c, _) = settled(40, 100_000, 8);
+        c.on_rtt(300_000);
+        c.on_rtt(101_000);
+        assert_eq!(c.on_loss(1, 100), LossResponse::Random);
+    }
+
+    /// A round that loses more than a third of its segments cuts even
+    /// without a queue in sight (a policer); a quarter does not.
+    #[test]
+    fn a_round_losing_a_third_cuts() {
+        let (mut c, xmit) = settled(40, 100_000, 8);
+        c.on_delivered(30);
+        assert_eq!(c.on_loss(10, 100), LossResponse::Random);
+        assert_eq!(
+            c.on_progress(xmit + 10, xmit + 20, 0, 100),
+            Progress::RoundEnded { cut: false },
+            "10 of 40"
+        );
+        assert_eq!(c.cwnd(), 40);
+        c.on_delivered(8);
+        assert_eq!(c.on_loss(6, 100), LossResponse::Random);
+        assert_eq!(
+            c.on_progress(xmit + 30, xmit + 40, 0, 100),
+            Progress::RoundEnded { cut: true },
+            "6 of 14"
+        );
+        assert_eq!(c.cwnd(), 20);
+    }
+
+    /// A timeout restarts from two; without a queue slow start returns to
+    /// the window the path carried, with one to half of what was in flight.
+    #[test]
+    fn timeout_returns_to_the_window_unless_queued() {
+        let (mut c, _) = settled(40, 100_000, 8);
+        c.on_timeout(30, 100);
+        assert_eq!((c.cwnd(), c.ssthresh), (2, 40));
+        c.on_timeout(1, 100);
+        assert_eq!(c.ssthresh, 40, "a second timeout keeps it");
+        c.on_delivered(38);
+        assert_eq!(c.cwnd(), 40);
+
+        let (mut c, xmit) = settled(40, 100_000, 8);
+        c.on_rtt(150_000);
+        c.on_progress(xmit + 10, xmit + 10, 0, 0);
+        c.on_rtt(150_000);
+        c.on_timeout(30, 100);
+        assert_eq!((c.cwnd(), c.ssthresh), (2, 15));
+    }
 
     /// Window growth over a run of deliveries equals growth one delivery
     /// at a time (RFC 5681: +1 per segment in slow start, +1 per window in

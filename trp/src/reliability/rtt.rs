@@ -10,6 +10,8 @@ const GRANULARITY: u64 = 1_000;
 pub(super) struct Rtt {
     srtt: Option<u64>,
     rttvar: u64,
+    /// The largest deviation sampled in the current round trip.
+    round_dev: u64,
     /// The timeout, back-off included.
     rto: u64,
     initial_rto_ns: u64,
@@ -23,6 +25,7 @@ impl Rtt {
         Rtt {
             srtt: None,
             rttvar: 0,
+            round_dev: 0,
             rto: initial_rto_ns,
             initial_rto_ns,
             min_rto_ns: min_rto.as_nanos() as u64,
@@ -48,18 +51,35 @@ impl Rtt {
         self.srtt.map_or(0, |s| s + (2 * self.rttvar).max(s / 4))
     }
 
+    /// An RTT sample. The variation rises at once (RFC 6298's step) but
+    /// falls only once per round trip, towards the round's largest
+    /// deviation (as Linux does): an ACK per two segments would otherwise
+    /// shrink it within a round to well below the stalls of a busy host,
+    /// and every such stall would fire the retransmission timer.
     pub(super) fn sample(&mut self, r: u64) {
         match self.srtt {
             None => {
                 self.srtt = Some(r);
                 self.rttvar = r / 2;
+                self.round_dev = self.rttvar;
             }
             Some(srtt) => {
-                self.rttvar = (3 * self.rttvar + srtt.abs_diff(r)) / 4;
+                let dev = srtt.abs_diff(r);
+                self.round_dev = self.round_dev.max(dev);
+                self.rttvar = self.rttvar.max((3 * self.rttvar + dev) / 4);
                 self.srtt = Some((7 * srtt + r) / 8);
             }
         }
         self.rto = self.base_rto();
+    }
+
+    /// A round trip ended: the variation moves a quarter of the way down to
+    /// the largest deviation the round saw.
+    pub(super) fn end_round(&mut self) {
+        if self.round_dev < self.rttvar {
+            self.rttvar -= (self.rttvar - self.round_dev) / 4;
+        }
+        self.round_dev = 0;
     }
 
     /// A timeout fired: wait twice as long for the next.

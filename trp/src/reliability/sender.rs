@@ -1,7 +1,7 @@
 //! The sender half: every PSN from the cumulative ACK to the next one to
 //! send, loss detection and retransmission.
 
-use super::congestion::Congestion;
+use super::congestion::{Congestion, LossResponse, Progress};
 use super::rtt::Rtt;
 use super::{psn_le, psn_lt};
 use crate::time::Instant;
@@ -24,6 +24,10 @@ pub struct Params {
     pub min_give_up: Duration,
     pub initial_cwnd: u32,
     pub max_cwnd: u32,
+    /// The longest the peer delays an ACK of a flight (ns), and of a lone
+    /// segment, which it may hold for its reply: a tail probe waits for it.
+    pub ack_delay_ns: u64,
+    pub ack_hold_ns: u64,
 }
 
 #[derive(Debug)]
@@ -63,6 +67,11 @@ pub struct Sender<K> {
     /// twice: one probe and its ACK both survive a 30 % loss path only half
     /// the time, which would exhaust the retry limit far too often.
     probe_again: Option<u32>,
+    /// The timer's first expiry since data was last delivered probes the tail
+    /// instead (RFC 8985's TLP): this is set once it has.
+    probed: bool,
+    /// The segment the probe resends, until it is sent.
+    tail_probe: Option<u32>,
     /// Counters for tests and statistics.
     pub stats: SenderStats,
 }
@@ -72,7 +81,13 @@ pub struct SenderStats {
     pub sent: u64,
     pub retransmitted: u64,
     pub timeouts: u64,
+    /// Tail probes: the last segment resent after two round trips of silence.
+    pub tail_probes: u64,
+    /// Window cuts on loss (congestion).
     pub fast_recoveries: u64,
+    /// Segments found lost with no sign of congestion: retransmitted, the
+    /// window kept.
+    pub random_losses: u64,
     pub max_in_flight: u32,
 }
 
@@ -80,6 +95,8 @@ pub struct SenderStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Timeout {
     None,
+    /// The tail was probed; the retransmission timer runs on.
+    Probe,
     Retransmit,
     RetryExceeded,
 }
@@ -103,6 +120,8 @@ impl<K> Sender<K> {
             silent_since: None,
             rto_deadline: None,
             probe_again: None,
+            probed: false,
+            tail_probe: None,
             stats: SenderStats::default(),
             p,
         }
@@ -168,10 +187,24 @@ impl<K> Sender<K> {
         self.segs.iter().map(|s| &s.kind)
     }
 
+    /// Starts the timer unless it runs: for the tail probe first, then for
+    /// the retransmission timeout.
     #[inline]
     fn arm(&mut self, now: Instant) {
         if self.rto_deadline.is_none() {
-            self.rto_deadline = Some(Instant(now.0.saturating_add(self.rtt.rto())));
+            let rto = self.rtt.rto();
+            let wait = match self.rtt.srtt() {
+                Some(srtt) if !self.probed => {
+                    let delay = if self.outstanding() == 1 {
+                        self.p.ack_hold_ns.max(self.p.ack_delay_ns)
+                    } else {
+                        self.p.ack_delay_ns
+                    };
+                    rto.min(2 * srtt + delay)
+                }
+                _ => rto,
+            };
+            self.rto_deadline = Some(Instant(now.0.saturating_add(wait)));
         }
     }
 
@@ -199,6 +232,21 @@ impl<K> Sender<K> {
     /// window allows it.
     #[inline]
     pub fn next_retransmit(&mut self, now: Instant) -> Option<u32> {
+        // A probe goes whatever the window: it replaces no data in flight.
+        if let Some(psn) = self.tail_probe.take() {
+            let i = psn.wrapping_sub(self.una) as usize;
+            if psn_le(self.una, psn) {
+                if let Some(s) = self.segs.get_mut(i).filter(|s| !s.sacked && !s.lost) {
+                    self.xmit_count += 1;
+                    self.retransmitted += u32::from(s.retrans == 0);
+                    s.retrans = s.retrans.saturating_add(1);
+                    s.sent_at = now;
+                    s.xmit = self.xmit_count;
+                    self.stats.retransmitted += 1;
+                    return Some(psn);
+                }
+            }
+        }
         while let Some(&psn) = self.lost_q.front() {
             let i = psn.wrapping_sub(self.una) as usize;
             let live = psn_le(self.una, psn)
@@ -237,7 +285,7 @@ impl<K> Sender<K> {
     /// Whether `next_retransmit` may have a PSN to send.
     #[inline]
     pub fn retransmit_pending(&self) -> bool {
-        !self.lost_q.is_empty() || self.probe_again.is_some()
+        !self.lost_q.is_empty() || self.probe_again.is_some() || self.tail_probe.is_some()
     }
 
     /// Marks a PSN for immediate retransmission (e.g. the peer repeated a
@@ -355,9 +403,17 @@ impl<K> Sender<K> {
             }
         }
         if let Some((_, sent_at)) = newest_clean.filter(|&(x, _)| x == newest_any) {
-            self.rtt.sample(now.0.saturating_sub(sent_at.0));
+            let r = now.0.saturating_sub(sent_at.0);
+            self.rtt.sample(r);
+            self.cc.on_rtt(r);
         }
-        self.cc.on_cumulative(self.una);
+        let progress =
+            self.cc
+                .on_progress(self.delivered_xmit, self.xmit_count, self.una, self.nxt);
+        if let Progress::RoundEnded { cut } = progress {
+            self.rtt.end_round();
+            self.stats.fast_recoveries += u64::from(cut);
+        }
         if highest_off > 0 {
             self.detect_losses(self.una.wrapping_add(highest_off), now);
         }
@@ -367,6 +423,7 @@ impl<K> Sender<K> {
             self.retries = 0;
             self.silent_since = None;
             self.rto_deadline = None;
+            self.probed = false;
         }
         // Newly delivered data: drop the back-off (Linux does so on new
         // cumulative ACKs; we also count SACKed data, which proves the path
@@ -393,7 +450,7 @@ impl<K> Sender<K> {
     fn detect_losses(&mut self, highest_sacked: u32, now: Instant) {
         let n = highest_sacked.wrapping_sub(self.una) as usize;
         let wait = self.rtt.usual_max();
-        let mut first_loss = None;
+        let mut found = 0;
         for i in 0..n.min(self.segs.len()) {
             let s = &mut self.segs[i];
             if !s.sacked
@@ -405,11 +462,15 @@ impl<K> Sender<K> {
                 self.lost += 1;
                 let psn = self.una.wrapping_add(i as u32);
                 self.lost_q.push_back(psn);
-                first_loss.get_or_insert(psn);
+                found += 1;
             }
         }
-        if first_loss.is_some() && self.cc.on_loss(self.nxt) {
-            self.stats.fast_recoveries += 1;
+        if found > 0 {
+            match self.cc.on_loss(found, self.nxt) {
+                LossResponse::Cut => self.stats.fast_recoveries += 1,
+                LossResponse::Random => self.stats.random_losses += u64::from(found),
+                LossResponse::InRecovery => {}
+            }
         }
     }
 
@@ -423,6 +484,22 @@ impl<K> Sender<K> {
         if self.outstanding() == 0 {
             return Timeout::None;
         }
+        // Two round trips without a word: resend the newest segment still
+        // in flight. If only the tail of a flight was lost, or the ACKs of
+        // it, the receiver hears of nothing that would make it acknowledge
+        // (nor, on the direct path, anything that wakes it), and the
+        // probe's ACK reports the loss for fast recovery instead of a
+        // timeout that restarts the window.
+        if !self.probed && self.rtt.srtt().is_some() {
+            self.probed = true;
+            let newest = self.segs.iter().rposition(|s| !s.sacked && !s.lost);
+            if let Some(i) = newest {
+                self.tail_probe = Some(self.una.wrapping_add(i as u32));
+                self.stats.tail_probes += 1;
+                self.arm(now);
+                return Timeout::Probe;
+            }
+        }
         self.retries += 1;
         self.stats.timeouts += 1;
         let since = *self.silent_since.get_or_insert(now);
@@ -434,6 +511,7 @@ impl<K> Sender<K> {
         self.rtt.back_off();
         self.cc.on_timeout(self.pipe(), self.nxt);
         self.lost_q.clear();
+        self.tail_probe = None;
         self.probe_again = (self.outstanding() - self.sacked == 1)
             .then(|| self.segs.iter().position(|s| !s.sacked))
             .flatten()
@@ -476,6 +554,8 @@ mod tests {
             min_give_up: Duration::ZERO,
             initial_cwnd: 4,
             max_cwnd: 64,
+            ack_delay_ns: 0,
+            ack_hold_ns: 0,
         }
     }
 
@@ -487,12 +567,45 @@ mod tests {
         assert_eq!(s.srtt(), Some(Duration::from_millis(2)));
         assert_eq!(s.rto(), Duration::from_millis(6));
         s.push((), Instant(3_000_000));
-        assert_eq!(s.on_timeout(Instant(9_000_000)), Timeout::Retransmit);
+        // Two round trips of silence: the tail probe, then the RTO after it.
+        assert_eq!(s.rto_deadline(), Some(Instant(7_000_000)));
+        assert_eq!(s.on_timeout(Instant(7_000_000)), Timeout::Probe);
+        assert_eq!(s.next_retransmit(Instant(7_000_000)), Some(101));
+        assert_eq!(s.rto_deadline(), Some(Instant(13_000_000)));
+        assert_eq!(s.on_timeout(Instant(13_000_000)), Timeout::Retransmit);
         assert_eq!(s.rto(), Duration::from_millis(12));
-        assert_eq!(s.next_retransmit(Instant(9_000_000)), Some(101));
+        assert_eq!(s.next_retransmit(Instant(13_000_000)), Some(101));
         // The retransmitted segment gives no sample (Karn).
         s.on_ack(Instant(50_000_000), 102, &SackRanges::new());
         assert_eq!(s.srtt(), Some(Duration::from_millis(2)));
+        assert_eq!((s.stats.tail_probes, s.stats.timeouts), (1, 1));
+    }
+
+    /// The probe's ACK shows the flight's tail arrived but for one
+    /// segment: fast recovery, not a timeout; data delivered re-arms the
+    /// probe for the next silence.
+    #[test]
+    fn tail_probe_turns_a_tail_loss_into_fast_recovery() {
+        let mut s: Sender<()> = Sender::new(params(), 0, 64);
+        s.push((), Instant(0));
+        s.on_ack(Instant(1_000_000), 1, &SackRanges::new());
+        for _ in 0..4 {
+            s.push((), Instant(2_000_000));
+        }
+        // PSN 1..4 out; 2 and 3 arrive, 1 and 4 do not, nor does anything
+        // that would make the receiver acknowledge.
+        let probe_at = s.rto_deadline().unwrap();
+        assert_eq!(probe_at, Instant(4_000_000));
+        assert_eq!(s.on_timeout(probe_at), Timeout::Probe);
+        assert_eq!(s.next_retransmit(probe_at), Some(4));
+        let mut sack = SackRanges::new();
+        sack.push(2, 5);
+        s.on_ack(Instant(5_000_000), 1, &sack);
+        assert_eq!(s.next_retransmit(Instant(5_000_000)), Some(1));
+        assert_eq!(s.stats.timeouts, 0);
+        assert_eq!(s.stats.tail_probes, 1);
+        s.on_ack(Instant(6_000_000), 5, &SackRanges::new());
+        assert_eq!(s.outstanding(), 0);
     }
 
     #[test]
@@ -536,9 +649,10 @@ mod tests {
 
     /// Three later segments delivered make the first a candidate; it is lost
     /// once it has been out longer than a round trip usually takes (here
-    /// the 1-µs sample plus twice its variation: 2 µs).
+    /// the 1-µs sample plus twice its variation: 2 µs). No queue showed in
+    /// the round trip: the window is kept.
     #[test]
-    fn sack_marks_losses_in_time_and_halves_cwnd() {
+    fn sack_marks_losses_in_time() {
         let mut s: Sender<()> = Sender::new(params(), 0, 64);
         for _ in 0..4 {
             s.push((), Instant(0));
@@ -549,7 +663,8 @@ mod tests {
         assert_eq!(s.cwnd(), 7, "reordered, not lost, so far: slow start grew");
         assert_eq!(s.next_retransmit(Instant(1000)), None);
         s.on_ack(Instant(2000), 0, &sack);
-        assert_eq!(s.cwnd(), 3);
+        assert_eq!(s.cwnd(), 7);
+        assert_eq!((s.stats.random_losses, s.stats.fast_recoveries), (1, 0));
         assert_eq!(s.next_retransmit(Instant(2000)), Some(0));
         s.on_ack(Instant(3000), 4, &SackRanges::new());
         assert_eq!(s.outstanding(), 0);
