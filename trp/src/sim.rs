@@ -7,7 +7,7 @@ use crate::conn::Connection;
 use crate::mr::{Access, Region, VecMemory};
 use crate::setup::{ConnectOutcome, Connecting, Incoming};
 use crate::time::Instant;
-use crate::Config;
+use crate::{Config, SendOp, SendWr, Sge};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -552,6 +552,28 @@ impl Pair {
 
     /// Steps until `done` holds or virtual time passes `limit`; returns
     /// whether `done` held.
+    /// Posts `n` RDMA Writes of `len` bytes from a's memory at 0 (`LKEY`) to b's at `len`
+    /// (`RKEY`): the stream the goodput tests measure. The memories need `2 * len` bytes.
+    pub fn post_writes(&mut self, n: u64, len: u32, signaled: bool) {
+        let sge = [Sge {
+            addr: 0,
+            len,
+            lkey: LKEY,
+        }];
+        for i in 0..n {
+            let wr = SendWr {
+                wr_id: i,
+                op: SendOp::RdmaWrite {
+                    remote_addr: u64::from(len),
+                    rkey: RKEY,
+                },
+                sges: &sge,
+                signaled,
+            };
+            self.a.conn.post_send(&self.a.mem, &wr).unwrap();
+        }
+    }
+
     pub fn run_until(&mut self, limit: Instant, mut done: impl FnMut(&mut Pair) -> bool) -> bool {
         loop {
             if done(self) {

@@ -4,8 +4,7 @@
 //! (`cargo test -p trp --release --test loss_matrix -- --nocapture`).
 
 use trp::reliability::SenderStats;
-use trp::sim::{LinkConfig, LinkStats, Pair, LKEY, RKEY};
-use trp::{SendOp, SendWr, Sge};
+use trp::sim::{LinkConfig, LinkStats, Pair};
 
 const MSG: u64 = 1 << 20;
 
@@ -27,24 +26,8 @@ pub fn stream(data: LinkConfig, acks: LinkConfig, seed: u64, total: u64) -> Run 
         .unwrap();
     p.ab.cfg = data;
     p.ba.cfg = acks;
-    let sge = [Sge {
-        addr: 0,
-        len: MSG as u32,
-        lkey: LKEY,
-    }];
     let n = total / MSG;
-    for i in 0..n {
-        let wr = SendWr {
-            wr_id: i,
-            op: SendOp::RdmaWrite {
-                remote_addr: MSG,
-                rkey: RKEY,
-            },
-            sges: &sge,
-            signaled: true,
-        };
-        p.a.conn.post_send(&p.a.mem, &wr).unwrap();
-    }
+    p.post_writes(n, MSG as u32, true);
     let start = p.now;
     let (ab0, ba0) = (p.ab.stats, p.ba.stats);
     let mut done = 0;

@@ -3,8 +3,8 @@
 //! back on links of their own. `trp::sim::Pair` has one link per direction,
 //! so this test drives the four endpoints itself.
 
-use trp::sim::{Endpoint, Link, LinkConfig, Pair, LKEY, RKEY};
-use trp::{Instant, SendOp, SendWr, Sge};
+use trp::sim::{Endpoint, Link, LinkConfig, Pair};
+use trp::Instant;
 
 const MSG: u64 = 1 << 20;
 
@@ -14,24 +14,8 @@ fn connected(seed: u64) -> Pair {
         .memory_size(2 * MSG)
         .connect()
         .unwrap();
-    let sge = [Sge {
-        addr: 0,
-        len: MSG as u32,
-        lkey: LKEY,
-    }];
     // More than the run can send: both flows stay busy to its end.
-    for i in 0..256 {
-        let wr = SendWr {
-            wr_id: i,
-            op: SendOp::RdmaWrite {
-                remote_addr: MSG,
-                rkey: RKEY,
-            },
-            sges: &sge,
-            signaled: false,
-        };
-        p.a.conn.post_send(&p.a.mem, &wr).unwrap();
-    }
+    p.post_writes(256, MSG as u32, false);
     p
 }
 

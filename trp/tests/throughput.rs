@@ -1,7 +1,7 @@
 //! Goodput of a long RDMA Write stream through the simulator.
 
-use trp::sim::{LinkConfig, Pair, LKEY, RKEY};
-use trp::{Config, SendOp, SendWr, Sge};
+use trp::sim::{LinkConfig, Pair};
+use trp::Config;
 
 const MSG: u64 = 1 << 20;
 
@@ -15,24 +15,8 @@ pub fn stream(link: LinkConfig, seed: u64, total: u64) -> (f64, Pair) {
         .memory_size(2 * MSG)
         .connect()
         .unwrap();
-    let sge = [Sge {
-        addr: 0,
-        len: MSG as u32,
-        lkey: LKEY,
-    }];
     let n = total / MSG;
-    for i in 0..n {
-        let wr = SendWr {
-            wr_id: i,
-            op: SendOp::RdmaWrite {
-                remote_addr: MSG,
-                rkey: RKEY,
-            },
-            sges: &sge,
-            signaled: true,
-        };
-        p.a.conn.post_send(&p.a.mem, &wr).unwrap();
-    }
+    p.post_writes(n, MSG as u32, true);
     let start = p.now;
     let mut done = 0;
     let ok = p.run_until(trp::Instant(start.0 + 100_000_000_000), |p| {
