@@ -11,6 +11,11 @@
 //! A queue is seen when the least RTT of the last two rounds exceeds the
 //! path's base (the least of the last `BASE_ROUNDS` rounds) by an eighth:
 //! a full drop-tail queue delays every datagram, a random loss delays none.
+//! A queue that stands without overflowing (a busy receiver, a host whose
+//! scheduler delays every datagram alike) loses nothing of its own, so a
+//! loss with a queue in sight cuts only when the round has lost more than
+//! the path usually does: `DEVIATIONS` standard deviations above its
+//! learnt loss rate.
 
 /// Rounds the base RTT is the least of.
 const BASE_ROUNDS: usize = 64;
@@ -24,6 +29,21 @@ const ROUND_SAMPLES: u32 = 4;
 /// a policer or a queue too short to show in the round trip.
 const NOISE_THIRDS: u64 = 1;
 const NOISE_MIN: u64 = 4;
+/// A round may lose this many standard deviations (of the binomial count
+/// at the path's learnt rate) above the mean before a queue in sight makes
+/// its losses congestion.
+const DEVIATIONS: u64 = 3;
+/// Loss rates are kept in 1/1024ths.
+const ONE: u64 = 1024;
+/// Segments (delivered and lost) a loss-rate sample spans at least: short
+/// rounds add up.
+const LOSS_SAMPLE: u64 = 32;
+/// One sample moves the learnt rate an eighth of the way towards it, and
+/// towards at most twice the rate plus this: the bursts of an overflowing
+/// queue, learnt as the path's, would excuse the next overflow.
+const LOSS_STEP: u64 = ONE / 32;
+/// The most loss the path is believed to have at random: a quarter.
+const MAX_LOSS: u64 = ONE / 4;
 /// Rounds without a cut after which one round runs at half the window, so
 /// that a queue this flow keeps full drains and the base RTT is learnt
 /// again: a flow that arrived at a full queue would otherwise take it for
@@ -75,6 +95,11 @@ pub(super) struct Congestion {
     mins: [u64; BASE_ROUNDS],
     mins_at: usize,
     mins_len: usize,
+    /// What the rounds since the last loss-rate sample delivered and lost.
+    sample_delivered: u64,
+    sample_lost: u64,
+    /// The path's usual loss rate, in 1/1024ths.
+    loss_rate: u64,
     /// Rounds since the window was last cut or drained.
     rounds_since_drain: u32,
     /// This round runs at half the window.
@@ -99,6 +124,9 @@ impl Congestion {
             mins: [0; BASE_ROUNDS],
             mins_at: 0,
             mins_len: 0,
+            sample_delivered: 0,
+            sample_lost: 0,
+            loss_rate: 0,
             rounds_since_drain: 0,
             draining: false,
         }
@@ -228,6 +256,7 @@ impl Congestion {
         if self.cwnd < self.ssthresh && self.above_base(self.round_min) {
             self.ssthresh = self.cwnd;
         }
+        self.learn_loss_rate();
         if self.round_min != u64::MAX {
             self.mins[self.mins_at] = self.round_min;
             self.mins_at = (self.mins_at + 1) % BASE_ROUNDS;
@@ -241,26 +270,45 @@ impl Congestion {
         cut
     }
 
+    /// Folds what the last rounds without a queue delivered and lost into
+    /// the path's loss rate once they span `LOSS_SAMPLE` segments. A round
+    /// with a queue may have lost to it: learnt as the path's, an
+    /// overflow would excuse the next, and a flow would keep a shared
+    /// queue full against the others.
+    fn learn_loss_rate(&mut self) {
+        if self.queue_seen() {
+            return;
+        }
+        self.sample_delivered += self.round_delivered;
+        self.sample_lost += self.round_lost;
+        let n = self.sample_delivered + self.sample_lost;
+        if n >= LOSS_SAMPLE {
+            let f = self.sample_lost * ONE / n;
+            let step = f.min(2 * self.loss_rate + LOSS_STEP).min(MAX_LOSS);
+            self.loss_rate = (7 * self.loss_rate + step) / 8;
+            self.sample_delivered = 0;
+            self.sample_lost = 0;
+        }
+    }
+
+    /// Whether this round has lost more than a window's worth of the path
+    /// usually loses: `DEVIATIONS` standard deviations above the mean (the
+    /// binomial count, taken as Poisson), in 1/1024ths of a segment.
+    fn beyond_usual_loss(&self) -> bool {
+        let mean = u64::from(self.cwnd) * self.loss_rate;
+        let deviation = (mean * ONE).isqrt();
+        self.round_lost * ONE > mean + DEVIATIONS * deviation
+    }
+
     /// `n` segments were found lost; `nxt` is the next PSN to be sent.
     /// Halves the window, once per window of data, if the round trip shows
-    /// a queue; otherwise the loss is the path's and only retransmitted.
+    /// a queue and the round has lost more than the path usually does;
+    /// otherwise the loss is the path's and only retransmitted.
     pub(super) fn on_loss(&mut self, n: u32, nxt: u32) -> LossResponse {
-        if std::env::var("DBG").is_ok() {
-            eprintln!(
-                "L n {n} cwnd {} ssth {} q {} base {:?} min {} last {} rec {}",
-                self.cwnd,
-                self.ssthresh,
-                self.queue_seen(),
-                self.base_rtt(),
-                self.round_min,
-                self.last_round_min,
-                self.recovery_end.is_some()
-            );
-        }
         self.round_lost += u64::from(n);
         if self.recovery_end.is_some() {
             LossResponse::InRecovery
-        } else if !self.queue_seen() {
+        } else if !self.queue_seen() || !self.beyond_usual_loss() {
             LossResponse::Random
         } else {
             self.cut(nxt);
@@ -350,6 +398,78 @@ mod tests {
         c.on_progress(xmit + 10, xmit + 10, 100, 150);
         assert_eq!(c.on_loss(1, 150), LossResponse::Cut);
         assert_eq!(c.cwnd(), 10);
+    }
+
+    /// One round trip of `cwnd` segments whose least RTT is `rtt` and of
+    /// which `lost` are lost; `psn` counts what was sent. Returns whether
+    /// the window was cut.
+    fn round(c: &mut Congestion, xmit: &mut u64, psn: &mut u32, rtt: u64, lost: u32) -> bool {
+        let w = c.cwnd();
+        for _ in 0..ROUND_SAMPLES {
+            c.on_rtt(rtt);
+        }
+        c.on_delivered(w - lost.min(w));
+        let cut = lost > 0 && c.on_loss(lost, *psn + w) == LossResponse::Cut;
+        *xmit += u64::from(w);
+        *psn += w;
+        let ended = c.on_progress(*xmit, *xmit, *psn, *psn);
+        cut || ended == (Progress::RoundEnded { cut: true })
+    }
+
+    /// A link that loses a tenth at random, then a queue that stands in two
+    /// rounds of three without overflowing (a busy receiver, a host that
+    /// delays datagrams): with the path's rate learnt from the rounds
+    /// without a queue, the losses of those with one cut no more and the
+    /// window grows; a round losing well beyond it still cuts.
+    #[test]
+    fn a_standing_queue_with_random_loss_keeps_the_window() {
+        let (mut c, mut xmit) = settled(40, 100_000, 8);
+        let mut psn = 0;
+        // The first rounds see no queue; then two in three do.
+        let rtt = |i: u32| {
+            if i < 40 || i.is_multiple_of(3) {
+                100_000
+            } else {
+                130_000
+            }
+        };
+        // Every tenth segment sent is lost.
+        let mut sent = 0;
+        let mut tenth = |w: u32| {
+            let lost = (sent + w) / 10 - sent / 10;
+            sent += w;
+            lost
+        };
+        for i in 0..90 {
+            let lost = tenth(c.cwnd());
+            round(&mut c, &mut xmit, &mut psn, rtt(i), lost);
+        }
+        assert!((80..=110).contains(&c.loss_rate), "{}", c.loss_rate);
+        let before = c.cwnd;
+        for i in 0..60 {
+            let lost = tenth(c.cwnd());
+            assert!(
+                !round(&mut c, &mut xmit, &mut psn, rtt(90 + i), lost),
+                "round {i}"
+            );
+        }
+        // The field: `cwnd()` halves while a round drains.
+        assert!(c.cwnd > before + 20, "{before} -> {}", c.cwnd);
+        let w = c.cwnd;
+        assert!(round(&mut c, &mut xmit, &mut psn, 130_000, w / 4));
+        assert_eq!(c.cwnd, w / 2);
+    }
+
+    /// A clean path's first overflow cuts at once: nothing is excused.
+    #[test]
+    fn a_clean_path_cuts_on_its_first_queue_loss() {
+        let (mut c, mut xmit) = settled(40, 100_000, 8);
+        let mut psn = 0;
+        for _ in 0..20 {
+            assert!(!round(&mut c, &mut xmit, &mut psn, 130_000, 0));
+        }
+        assert_eq!(c.loss_rate, 0);
+        assert!(round(&mut c, &mut xmit, &mut psn, 130_000, 1));
     }
 
     /// One slow sample is not a queue: the round's least RTT decides.
