@@ -62,8 +62,8 @@ check "--pmd: urdmad idle and the baseline run's column" \
 	sh -c "scripts/bench-report --pmd docs/benchmarks >'$out/pmd.md' &&
 		grep -q '^| urdmad idle, each (% of a CPU) | ' '$out/pmd.md' &&
 		head -n1 '$out/pmd.md' | grep -q 'PMD link (virtio), run of '"
-# bench-guest refuses a bad idle measurement, in one line, before it touches anything.
-for v in BENCH_IDLE_SECS=0 BENCH_IDLE_SECS=x BENCH_IDLE_SETTLE=-1; do
+# bench-guest refuses a bad idle or loss measurement, in one line, before it touches anything.
+for v in BENCH_IDLE_SECS=0 BENCH_IDLE_SECS=x BENCH_IDLE_SETTLE=-1 BENCH_LOSS_SECS=0 BENCH_LOSS_SECS=2s; do
 	check "bench-guest refuses $v" \
 		sh -c "env $v scripts/bench-guest --out '$out/bg' --stacks urdma 2>'$out/bg.err'; [ \$? = 2 ] && [ \$(wc -l <'$out/bg.err') = 1 ] && [ ! -e '$out/bg' ]"
 done
