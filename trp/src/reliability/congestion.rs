@@ -2,11 +2,11 @@
 //!
 //! RFC 5681's window (slow start, one segment per window, halved on
 //! congestion) with one change: a loss is taken for congestion only when
-//! the round trip shows a queue, or when a round loses too much to be the
-//! path's own noise. A link that loses at random keeps its window (IRN:
-//! loss is not a rate signal), while a queue that overflows — a bottleneck
-//! shared or too slow — still halves it, as Reno would. TCP Veno tells the
-//! two kinds of loss apart the same way.
+//! its round lost more than the path's own noise, and the round trip shows
+//! a queue or the round lost a third. A link that loses at random keeps
+//! its window (IRN: loss is not a rate signal), while a queue that
+//! overflows — a bottleneck shared or too slow — still halves it, as Reno
+//! would. TCP Veno tells the two kinds of loss apart the same way.
 //!
 //! A queue is seen when the least RTT of the last two rounds exceeds the
 //! path's base (the least of the last `BASE_ROUNDS` rounds) by an eighth:
@@ -14,8 +14,18 @@
 //! A queue that stands without overflowing (a busy receiver, a host whose
 //! scheduler delays every datagram alike) loses nothing of its own, so a
 //! loss with a queue in sight cuts only when the round has lost more than
-//! the path usually does: `DEVIATIONS` standard deviations above its
-//! learnt loss rate.
+//! the path's learnt loss rate explains.
+//!
+//! Losses are counted against the round that sent the segment, not the
+//! one that found it lost: a loss is found a round trip and more after
+//! its sending, and a host that stalls delivers several rounds' findings
+//! at once. A round's count set against what it sent is what a binomial
+//! test can judge. The rate is learnt from finished rounds that did not
+//! cut and whose own least RTT was at most the median of the last rounds':
+//! the half of the rounds when a queue, if there is one, stood lowest. A
+//! host whose round trips vary widely (an emulated one) shows a "queue" in
+//! nearly every round, and learning only from rounds without one left the
+//! rate unlearnt there.
 
 /// Rounds the base RTT is the least of.
 const BASE_ROUNDS: usize = 64;
@@ -24,24 +34,28 @@ const QUEUE_EIGHTHS: u64 = 9;
 /// RTT samples after which a round's least alone says whether a queue
 /// stands; with fewer, the last round's is taken too.
 const ROUND_SAMPLES: u32 = 4;
-/// A round that loses more than this fraction of what it delivered and
-/// lost (and at least `NOISE_MIN` segments) is congested whatever its RTT:
-/// a policer or a queue too short to show in the round trip.
+/// A round that loses more than this fraction of what it sent (and at
+/// least `NOISE_MIN` segments) is congested whatever its RTT: a policer or
+/// a queue too short to show in the round trip.
 const NOISE_THIRDS: u64 = 1;
-const NOISE_MIN: u64 = 4;
-/// A round may lose this many standard deviations (of the binomial count
-/// at the path's learnt rate) above the mean before a queue in sight makes
-/// its losses congestion.
+const NOISE_MIN: u32 = 4;
+/// A round's losses are more than the path's own when they are this many
+/// standard deviations above its learnt rate's mean, and when that rate
+/// would lose as many in fewer than one round in `UNUSUAL` (a Poisson
+/// tail). The deviations alone misjudge a mean below one, where a second
+/// loss in a round is common; the tail alone lets a queue overflow longer
+/// where the mean is a few segments.
 const DEVIATIONS: u64 = 3;
+const UNUSUAL: f64 = 100.0;
 /// Loss rates are kept in 1/1024ths.
 const ONE: u64 = 1024;
-/// Segments (delivered and lost) a loss-rate sample spans at least: short
-/// rounds add up.
-const LOSS_SAMPLE: u64 = 32;
-/// One sample moves the learnt rate an eighth of the way towards it, and
-/// towards at most twice the rate plus this: the bursts of an overflowing
-/// queue, learnt as the path's, would excuse the next overflow.
-const LOSS_STEP: u64 = ONE / 32;
+/// Segments a loss-rate sample spans at least: short rounds add up.
+const LOSS_SAMPLE: u64 = 64;
+/// Samples the path's loss rate is learnt from: the mean of the middle
+/// half. Random loss is in every sample, an overflowing queue's bursts in
+/// a few, which the trimmed mean leaves out; the median alone is biased
+/// low where a sample holds few losses.
+const LOSS_SAMPLES: usize = 16;
 /// The most loss the path is believed to have at random: a quarter.
 const MAX_LOSS: u64 = ONE / 4;
 /// Rounds without a cut after which one round runs at half the window, so
@@ -49,15 +63,17 @@ const MAX_LOSS: u64 = ONE / 4;
 /// again: a flow that arrived at a full queue would otherwise take it for
 /// the path's and never see congestion (BBR's ProbeRTT, briefly).
 const DRAIN_EVERY: u32 = 48;
+/// Sending rounds whose segments are followed: a loss is found a round
+/// trip and a quarter after its sending at the least (RACK), a lost
+/// retransmission later; a round's count is final, and learnt from, when
+/// its place is taken.
+const LEDGER_ROUNDS: usize = 8;
 
 /// What an ACK's progress meant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Progress {
     SameRound,
-    /// A round trip ended; `cut` if its losses cut the window.
-    RoundEnded {
-        cut: bool,
-    },
+    RoundEnded,
 }
 
 /// What a loss did to the window.
@@ -69,6 +85,28 @@ pub(super) enum LossResponse {
     InRecovery,
     /// No queue: the path's own loss, only retransmitted.
     Random,
+}
+
+/// What the segments sent in one round became.
+#[derive(Clone, Copy, Debug)]
+struct Ledger {
+    round: u32,
+    sent: u32,
+    lost: u32,
+    /// The least RTT of its segments (ns); `u64::MAX` without a sample.
+    min_rtt: u64,
+    /// Its losses cut the window.
+    cut: bool,
+}
+
+impl Ledger {
+    const EMPTY: Ledger = Ledger {
+        round: 0,
+        sent: 0,
+        lost: 0,
+        min_rtt: u64::MAX,
+        cut: false,
+    };
 }
 
 #[derive(Debug)]
@@ -84,20 +122,24 @@ pub(super) struct Congestion {
     /// The round trip under way ends once a segment sent after it began
     /// (transmission number above this) is delivered.
     round_end_xmit: u64,
+    /// The round under way: what it sends is counted against it.
+    round: u32,
+    ledger: [Ledger; LEDGER_ROUNDS],
     /// The least RTT sampled in this round and in the one before (ns).
     round_min: u64,
     last_round_min: u64,
     round_samples: u32,
-    /// What this round delivered and lost.
-    round_delivered: u64,
-    round_lost: u64,
     /// The least RTT of each of the last rounds that had a sample.
     mins: [u64; BASE_ROUNDS],
     mins_at: usize,
     mins_len: usize,
-    /// What the rounds since the last loss-rate sample delivered and lost.
-    sample_delivered: u64,
+    /// What the rounds since the last loss-rate sample sent and lost.
+    sample_sent: u64,
     sample_lost: u64,
+    /// The last loss-rate samples, in 1/1024ths.
+    samples: [u16; LOSS_SAMPLES],
+    samples_len: usize,
+    samples_at: usize,
     /// The path's usual loss rate, in 1/1024ths.
     loss_rate: u64,
     /// Rounds since the window was last cut or drained.
@@ -116,16 +158,19 @@ impl Congestion {
             recovery_end: None,
             rto_recovery: false,
             round_end_xmit: 0,
+            round: 0,
+            ledger: [Ledger::EMPTY; LEDGER_ROUNDS],
             round_min: u64::MAX,
             last_round_min: u64::MAX,
             round_samples: 0,
-            round_delivered: 0,
-            round_lost: 0,
             mins: [0; BASE_ROUNDS],
             mins_at: 0,
             mins_len: 0,
-            sample_delivered: 0,
+            sample_sent: 0,
             sample_lost: 0,
+            samples: [0; LOSS_SAMPLES],
+            samples_len: 0,
+            samples_at: 0,
             loss_rate: 0,
             rounds_since_drain: 0,
             draining: false,
@@ -147,16 +192,41 @@ impl Congestion {
         self.recovery_end.is_some()
     }
 
-    /// An RTT sample (ns).
+    /// A segment is sent (new or again): returns the round to count it in.
     #[inline]
-    pub(super) fn on_rtt(&mut self, rtt: u64) {
+    pub(super) fn on_sent(&mut self) -> u32 {
+        let e = &mut self.ledger[self.round as usize % LEDGER_ROUNDS];
+        e.sent += 1;
+        self.round
+    }
+
+    /// The ledger of `round`, while it is kept.
+    fn ledger_of(&mut self, round: u32) -> Option<&mut Ledger> {
+        let e = &mut self.ledger[round as usize % LEDGER_ROUNDS];
+        (e.round == round).then_some(e)
+    }
+
+    /// An RTT sample (ns) of a segment sent in `round`.
+    #[inline]
+    pub(super) fn on_rtt(&mut self, rtt: u64, round: u32) {
         self.round_min = self.round_min.min(rtt);
         self.round_samples += 1;
+        if let Some(e) = self.ledger_of(round) {
+            e.min_rtt = e.min_rtt.min(rtt);
+        }
     }
 
     /// The path's least round trip of late: the base a queue adds to.
     fn base_rtt(&self) -> Option<u64> {
         self.mins[..self.mins_len].iter().copied().min()
+    }
+
+    /// The median of the last rounds' least RTTs.
+    fn median_rtt(&self) -> u64 {
+        let mut sorted = self.mins;
+        let sorted = &mut sorted[..self.mins_len];
+        sorted.sort_unstable();
+        sorted.get(self.mins_len / 2).copied().unwrap_or(u64::MAX)
     }
 
     /// Whether the round trip shows a queue: the least RTT of this round
@@ -184,7 +254,6 @@ impl Congestion {
     /// same as growing segment by segment.
     #[inline]
     pub(super) fn on_delivered(&mut self, mut n: u32) {
-        self.round_delivered += u64::from(n);
         if self.recovery_end.is_some() && !self.rto_recovery {
             return;
         }
@@ -211,15 +280,14 @@ impl Congestion {
     }
 
     /// The newest delivered transmission is `delivered_xmit`, the newest
-    /// sent `sent_xmit`; `una` is the cumulative ACK, `nxt` the next PSN.
-    /// Ends the round once a segment sent in it is delivered, and ends
-    /// recovery once everything sent before it began is acknowledged.
+    /// sent `sent_xmit`; `una` is the cumulative ACK. Ends the round once
+    /// a segment sent in it is delivered, and ends recovery once
+    /// everything sent before it began is acknowledged.
     pub(super) fn on_progress(
         &mut self,
         delivered_xmit: u64,
         sent_xmit: u64,
         una: u32,
-        nxt: u32,
     ) -> Progress {
         if let Some(end) = self.recovery_end {
             if super::psn_le(end, una) {
@@ -231,15 +299,11 @@ impl Congestion {
             return Progress::SameRound;
         }
         self.round_end_xmit = sent_xmit;
-        Progress::RoundEnded {
-            cut: self.end_round(nxt),
-        }
+        self.end_round();
+        Progress::RoundEnded
     }
 
-    fn end_round(&mut self, nxt: u32) -> bool {
-        let lost = self.round_lost;
-        let seen = lost + self.round_delivered;
-        let cut = lost >= NOISE_MIN && lost * 3 > seen * NOISE_THIRDS && self.cut(nxt);
+    fn end_round(&mut self) {
         if self.draining {
             self.draining = false;
             self.rounds_since_drain = 0;
@@ -256,7 +320,6 @@ impl Congestion {
         if self.cwnd < self.ssthresh && self.above_base(self.round_min) {
             self.ssthresh = self.cwnd;
         }
-        self.learn_loss_rate();
         if self.round_min != u64::MAX {
             self.mins[self.mins_at] = self.round_min;
             self.mins_at = (self.mins_at + 1) % BASE_ROUNDS;
@@ -265,70 +328,105 @@ impl Congestion {
         }
         self.round_min = u64::MAX;
         self.round_samples = 0;
-        self.round_delivered = 0;
-        self.round_lost = 0;
-        cut
+        self.round = self.round.wrapping_add(1);
+        let slot = self.round as usize % LEDGER_ROUNDS;
+        let done = self.ledger[slot];
+        self.learn_loss_rate(done);
+        self.ledger[slot] = Ledger {
+            round: self.round,
+            ..Ledger::EMPTY
+        };
     }
 
-    /// Folds what the last rounds without a queue delivered and lost into
-    /// the path's loss rate once they span `LOSS_SAMPLE` segments. A round
-    /// with a queue may have lost to it: learnt as the path's, an
-    /// overflow would excuse the next, and a flow would keep a shared
-    /// queue full against the others.
-    fn learn_loss_rate(&mut self) {
-        if self.queue_seen() {
+    /// Folds a finished round into the path's loss rate once the rounds
+    /// since the last sample span `LOSS_SAMPLE` segments. A round whose
+    /// losses cut the window is left out: they were not the path's usual.
+    fn learn_loss_rate(&mut self, done: Ledger) {
+        if done.sent == 0
+            || done.cut
+            || done.min_rtt == u64::MAX
+            || done.min_rtt > self.median_rtt()
+        {
             return;
         }
-        self.sample_delivered += self.round_delivered;
-        self.sample_lost += self.round_lost;
-        let n = self.sample_delivered + self.sample_lost;
-        if n >= LOSS_SAMPLE {
-            let f = self.sample_lost * ONE / n;
-            let step = f.min(2 * self.loss_rate + LOSS_STEP).min(MAX_LOSS);
-            self.loss_rate = (7 * self.loss_rate + step) / 8;
-            self.sample_delivered = 0;
-            self.sample_lost = 0;
+        self.sample_sent += u64::from(done.sent);
+        self.sample_lost += u64::from(done.lost.min(done.sent));
+        if self.sample_sent < LOSS_SAMPLE {
+            return;
         }
+        let f = (self.sample_lost * ONE / self.sample_sent).min(MAX_LOSS);
+        self.sample_sent = 0;
+        self.sample_lost = 0;
+        self.samples[self.samples_at] = f as u16;
+        self.samples_at = (self.samples_at + 1) % LOSS_SAMPLES;
+        self.samples_len = (self.samples_len + 1).min(LOSS_SAMPLES);
+        let mut sorted = self.samples;
+        let sorted = &mut sorted[..self.samples_len];
+        sorted.sort_unstable();
+        let quarter = self.samples_len / 4;
+        let middle = &sorted[quarter..self.samples_len - quarter];
+        let sum: u64 = middle.iter().map(|&f| u64::from(f)).sum();
+        self.loss_rate = sum / middle.len() as u64;
     }
 
-    /// Whether this round has lost more than a window's worth of the path
-    /// usually loses: `DEVIATIONS` standard deviations above the mean (the
-    /// binomial count, taken as Poisson), in 1/1024ths of a segment.
-    fn beyond_usual_loss(&self) -> bool {
-        let mean = u64::from(self.cwnd) * self.loss_rate;
+    /// Whether `lost` of `sent` segments is more than the path usually
+    /// loses: `DEVIATIONS` standard deviations above the mean (the
+    /// binomial count taken as Poisson), and beyond its tail's
+    /// `1/UNUSUAL`.
+    fn beyond_usual_loss(&self, lost: u32, sent: u32) -> bool {
+        let mean = u64::from(sent) * self.loss_rate;
         let deviation = (mean * ONE).isqrt();
-        self.round_lost * ONE > mean + DEVIATIONS * deviation
-    }
-
-    /// `n` segments were found lost; `nxt` is the next PSN to be sent.
-    /// Halves the window, once per window of data, if the round trip shows
-    /// a queue and the round has lost more than the path usually does;
-    /// otherwise the loss is the path's and only retransmitted.
-    pub(super) fn on_loss(&mut self, n: u32, nxt: u32) -> LossResponse {
-        self.round_lost += u64::from(n);
-        if self.recovery_end.is_some() {
-            LossResponse::InRecovery
-        } else if !self.queue_seen() || !self.beyond_usual_loss() {
-            LossResponse::Random
-        } else {
-            self.cut(nxt);
-            LossResponse::Cut
-        }
-    }
-
-    /// Halves the window unless it already was for this window of data;
-    /// returns whether it did.
-    fn cut(&mut self, nxt: u32) -> bool {
-        if self.recovery_end.is_some() {
+        if u64::from(lost) * ONE <= mean + DEVIATIONS * deviation {
             return false;
         }
+        // P(X < lost), summed term by term.
+        let mean = mean as f64 / ONE as f64;
+        let mut term = (-mean).exp();
+        let mut below = 0.0;
+        for i in 0..lost {
+            below += term;
+            term *= mean / f64::from(i + 1);
+        }
+        1.0 - below < 1.0 / UNUSUAL
+    }
+
+    /// A segment sent in `round` was found lost; `nxt` is the next PSN to
+    /// be sent. Halves the window, once per window of data, if that round
+    /// lost more than a third of what it sent, or if the round trip shows
+    /// a queue and the round lost more than the path usually does;
+    /// otherwise the loss is the path's and only retransmitted.
+    pub(super) fn on_loss(&mut self, round: u32, nxt: u32) -> LossResponse {
+        // A round no longer kept lost one segment of what the window was.
+        let (sent, lost, cut_before) = match self.ledger_of(round) {
+            Some(e) => {
+                e.lost += 1;
+                (e.sent, e.lost, e.cut)
+            }
+            None => (self.cwnd, 1, false),
+        };
+        if self.recovery_end.is_some() {
+            return LossResponse::InRecovery;
+        }
+        let unusual = self.beyond_usual_loss(lost, sent);
+        let policed = lost >= NOISE_MIN && u64::from(lost) * 3 > u64::from(sent) * NOISE_THIRDS;
+        if cut_before || !(unusual && (policed || self.queue_seen())) {
+            return LossResponse::Random;
+        }
+        if let Some(e) = self.ledger_of(round) {
+            e.cut = true;
+        }
+        self.cut(nxt);
+        LossResponse::Cut
+    }
+
+    /// Halves the window.
+    fn cut(&mut self, nxt: u32) {
         self.ssthresh = (self.cwnd / 2).max(2);
         self.cwnd = self.ssthresh;
         self.cwnd_acc = 0;
         self.recovery_end = Some(nxt);
         self.rounds_since_drain = 0;
         self.draining = false;
-        true
     }
 
     /// The retransmission timer fired with `pipe` segments believed in the
@@ -355,6 +453,15 @@ impl Congestion {
 mod tests {
     use super::*;
 
+    /// Sends `n` segments in the round under way; returns the round.
+    fn send(c: &mut Congestion, n: u32) -> u32 {
+        let mut round = c.round;
+        for _ in 0..n {
+            round = c.on_sent();
+        }
+        round
+    }
+
     /// A sender with window `cwnd` after `rounds` rounds whose least RTT
     /// was `rtt`; returns it and the next transmission number.
     fn settled(cwnd: u32, rtt: u64, rounds: u64) -> (Congestion, u64) {
@@ -362,9 +469,10 @@ mod tests {
         c.ssthresh = cwnd;
         let mut xmit = 0;
         for _ in 0..rounds {
-            c.on_rtt(rtt);
+            let r = send(&mut c, 10);
+            c.on_rtt(rtt, r);
             xmit += 10;
-            c.on_progress(xmit, xmit, 0, 0);
+            c.on_progress(xmit, xmit, 0);
         }
         (c, xmit)
     }
@@ -372,9 +480,11 @@ mod tests {
     #[test]
     fn random_loss_keeps_the_window() {
         let (mut c, _) = settled(40, 100_000, 8);
-        c.on_rtt(105_000);
-        assert_eq!(c.on_loss(1, 100), LossResponse::Random);
-        assert_eq!(c.on_loss(3, 100), LossResponse::Random);
+        let r = send(&mut c, 40);
+        c.on_rtt(105_000, r);
+        for _ in 0..4 {
+            assert_eq!(c.on_loss(r, 100), LossResponse::Random);
+        }
         assert_eq!(c.cwnd(), 40);
         assert!(!c.in_recovery());
         c.on_delivered(40);
@@ -386,18 +496,48 @@ mod tests {
     #[test]
     fn loss_with_a_queue_halves_once_per_window() {
         let (mut c, xmit) = settled(40, 100_000, 8);
-        c.on_rtt(120_000);
-        c.on_progress(xmit + 10, xmit + 10, 0, 0);
-        c.on_rtt(125_000);
-        assert_eq!(c.on_loss(1, 100), LossResponse::Cut);
+        let r = send(&mut c, 40);
+        c.on_rtt(120_000, r);
+        c.on_progress(xmit + 10, xmit + 10, 0);
+        c.on_rtt(125_000, r);
+        assert_eq!(c.on_loss(r, 100), LossResponse::Cut);
         assert_eq!(c.cwnd(), 20);
-        assert_eq!(c.on_loss(2, 100), LossResponse::InRecovery);
+        assert_eq!(c.on_loss(r, 100), LossResponse::InRecovery);
         assert_eq!(c.cwnd(), 20);
-        // Everything sent before the cut acknowledged: recovery ends, and
-        // the queue, still there, cuts again.
-        c.on_progress(xmit + 10, xmit + 10, 100, 150);
-        assert_eq!(c.on_loss(1, 150), LossResponse::Cut);
+        // Everything sent before the cut acknowledged: recovery ends; the
+        // round that cut does not cut again, a later one with the queue
+        // still there does.
+        c.on_progress(xmit + 10, xmit + 10, 100);
+        assert_eq!(c.on_loss(r, 150), LossResponse::Random);
+        let r = send(&mut c, 20);
+        assert_eq!(c.on_loss(r, 150), LossResponse::Cut);
         assert_eq!(c.cwnd(), 10);
+    }
+
+    /// A loss is counted against the round that sent the segment, however
+    /// late it is found: one round's losses found together with another's
+    /// are not one round's.
+    #[test]
+    fn losses_count_against_the_round_that_sent_them() {
+        let (mut c, mut xmit) = settled(40, 100_000, 8);
+        c.loss_rate = ONE / 10;
+        let early = send(&mut c, 40);
+        xmit += 40;
+        c.on_progress(xmit, xmit, 0);
+        let late = send(&mut c, 40);
+        for _ in 0..ROUND_SAMPLES {
+            c.on_rtt(130_000, late);
+        }
+        // At a tenth's rate 5 of 40 is usual (the mean and a half of its
+        // deviation), 10 of 40 is not (three).
+        for _ in 0..5 {
+            assert_eq!(c.on_loss(early, 200), LossResponse::Random);
+            assert_eq!(c.on_loss(late, 200), LossResponse::Random);
+        }
+        for _ in 0..4 {
+            assert_eq!(c.on_loss(late, 200), LossResponse::Random);
+        }
+        assert_eq!(c.on_loss(late, 200), LossResponse::Cut, "10 of 40");
     }
 
     /// One round trip of `cwnd` segments whose least RTT is `rtt` and of
@@ -405,15 +545,19 @@ mod tests {
     /// the window was cut.
     fn round(c: &mut Congestion, xmit: &mut u64, psn: &mut u32, rtt: u64, lost: u32) -> bool {
         let w = c.cwnd();
+        let r = send(c, w);
         for _ in 0..ROUND_SAMPLES {
-            c.on_rtt(rtt);
+            c.on_rtt(rtt, r);
         }
         c.on_delivered(w - lost.min(w));
-        let cut = lost > 0 && c.on_loss(lost, *psn + w) == LossResponse::Cut;
+        let mut cut = false;
+        for _ in 0..lost {
+            cut |= c.on_loss(r, *psn + w) == LossResponse::Cut;
+        }
         *xmit += u64::from(w);
         *psn += w;
-        let ended = c.on_progress(*xmit, *xmit, *psn, *psn);
-        cut || ended == (Progress::RoundEnded { cut: true })
+        c.on_progress(*xmit, *xmit, *psn);
+        cut
     }
 
     /// A link that loses a tenth at random, then a queue that stands in two
@@ -476,31 +620,28 @@ mod tests {
     #[test]
     fn one_slow_sample_is_not_a_queue() {
         let (mut c, _) = settled(40, 100_000, 8);
-        c.on_rtt(300_000);
-        c.on_rtt(101_000);
-        assert_eq!(c.on_loss(1, 100), LossResponse::Random);
+        let r = send(&mut c, 40);
+        c.on_rtt(300_000, r);
+        c.on_rtt(101_000, r);
+        assert_eq!(c.on_loss(r, 100), LossResponse::Random);
     }
 
-    /// A round that loses more than a third of its segments cuts even
+    /// A round that loses more than a third of what it sent cuts even
     /// without a queue in sight (a policer); a quarter does not.
     #[test]
     fn a_round_losing_a_third_cuts() {
-        let (mut c, xmit) = settled(40, 100_000, 8);
-        c.on_delivered(30);
-        assert_eq!(c.on_loss(10, 100), LossResponse::Random);
-        assert_eq!(
-            c.on_progress(xmit + 10, xmit + 20, 0, 100),
-            Progress::RoundEnded { cut: false },
-            "10 of 40"
-        );
-        assert_eq!(c.cwnd(), 40);
-        c.on_delivered(8);
-        assert_eq!(c.on_loss(6, 100), LossResponse::Random);
-        assert_eq!(
-            c.on_progress(xmit + 30, xmit + 40, 0, 100),
-            Progress::RoundEnded { cut: true },
-            "6 of 14"
-        );
+        let (mut c, mut xmit) = settled(40, 100_000, 8);
+        let r = send(&mut c, 40);
+        for _ in 0..10 {
+            assert_eq!(c.on_loss(r, 100), LossResponse::Random, "10 of 40");
+        }
+        xmit += 40;
+        c.on_progress(xmit, xmit, 0);
+        let r = send(&mut c, 14);
+        for _ in 0..4 {
+            assert_eq!(c.on_loss(r, 100), LossResponse::Random, "4 of 14");
+        }
+        assert_eq!(c.on_loss(r, 100), LossResponse::Cut, "5 of 14");
         assert_eq!(c.cwnd(), 20);
     }
 
@@ -517,9 +658,9 @@ mod tests {
         assert_eq!(c.cwnd(), 40);
 
         let (mut c, xmit) = settled(40, 100_000, 8);
-        c.on_rtt(150_000);
-        c.on_progress(xmit + 10, xmit + 10, 0, 0);
-        c.on_rtt(150_000);
+        c.on_rtt(150_000, c.round);
+        c.on_progress(xmit + 10, xmit + 10, 0);
+        c.on_rtt(150_000, c.round);
         c.on_timeout(30, 100);
         assert_eq!((c.cwnd(), c.ssthresh), (2, 15));
     }

@@ -35,6 +35,8 @@ struct Seg<K> {
     kind: K,
     sent_at: Instant,
     xmit: u64,
+    /// The congestion round it was last sent in.
+    round: u32,
     retrans: u16,
     sacked: bool,
     lost: bool,
@@ -217,6 +219,7 @@ impl<K> Sender<K> {
             kind,
             sent_at: now,
             xmit: self.xmit_count,
+            round: self.cc.on_sent(),
             retrans: 0,
             sacked: false,
             lost: false,
@@ -242,6 +245,7 @@ impl<K> Sender<K> {
                     s.retrans = s.retrans.saturating_add(1);
                     s.sent_at = now;
                     s.xmit = self.xmit_count;
+                    s.round = self.cc.on_sent();
                     self.stats.retransmitted += 1;
                     return Some(psn);
                 }
@@ -267,6 +271,7 @@ impl<K> Sender<K> {
             s.retrans = s.retrans.saturating_add(1);
             s.sent_at = now;
             s.xmit = self.xmit_count;
+            s.round = self.cc.on_sent();
             self.lost -= 1;
             self.stats.retransmitted += 1;
             self.arm(now);
@@ -326,7 +331,7 @@ impl<K> Sender<K> {
         // and only if it was never retransmitted. Extending Karn's rule this
         // way also skips old packets whose ACK waited behind a hole that a
         // retransmission just filled.
-        let mut newest_clean: Option<(u64, Instant)> = None;
+        let mut newest_clean: Option<(u64, Instant, u32)> = None;
         let mut newest_any = 0u64;
         let delivered_before = self.delivered_xmit;
         // Read the acknowledged entries in place and drop them in one go:
@@ -340,7 +345,7 @@ impl<K> Sender<K> {
             // acknowledged record is both the newest sent and a clean one.
             if let Some(s) = n.checked_sub(1).and_then(|i| self.segs.get(i as usize)) {
                 newest_any = s.xmit;
-                newest_clean = Some((s.xmit, s.sent_at));
+                newest_clean = Some((s.xmit, s.sent_at, s.round));
             }
             debug_assert!(self
                 .segs
@@ -352,8 +357,8 @@ impl<K> Sender<K> {
                 was_lost += u32::from(s.lost && !s.sacked);
                 was_retransmitted += u32::from(s.retrans > 0);
                 newest_any = newest_any.max(s.xmit);
-                if s.retrans == 0 && newest_clean.is_none_or(|(x, _)| s.xmit > x) {
-                    newest_clean = Some((s.xmit, s.sent_at));
+                if s.retrans == 0 && newest_clean.is_none_or(|(x, ..)| s.xmit > x) {
+                    newest_clean = Some((s.xmit, s.sent_at, s.round));
                 }
             }
         }
@@ -392,8 +397,8 @@ impl<K> Sender<K> {
                     }
                     self.delivered_xmit = self.delivered_xmit.max(s.xmit);
                     newest_any = newest_any.max(s.xmit);
-                    if s.retrans == 0 && newest_clean.is_none_or(|(x, _)| s.xmit > x) {
-                        newest_clean = Some((s.xmit, s.sent_at));
+                    if s.retrans == 0 && newest_clean.is_none_or(|(x, ..)| s.xmit > x) {
+                        newest_clean = Some((s.xmit, s.sent_at, s.round));
                     }
                     self.cc.on_delivered(1);
                 }
@@ -402,17 +407,16 @@ impl<K> Sender<K> {
                 highest_off = highest_off.max(to);
             }
         }
-        if let Some((_, sent_at)) = newest_clean.filter(|&(x, _)| x == newest_any) {
+        if let Some((_, sent_at, round)) = newest_clean.filter(|&(x, ..)| x == newest_any) {
             let r = now.0.saturating_sub(sent_at.0);
             self.rtt.sample(r);
-            self.cc.on_rtt(r);
+            self.cc.on_rtt(r, round);
         }
-        let progress =
-            self.cc
-                .on_progress(self.delivered_xmit, self.xmit_count, self.una, self.nxt);
-        if let Progress::RoundEnded { cut } = progress {
+        let progress = self
+            .cc
+            .on_progress(self.delivered_xmit, self.xmit_count, self.una);
+        if progress == Progress::RoundEnded {
             self.rtt.end_round();
-            self.stats.fast_recoveries += u64::from(cut);
         }
         if highest_off > 0 {
             self.detect_losses(self.una.wrapping_add(highest_off), now);
@@ -450,7 +454,6 @@ impl<K> Sender<K> {
     fn detect_losses(&mut self, highest_sacked: u32, now: Instant) {
         let n = highest_sacked.wrapping_sub(self.una) as usize;
         let wait = self.rtt.usual_max();
-        let mut found = 0;
         for i in 0..n.min(self.segs.len()) {
             let s = &mut self.segs[i];
             if !s.sacked
@@ -462,14 +465,11 @@ impl<K> Sender<K> {
                 self.lost += 1;
                 let psn = self.una.wrapping_add(i as u32);
                 self.lost_q.push_back(psn);
-                found += 1;
-            }
-        }
-        if found > 0 {
-            match self.cc.on_loss(found, self.nxt) {
-                LossResponse::Cut => self.stats.fast_recoveries += 1,
-                LossResponse::Random => self.stats.random_losses += u64::from(found),
-                LossResponse::InRecovery => {}
+                match self.cc.on_loss(s.round, self.nxt) {
+                    LossResponse::Cut => self.stats.fast_recoveries += 1,
+                    LossResponse::Random => self.stats.random_losses += 1,
+                    LossResponse::InRecovery => {}
+                }
             }
         }
     }
