@@ -339,14 +339,11 @@ impl Congestion {
     }
 
     /// Folds a finished round into the path's loss rate once the rounds
-    /// since the last sample span `LOSS_SAMPLE` segments. A round whose
-    /// losses cut the window is left out: they were not the path's usual.
+    /// since the last sample span `LOSS_SAMPLE` segments. A round that cut
+    /// is learnt from too: a path with no rate learnt yet cuts on every
+    /// loss, and leaving those rounds out would keep its rate at nothing.
     fn learn_loss_rate(&mut self, done: Ledger) {
-        if done.sent == 0
-            || done.cut
-            || done.min_rtt == u64::MAX
-            || done.min_rtt > self.median_rtt()
-        {
+        if done.sent == 0 || done.min_rtt == u64::MAX || done.min_rtt > self.median_rtt() {
             return;
         }
         self.sample_sent += u64::from(done.sent);
