@@ -133,6 +133,10 @@ pub(super) struct Congestion {
     mins: [u64; BASE_ROUNDS],
     mins_at: usize,
     mins_len: usize,
+    /// The same, in order: the base and the median at a glance, kept per
+    /// round by one removal and one insertion (a ping-pong ends a round
+    /// per message).
+    sorted_mins: [u64; BASE_ROUNDS],
     /// What the rounds since the last loss-rate sample sent and lost.
     sample_sent: u64,
     sample_lost: u64,
@@ -166,6 +170,7 @@ impl Congestion {
             mins: [0; BASE_ROUNDS],
             mins_at: 0,
             mins_len: 0,
+            sorted_mins: [0; BASE_ROUNDS],
             sample_sent: 0,
             sample_lost: 0,
             samples: [0; LOSS_SAMPLES],
@@ -218,15 +223,36 @@ impl Congestion {
 
     /// The path's least round trip of late: the base a queue adds to.
     fn base_rtt(&self) -> Option<u64> {
-        self.mins[..self.mins_len].iter().copied().min()
+        self.sorted_mins[..self.mins_len].first().copied()
     }
 
     /// The median of the last rounds' least RTTs.
     fn median_rtt(&self) -> u64 {
-        let mut sorted = self.mins;
-        let sorted = &mut sorted[..self.mins_len];
-        sorted.sort_unstable();
-        sorted.get(self.mins_len / 2).copied().unwrap_or(u64::MAX)
+        self.sorted_mins[..self.mins_len]
+            .get(self.mins_len / 2)
+            .copied()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Adds a round's least RTT to the last rounds', in place of the
+    /// oldest once there are `BASE_ROUNDS`.
+    fn push_min(&mut self, rtt: u64) {
+        let mut len = self.mins_len;
+        if len == BASE_ROUNDS {
+            let old = self.mins[self.mins_at];
+            let sorted = &mut self.sorted_mins[..len];
+            if let Ok(i) = sorted.binary_search(&old) {
+                sorted.copy_within(i + 1.., i);
+            }
+            len -= 1;
+        }
+        let sorted = &mut self.sorted_mins[..=len];
+        let i = sorted[..len].partition_point(|&m| m < rtt);
+        sorted.copy_within(i..len, i + 1);
+        sorted[i] = rtt;
+        self.mins[self.mins_at] = rtt;
+        self.mins_at = (self.mins_at + 1) % BASE_ROUNDS;
+        self.mins_len = len + 1;
     }
 
     /// Whether the round trip shows a queue: the least RTT of this round
@@ -321,9 +347,7 @@ impl Congestion {
             self.ssthresh = self.cwnd;
         }
         if self.round_min != u64::MAX {
-            self.mins[self.mins_at] = self.round_min;
-            self.mins_at = (self.mins_at + 1) % BASE_ROUNDS;
-            self.mins_len = (self.mins_len + 1).min(BASE_ROUNDS);
+            self.push_min(self.round_min);
             self.last_round_min = self.round_min;
         }
         self.round_min = u64::MAX;
@@ -611,6 +635,24 @@ mod tests {
         }
         assert_eq!(c.loss_rate, 0);
         assert!(round(&mut c, &mut xmit, &mut psn, 130_000, 1));
+    }
+
+    /// The ordered copy of the last rounds' least RTTs stays the ring's,
+    /// sorted, through every removal and insertion.
+    #[test]
+    fn the_sorted_minima_follow_the_ring() {
+        let mut c = Congestion::new(10, 1024);
+        let mut x: u64 = 7;
+        for _ in 0..1000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            c.push_min((x >> 33) % 50);
+            let mut ring = c.mins[..c.mins_len].to_vec();
+            ring.sort_unstable();
+            assert_eq!(ring, &c.sorted_mins[..c.mins_len]);
+        }
+        assert_eq!(c.mins_len, BASE_ROUNDS);
     }
 
     /// One slow sample is not a queue: the round's least RTT decides.
