@@ -47,13 +47,17 @@ check "their table: urdma over the better kernel stack" \
 		grep -qF '| 16 | 40.0 | 80.0 | failed | 0.5 |' '$out/cr-report/benchmarks.md'"
 check "--check: siw lacks the rate of 16 clients" \
 	sh -c "scripts/bench-report --check '$out/cr' siw | grep '^missing: siw: connrate 16 B' >/dev/null"
+# with_rows NAME ROW...: the committed run in $out/NAME, ROWs added to its bench.csv.
+with_rows() {
+	local name=$1 r
+	shift
+	cp -r docs/benchmarks "$out/$name"
+	for r in "$@"; do echo "$r" >>"$out/$name/bench.csv"; done
+}
 # The matrix's goal at 64 B: the better kernel stack, or 1.1 x the lower floor where that is
 # higher (here 88 for a floor of 80), from a pattern the committed run lacks.
-cp -r docs/benchmarks "$out/goal"
-for r in "urdma,1,lat:poll-write,64,0,lat_typical,100,us,x" "rxe,1,lat:poll-write,64,0,lat_typical,50,us,x" \
-	"siw,1,lat:poll-write,64,0,lat_typical,60,us,x" "floor,1,lat:poll-write,64,0,lat_typical,80,us,x"; do
-	echo "$r" >>"$out/goal/bench.csv"
-done
+with_rows goal "urdma,1,lat:poll-write,64,0,lat_typical,100,us,x" "rxe,1,lat:poll-write,64,0,lat_typical,50,us,x" \
+	"siw,1,lat:poll-write,64,0,lat_typical,60,us,x" "floor,1,lat:poll-write,64,0,lat_typical,80,us,x"
 check "--no-plots with a pattern beside its floor" scripts/bench-report --no-plots "$out/goal" "$out/goal-report"
 check "its goal: 1.1 x the floor, urdma at 1.14 of it, not met" \
 	grep -qF '| `poll-write` | — | 100 | 50.0 | 80.0 | 88.0 | 1.14 | not met |' "$out/goal-report/benchmarks.md"
@@ -64,11 +68,8 @@ check "--pmd: urdmad idle and the baseline run's column" \
 		head -n1 '$out/pmd.md' | grep -q 'PMD link (virtio), run of '"
 # Write latency under loss (#42), from rows the committed run lacks: urdma 200 us at 10 %
 # against 80 at 0 % is 2.5 times, within the goal's 3.
-cp -r docs/benchmarks "$out/ll"
-for r in "urdma,1,ib_write_lat,64,0,lat_loss_typical,80,us,x" "urdma,1,ib_write_lat,64,10,lat_loss_typical,200,us,x" \
-	"urdma,1,ib_write_lat,64,10,lat_loss_p99,900,us,x" "siw,1,ib_write_lat,64,10,lat_loss_typical,400,us,x"; do
-	echo "$r" >>"$out/ll/bench.csv"
-done
+with_rows ll "urdma,1,ib_write_lat,64,0,lat_loss_typical,80,us,x" "urdma,1,ib_write_lat,64,10,lat_loss_typical,200,us,x" \
+	"urdma,1,ib_write_lat,64,10,lat_loss_p99,900,us,x" "siw,1,ib_write_lat,64,10,lat_loss_typical,400,us,x"
 check "--no-plots with latency under loss" scripts/bench-report --no-plots "$out/ll" "$out/ll-report"
 check "its goal row and table" \
 	sh -c "grep -qF '| \`ib_write_lat\` 64 B typical latency at 10 % loss / the same link without loss | 200 µs | (urdma at 0 %: 80.0 µs) | 2.50 | ≤ 3 | met |' '$out/ll-report/benchmarks.md' &&
