@@ -74,6 +74,9 @@ check "--no-plots with latency under loss" scripts/bench-report --no-plots "$out
 check "its goal row and table" \
 	sh -c "grep -qF '| \`ib_write_lat\` 64 B typical latency at 10 % loss / the same link without loss | 200 µs | (urdma at 0 %: 80.0 µs) | 2.50 | ≤ 3 | met |' '$out/ll-report/benchmarks.md' &&
 		grep -qF '| 10 | 200 (900) | — | 400 (—) | 2.50 |' '$out/ll-report/benchmarks.md'"
+bw_against_loss() { awk '/^### Write bandwidth against loss/ {on = 1; print; next} on && /^#/ {exit} on' "$1"; }
+check "the bandwidth-against-loss table as without them" \
+	diff <(bw_against_loss "$out/full/benchmarks.md") <(bw_against_loss "$out/ll-report/benchmarks.md")
 # bench-guest refuses a bad idle or loss measurement, in one line, before it touches anything.
 for v in BENCH_IDLE_SECS=0 BENCH_IDLE_SECS=x BENCH_IDLE_SETTLE=-1 BENCH_LOSS_SECS=0 BENCH_LOSS_SECS=2s \
 	BENCH_LAT_LOSSES=1.5; do
