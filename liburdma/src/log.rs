@@ -68,8 +68,8 @@ fn emit(at: Level, args: Arguments<'_>) {
 /// One line through libibverbs, which writes it if `VERBS_LOG_LEVEL` asks
 /// for `at` (to `VERBS_LOG_FILE`, or stderr).
 fn verbs_log(at: Level, args: Arguments<'_>) {
-    // Level 0 would pass libibverbs' check even when it has no log file.
-    if at == Level::Off {
+    // Not even formatted when libibverbs would drop it: the connection paths log at debug.
+    if !verbs_passes(at, verbs_level_set()) {
         return;
     }
     let line = format!("liburdma[{}]: {args}\n", std::process::id());
@@ -84,6 +84,18 @@ fn verbs_log(at: Level, args: Arguments<'_>) {
             line.as_ptr(),
         )
     };
+}
+
+/// libibverbs' level from `VERBS_LOG_LEVEL`: `strtol`'s number kept in a `uint32_t`, 0
+/// (nothing) when unset.
+fn verbs_threshold(v: Option<&str>) -> u32 {
+    v.and_then(parse_c_long).map_or(0, |l| l as u32)
+}
+
+/// Whether libibverbs' `__verbs_log` passes a line of ours at `at`. Level 0 would pass its
+/// check even when it has no log file.
+fn verbs_passes(at: Level, threshold: u32) -> bool {
+    at != Level::Off && verbs_level(at) <= threshold
 }
 
 /// Writes one log line to `out` in a single write: stderr has no buffer, and `eprintln!`
@@ -108,10 +120,13 @@ pub(crate) fn fatal(args: Arguments<'_>) {
 
 /// Whether `VERBS_LOG_LEVEL` asks for errors (libibverbs then writes them).
 fn verbs_asked() -> bool {
-    std::env::var("VERBS_LOG_LEVEL")
-        .ok()
-        .and_then(|v| parse_c_long(&v))
-        .is_some_and(|l| l >= i64::from(rdma_core_sys::VERBS_LOG_ERR))
+    verbs_passes(Level::Error, verbs_level_set())
+}
+
+/// `VERBS_LOG_LEVEL` as libibverbs reads it (once).
+fn verbs_level_set() -> u32 {
+    static SET: OnceLock<u32> = OnceLock::new();
+    *SET.get_or_init(|| verbs_threshold(std::env::var("VERBS_LOG_LEVEL").ok().as_deref()))
 }
 
 /// The number at the start of `v` as C's `strtol(v, NULL, 0)` reads it (decimal, 0x hex,
@@ -187,6 +202,18 @@ mod tests {
         assert_eq!(w.seen, vec![want.into_bytes()]);
         write_line(&mut w, format_args!("lost"));
         assert_eq!(w.seen.len(), 1);
+    }
+
+    #[test]
+    fn lines_libibverbs_would_drop_are_not_made() {
+        assert_eq!(verbs_threshold(None), 0);
+        assert_eq!(verbs_threshold(Some("3")), 3);
+        assert_eq!(verbs_threshold(Some("-1")), u32::MAX);
+        assert!(!verbs_passes(Level::Error, verbs_threshold(None)));
+        assert!(!verbs_passes(Level::Debug, 3));
+        assert!(verbs_passes(Level::Info, 3));
+        assert!(verbs_passes(Level::Debug, u32::MAX));
+        assert!(!verbs_passes(Level::Off, u32::MAX));
     }
 
     #[test]

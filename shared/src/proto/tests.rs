@@ -272,6 +272,26 @@ fn fields_a_decoder_does_not_know_are_ignored_and_optional_ones_may_be_left_out(
 }
 
 #[test]
+fn connected_read_straight_is_read_as_the_tagged_form_reads_it() {
+    let mut c = connected();
+    c.pdata = (0..=255).collect();
+    let line = Event::Connected(Box::new(c)).encode();
+    let tagged = |l: &str| decode::<Event>(l);
+    // An unknown field, the tag again, a missing or a bad field: both agree.
+    let unknown = line.replacen("\"dev\"", "\"later\":[1],\"dev\"", 1);
+    let missing = line.replacen("\"qpn\":17,", "", 1);
+    let bad_hex = line.replacen("\"pkt\":\"0001feff\"", "\"pkt\":\"0g\"", 1);
+    for l in [&line, &unknown, &missing, &bad_hex] {
+        assert_eq!(Event::decode(l).is_ok(), tagged(l).is_ok(), "{l}");
+        if let Ok(e) = Event::decode(l) {
+            assert_eq!(e, tagged(l).unwrap());
+        }
+    }
+    assert!(Event::decode(&missing).is_err() && Event::decode(&bad_hex).is_err());
+    assert!(Event::decode("{\"event\":\"CONNECTED\",}").is_err());
+}
+
+#[test]
 fn events_come_back_as_they_went_and_the_largest_fits_a_line() {
     let mut c = connected();
     c.role = Role::Active;

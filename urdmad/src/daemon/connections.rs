@@ -88,26 +88,48 @@ impl Tap {
     }
 }
 
-/// A random u32 from the kernel's generator: connection ids and initial sequence numbers
-/// that an off-path sender cannot guess.
-fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: writes at most 4 bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
-    if n == 4 {
+/// Random u32s from the kernel's generator: connection ids and initial sequence numbers
+/// that an off-path sender cannot guess. Drawn 16 at a time: a connection takes two, and a
+/// system call is tens of microseconds on a small guest.
+struct KernelRandom {
+    pool: [u8; 64],
+    used: usize,
+}
+
+impl KernelRandom {
+    fn new() -> KernelRandom {
+        KernelRandom {
+            pool: [0; 64],
+            used: 64,
+        }
+    }
+
+    fn next_u32(&mut self) -> u32 {
+        if self.used == self.pool.len() {
+            // SAFETY: writes at most pool.len() bytes into pool.
+            let n = unsafe { libc::getrandom(self.pool.as_mut_ptr().cast(), self.pool.len(), 0) };
+            if n != self.pool.len() as isize {
+                // Not expected on Linux >= 3.17; a time-based value still differs per call.
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.subsec_nanos());
+                return t ^ std::process::id().rotate_left(16);
+            }
+            self.used = 0;
+        }
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&self.pool[self.used..self.used + 4]);
+        // Not left in memory once handed out.
+        self.pool[self.used..self.used + 4].fill(0);
+        self.used += 4;
         u32::from_ne_bytes(b)
-    } else {
-        // Not expected on Linux >= 3.17; a time-based value still differs per call.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.subsec_nanos());
-        t ^ std::process::id().rotate_left(16)
     }
 }
 
 /// The connection manager for `ports`, with the kernel's random numbers.
 pub(super) fn new_cm(ports: Vec<PortView>) -> cm::Cm {
-    cm::Cm::new(ports, Box::new(random_u32))
+    let mut random = KernelRandom::new();
+    cm::Cm::new(ports, Box::new(move || random.next_u32()))
 }
 
 impl Daemon {
@@ -582,6 +604,17 @@ mod tests {
             SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), dst_port),
             payload,
         )
+    }
+
+    #[test]
+    fn random_numbers_come_from_the_kernel_sixteen_at_a_time_and_differ() {
+        let mut r = KernelRandom::new();
+        let drawn: Vec<u32> = (0..40).map(|_| r.next_u32()).collect();
+        let mut distinct = drawn.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() >= 38, "{drawn:?}");
+        assert!(r.used == 32 && r.pool[..32].iter().all(|&b| b == 0));
     }
 
     #[test]
