@@ -47,11 +47,13 @@ check "their table: urdma over the better kernel stack" \
 		grep -qF '| 16 | 40.0 | 80.0 | failed | 0.5 |' '$out/cr-report/benchmarks.md'"
 check "--check: siw lacks the rate of 16 clients" \
 	sh -c "scripts/bench-report --check '$out/cr' siw | grep '^missing: siw: connrate 16 B' >/dev/null"
-# with_rows NAME ROW...: the committed run in $out/NAME, ROWs added to its bench.csv.
+# with_rows NAME ROW...: the committed run in $out/NAME, ROWs added to its bench.csv (and with
+# DROP=PATTERN set, its rows that match PATTERN taken out first).
 with_rows() {
 	local name=$1 r
 	shift
 	cp -r docs/benchmarks "$out/$name"
+	[ -z "${DROP:-}" ] || sed -i "/$DROP/d" "$out/$name/bench.csv"
 	for r in "$@"; do echo "$r" >>"$out/$name/bench.csv"; done
 }
 # The matrix's goal at 64 B: the better kernel stack, or 1.1 x the lower floor where that is
@@ -66,9 +68,9 @@ check "--pmd: urdmad idle and the baseline run's column" \
 	sh -c "scripts/bench-report --pmd docs/benchmarks >'$out/pmd.md' &&
 		grep -q '^| urdmad idle, each (% of a CPU) | ' '$out/pmd.md' &&
 		head -n1 '$out/pmd.md' | grep -q 'PMD link (virtio), run of '"
-# Write latency under loss (#42), from rows the committed run lacks: urdma 200 us at 10 %
-# against 80 at 0 % is 2.5 times, within the goal's 3.
-with_rows ll "urdma,1,ib_write_lat,64,0,lat_loss_typical,80,us,x" "urdma,1,ib_write_lat,64,10,lat_loss_typical,200,us,x" \
+# Write latency under loss (#42), from rows of its own in place of the committed run's: urdma
+# 200 us at 10 % against 80 at 0 % is 2.5 times, within the goal's 3.
+DROP=,lat_loss_ with_rows ll "urdma,1,ib_write_lat,64,0,lat_loss_typical,80,us,x" "urdma,1,ib_write_lat,64,10,lat_loss_typical,200,us,x" \
 	"urdma,1,ib_write_lat,64,10,lat_loss_p99,900,us,x" "siw,1,ib_write_lat,64,10,lat_loss_typical,400,us,x"
 check "--no-plots with latency under loss" scripts/bench-report --no-plots "$out/ll" "$out/ll-report"
 check "its goal row and table" \
