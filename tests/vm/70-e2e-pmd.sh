@@ -4,10 +4,10 @@
 # virtio PMD (the NIC bound to vfio-pci behind the VM's IOMMU, so that its RX queues
 # interrupt). Each urdmad's port is its NIC and says its frames end its sleeps by interrupt,
 # and idle, each urdmad wakes at most IDLE_PMD_WAKES (default 25) times a second (it sleeps
-# 100 ms at a time, as on the veth bed; on its timer it wakes about 250 times) and uses at most
+# 100 ms at a time, as on the veth bed; on its timer it wakes 200-330 times) and uses at most
 # IDLE_PMD_BOUND_PCT (default 5) percent of one CPU in the quietest of three 5-s windows. The
 # wake-ups are the sharp check: under emulation a wake-up's CPU time grows with the host's
-# load (1.2-1.5 % on an idle host, 4 % seen while other guests ran), their number does not.
+# load (0.5-0.75 % on a quiet host, 4 % seen while another guest ran), their number does not.
 # ping, rping -V, ib_write_bw -R and the data-verifying workload pass over it; verify passes
 # again with 5 % of the link's frames dropped (by its relay on the host, scripts/pmd-relay:
 # netem cannot reach frames the kernel never sees), and the devices' retransmissions rise
