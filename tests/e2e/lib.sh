@@ -23,7 +23,7 @@ in_node() {
 bed_down() {
 	# a test may leave its background processes: end the ones it started
 	local p
-	for p in $(jobs -p); do kill -9 "$p" 2>/dev/null; done
+	for p in $(jobs -p); do { kill -9 "$p" && wait "$p"; } 2>/dev/null; done
 	if [ -n "${URDMA_BED_SHARED:-}" ]; then
 		timeout 120 "$BED" tidy >/dev/null 2>&1
 	else
