@@ -450,6 +450,11 @@ impl Engine {
         Some(Unregister::Unqp)
     }
 
+    /// Whether a destroyed QP's connection is still finishing its close.
+    pub fn lingering(&self) -> bool {
+        !self.lingering.is_empty()
+    }
+
     pub fn has_qp(&self, key: QpKey) -> bool {
         self.qps.contains_key(&key)
     }
@@ -771,8 +776,7 @@ mod reply;
 mod round;
 mod work;
 use linger::Lingering;
-#[cfg(test)]
-use linger::LINGER_LIMIT;
+pub use linger::LINGER_LIMIT;
 use reply::ReplyTime;
 #[cfg(test)]
 use round::sends_first;

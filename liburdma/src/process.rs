@@ -7,9 +7,11 @@
 //! | [`attach`] | attaching to urdmad (the first `create_qp`), and letting go of it after `fork()` |
 //! | [`helper`] | the helper thread's loop: progress while the application is elsewhere |
 //! | [`control`] | requests to urdmad and its events (`EVENT CONNECTED` hands a connection over) |
+//! | [`at_exit`] | `exit()` waits for destroyed QPs' connections to finish their close |
 //!
 //! This file holds the lock, the clock and what the application's calls tell the helper.
 
+mod at_exit;
 mod attach;
 mod control;
 mod helper;
@@ -17,7 +19,7 @@ mod helper;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use trp::Instant;
@@ -219,6 +221,8 @@ pub struct Shared {
 
 struct Runtime {
     state: Mutex<Shared>,
+    /// Signalled when lingering connections end ([`at_exit`] waits for them).
+    closes: Condvar,
     /// Wakes the helper out of its poll().
     kick: OnceLock<OwnedFd>,
     /// The helper's alarm: a timerfd on the clock of [`now`].
@@ -241,6 +245,7 @@ fn rt() -> &'static Runtime {
                 armed: false,
                 event_look: Instant::ZERO,
             }),
+            closes: Condvar::new(),
             kick: OnceLock::new(),
             alarm: OnceLock::new(),
             sockets: OnceLock::new(),

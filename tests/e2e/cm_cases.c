@@ -20,6 +20,8 @@
  *                                              (an event: "FAIL", nothing was sent)
  *   cm_cases client ADDR PORT exit-on-recv     connect with a receive posted, poll
  *                                              until it completes, exit at once
+ *   cm_cases client ADDR PORT close-on-recv    as exit-on-recv, but disconnect and
+ *                                              destroy the QP first, and exit()
  *
  * Prints "event NAME status N" for each rdma_cm event and "ok" when the
  * scenario went as expected (exit 0); "FAIL ..." and exit 1 otherwise.
@@ -204,6 +206,23 @@ static void exit_on_recv(struct rdma_cm_id *id)
 	_exit(0);
 }
 
+/*
+ * The message is in: close and exit at once, as most applications end, while
+ * the close is still going on.
+ */
+static void close_on_recv(struct rdma_cm_id *id)
+{
+	struct ibv_wc wc = poll_one(id);
+
+	if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV)
+		fail("expected a receive completion");
+	if (rdma_disconnect(id))
+		fail("rdma_disconnect");
+	rdma_destroy_qp(id);
+	printf("received, closed; exiting\nok\n");
+	exit(0);
+}
+
 static struct rdma_addrinfo *addr(const char *host, const char *port, int passive)
 {
 	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP }, *ai;
@@ -311,7 +330,7 @@ static int client(const char *host, const char *port, const char *what,
 			fail("ibv_create_comp_channel");
 	}
 	make_qp(id);
-	if (!strcmp(what, "exit-on-recv"))
+	if (!strcmp(what, "exit-on-recv") || !strcmp(what, "close-on-recv"))
 		post_one_recv(id);
 	if (rdma_connect(id, &param)) {
 		printf("FAIL rdma_connect: %s\n", strerror(errno));
@@ -348,6 +367,8 @@ static int client(const char *host, const char *port, const char *what,
 		hold_on_cq(id);
 	} else if (!strcmp(what, "exit-on-recv")) {
 		exit_on_recv(id);
+	} else if (!strcmp(what, "close-on-recv")) {
+		close_on_recv(id);
 	} else if (strcmp(what, "wait")) {
 		fail("unknown client scenario");
 	}

@@ -19,7 +19,7 @@ pub(super) struct Lingering {
 /// How long a destroyed QP's connection may take to finish its close. Shorter than trp's
 /// give-up time, which would hold the flow and its socket for seconds after a peer that
 /// vanished.
-pub(super) const LINGER_LIMIT: Duration = Duration::from_secs(2);
+pub const LINGER_LIMIT: Duration = Duration::from_secs(2);
 
 impl Engine {
     /// The flows of lingering connections that finished since the last call.

@@ -44,7 +44,10 @@ pub fn unregister_qp(key: QpKey, told: Unregister) {
     let linger = match told {
         Unregister::Nothing => return,
         Unregister::Unqp => false,
-        Unregister::Linger => true,
+        Unregister::Linger => {
+            super::at_exit::wait_for_closes_at_exit();
+            true
+        }
     };
     let Some(ctl) = g.control() else { return };
     if let Err(e) = ctl.post(&Request::Unqp {
@@ -220,6 +223,9 @@ impl Shared {
             }
         }
         let lingered = self.engine.take_lingered();
+        if !lingered.is_empty() {
+            rt().closes.notify_all();
+        }
         let (returned, parked) = crate::socket_flow::take_for_urdmad();
         let Some(ctl) = self.control() else {
             // Without urdmad these close here: its copies are gone too, and nobody would
