@@ -450,9 +450,16 @@ impl Engine {
         Some(Unregister::Unqp)
     }
 
-    /// Whether a destroyed QP's connection is still finishing its close.
-    pub fn lingering(&self) -> bool {
-        !self.lingering.is_empty()
+    /// Whether a connection's graceful close is still going on: a QP's (either side
+    /// began it; trp ends it without the application), the last datagrams of one that
+    /// ended, or a destroyed QP's ([`Lingering`]).
+    pub fn closing(&self) -> bool {
+        let ends = |q: &Qp| match q.end {
+            End::Open => q.conn.as_ref().map(|c| c.state()) == Some(trp::QpState::Closing),
+            End::Draining { .. } => true,
+            End::Told => false,
+        };
+        !self.lingering.is_empty() || self.qps.values().any(|q| q.flow.is_some() && ends(q))
     }
 
     pub fn has_qp(&self, key: QpKey) -> bool {

@@ -20,8 +20,10 @@
  *                                              (an event: "FAIL", nothing was sent)
  *   cm_cases client ADDR PORT exit-on-recv     connect with a receive posted, poll
  *                                              until it completes, exit at once
- *   cm_cases client ADDR PORT close-on-recv    as exit-on-recv, but disconnect and
- *                                              destroy the QP first, and exit()
+ *   cm_cases client ADDR PORT disconnect-on-recv  as exit-on-recv, but disconnect
+ *                                              first, and exit()
+ *   cm_cases client ADDR PORT close-on-recv    as disconnect-on-recv, destroying the QP
+ *                                              before exit()
  *
  * Prints "event NAME status N" for each rdma_cm event and "ok" when the
  * scenario went as expected (exit 0); "FAIL ..." and exit 1 otherwise.
@@ -207,10 +209,10 @@ static void exit_on_recv(struct rdma_cm_id *id)
 }
 
 /*
- * The message is in: close and exit at once, as most applications end, while
- * the close is still going on.
+ * The message is in: disconnect (and destroy the QP) and exit at once, as most
+ * applications end, while the close is still going on.
  */
-static void close_on_recv(struct rdma_cm_id *id)
+static void close_on_recv(struct rdma_cm_id *id, int destroy)
 {
 	struct ibv_wc wc = poll_one(id);
 
@@ -218,7 +220,8 @@ static void close_on_recv(struct rdma_cm_id *id)
 		fail("expected a receive completion");
 	if (rdma_disconnect(id))
 		fail("rdma_disconnect");
-	rdma_destroy_qp(id);
+	if (destroy)
+		rdma_destroy_qp(id);
 	printf("received, closed; exiting\nok\n");
 	exit(0);
 }
@@ -330,7 +333,7 @@ static int client(const char *host, const char *port, const char *what,
 			fail("ibv_create_comp_channel");
 	}
 	make_qp(id);
-	if (!strcmp(what, "exit-on-recv") || !strcmp(what, "close-on-recv"))
+	if (strstr(what, "-on-recv"))
 		post_one_recv(id);
 	if (rdma_connect(id, &param)) {
 		printf("FAIL rdma_connect: %s\n", strerror(errno));
@@ -367,8 +370,10 @@ static int client(const char *host, const char *port, const char *what,
 		hold_on_cq(id);
 	} else if (!strcmp(what, "exit-on-recv")) {
 		exit_on_recv(id);
+	} else if (!strcmp(what, "disconnect-on-recv")) {
+		close_on_recv(id, 0);
 	} else if (!strcmp(what, "close-on-recv")) {
-		close_on_recv(id);
+		close_on_recv(id, 1);
 	} else if (strcmp(what, "wait")) {
 		fail("unknown client scenario");
 	}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # rdma_cm over urdma as librdmacm applications see it (tests/e2e/cm_cases.c): a reject
 # with private data, nobody listening, an unreachable peer, disconnect from either side,
-# a client that exits as soon as it has a message (the sender's Send succeeds), or closes
-# and exits (the process stays until the close is over), a port
+# a client that exits as soon as it has a message (the sender's Send succeeds), or
+# disconnects and exits (the process stays until the close is over), a port
 # already listened on, several connections to one listening port, and 16 clients
 # connecting to one server at once (tests/e2e/connrate.c, CM_STORMS runs of 3 cycles each:
 # every connection must be accepted, whatever order urdmad meets a QP's line and its
@@ -55,12 +55,15 @@ case_pair disconnect-by-client wait -- disconnect
 # the client exits the moment its receive completes, before its ACK can leave: urdmad's
 # Abort for the dead process says what it received, and the server's Send succeeds
 case_pair exit-on-recv send -- exit-on-recv
-# the client closes the moment its receive completes and calls exit(): the process stays
-# until its connection's close is over, so no flow of it is left for urdmad to drop
-released=$(grep -c "process released.*flows=[1-9]" /run/urdma/bed/A.log)
-case_pair close-on-recv send -- close-on-recv
-[ "$(grep -c "process released.*flows=[1-9]" /run/urdma/bed/A.log)" = "$released" ] ||
-	fail "close-on-recv: the client exited before its connection's close was over: $(grep "process released" /run/urdma/bed/A.log | tail -n1)"
+# the client disconnects (and destroys its QP) the moment its receive completes and calls
+# exit(): the process stays until its connection's close is over, so no flow of it is left
+# for urdmad to drop
+for c in disconnect-on-recv close-on-recv; do
+	released=$(grep -c "process released.*flows=[1-9]" /run/urdma/bed/A.log)
+	case_pair "$c" send -- "$c"
+	[ "$(grep -c "process released.*flows=[1-9]" /run/urdma/bed/A.log)" = "$released" ] ||
+		fail "$c: the client exited before its connection's close was over: $(grep "process released" /run/urdma/bed/A.log | tail -n1)"
+done
 
 # nobody listens on the port: REJECTED (after urdmad's grace for a listener, cm::LISTEN_GRACE)
 out=$(t ip netns exec urdmaA "$prog" client "$ADDR_B" 7599 rejected 2>&1) ||

@@ -1,13 +1,16 @@
-//! The process exits while destroyed QPs' connections still finish their close.
+//! The process exits while connections still finish their close.
 //!
-//! A lingering connection ([`crate::engine::Engine::lingering`]) lives in this process:
-//! were it to die with it, a peer whose last message's acknowledgement was lost would
-//! retransmit that message to nobody and fail it with `IBV_WC_RETRY_EXC_ERR` once it gave
-//! up, seconds later, although the message had arrived (perftest's server saw exactly that
-//! on a lossy link, its client having exited right after its last exchange). The kernel
-//! keeps a closed TCP socket, and with it siw's connection, until its FIN exchange ends;
-//! here `exit()` waits for the helper to end them, at most [`LINGER_LIMIT`] and a little.
+//! A connection closing gracefully ([`crate::engine::Engine::closing`]: disconnected,
+//! or its QP destroyed meanwhile) lives in this process: were it to die with it, a peer
+//! whose last message's acknowledgement was lost would retransmit that message to nobody
+//! and fail it with `IBV_WC_RETRY_EXC_ERR` once it gave up, seconds later, although the
+//! message had arrived (perftest's server and tests/e2e/verify.c's saw exactly that on a
+//! lossy link, their clients having disconnected and exited right after their last
+//! exchange). The kernel keeps a closed TCP socket, and with it siw's connection, until
+//! its FIN exchange ends; here `exit()` waits for the helper to end them, at most
+//! [`LINGER_LIMIT`] and a little. A connection still open at exit is urdmad's to abort.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Once, TryLockError};
 use std::time::Duration;
 
@@ -24,7 +27,10 @@ const SLACK: Duration = Duration::from_millis(100);
 /// interrupted by a signal whose handler exits.
 const LOCK_RETRY: Duration = Duration::from_millis(1);
 
-/// Makes `exit()` wait for lingering connections: called when the first one begins.
+/// Whether `exit()` is waiting: only then do ended closes signal [`super::Runtime::closes`].
+pub(super) static WAITING: AtomicBool = AtomicBool::new(false);
+
+/// Makes `exit()` wait for closing connections: called when the first connection comes.
 pub(super) fn wait_for_closes_at_exit() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -33,7 +39,7 @@ pub(super) fn wait_for_closes_at_exit() {
         // unloaded first.
         if unsafe { libc::atexit(finish_closes) } != 0 {
             log::error(format_args!(
-                "atexit: connections still closing at exit will be dropped"
+                "atexit: connections still closing at exit will be left to urdmad"
             ));
         }
     });
@@ -50,12 +56,18 @@ extern "C" fn finish_closes() {
                 Err(TryLockError::WouldBlock) => return,
             }
         };
-        // Woken by the helper each time connections end (`Shared::deliver_notices`).
-        while g.engine.lingering() {
+        if !g.engine.closing() {
+            return;
+        }
+        WAITING.store(true, Ordering::SeqCst);
+        // The helper takes the connections over at once, as when the application blocks.
+        g.app_going_to_sleep();
+        // Woken by the helper each time closes end (`Shared::deliver_notices`).
+        while g.engine.closing() {
             let left = until.saturating_duration_since(now());
             if left.is_zero() {
                 log::info(format_args!(
-                    "exit: connections still closing after {LINGER_LIMIT:?} are dropped"
+                    "exit: connections still closing after {LINGER_LIMIT:?} are left to urdmad"
                 ));
                 return;
             }

@@ -15,6 +15,7 @@
 //! refusal (`EVENT REFUSED`) is logged where it is read.
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 
 use trp::Instant;
 use urdma_shared::bell::BellWord;
@@ -44,10 +45,7 @@ pub fn unregister_qp(key: QpKey, told: Unregister) {
     let linger = match told {
         Unregister::Nothing => return,
         Unregister::Unqp => false,
-        Unregister::Linger => {
-            super::at_exit::wait_for_closes_at_exit();
-            true
-        }
+        Unregister::Linger => true,
     };
     let Some(ctl) = g.control() else { return };
     if let Err(e) = ctl.post(&Request::Unqp {
@@ -180,6 +178,7 @@ impl Shared {
                     .rings
                     .flow(c.port, &c.rx_ring, c.local, c.remote, c.mac.0, c.stats)
                     .and_then(|flow| make_flow(flow, &c, sock))
+                    .inspect(|_| super::at_exit::wait_for_closes_at_exit())
                     .and_then(|flow| self.engine.connected(key, &c, flow, now));
                 match r {
                     Ok(()) => log::debug(format_args!(
@@ -207,7 +206,14 @@ impl Shared {
     pub fn deliver_notices(&mut self) {
         crate::srq::report_limits(self.engine.take_srq_limits());
         let mut told = Vec::new();
-        for n in self.engine.take_notices() {
+        let notices = self.engine.take_notices();
+        let lingered = self.engine.take_lingered();
+        if (!notices.is_empty() || !lingered.is_empty())
+            && super::at_exit::WAITING.load(Ordering::Relaxed)
+        {
+            rt().closes.notify_all();
+        }
+        for n in notices {
             told.push(match n {
                 Notice::PeerClosed((dev, qpn)) => Request::PeerClosed { dev, qpn },
                 Notice::Closed((dev, qpn), status) => Request::QpClosed { dev, qpn, status },
@@ -221,10 +227,6 @@ impl Shared {
             if let Err(e) = ctl.post_all(&told) {
                 log::error(format_args!("PEERCLOSED, QPCLOSED: {e}"));
             }
-        }
-        let lingered = self.engine.take_lingered();
-        if !lingered.is_empty() {
-            rt().closes.notify_all();
         }
         let (returned, parked) = crate::socket_flow::take_for_urdmad();
         let Some(ctl) = self.control() else {

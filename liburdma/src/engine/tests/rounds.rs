@@ -782,6 +782,30 @@ fn a_qp_destroyed_while_it_closes_finishes_its_close_without_it() {
     assert_eq!(t.e.deadline(), None, "nothing lingers");
 }
 
+/// What `exit()` waits for (`process::at_exit`): a close from either side, and a
+/// destroyed QP's lingering one, until the last datagram of each has left.
+#[test]
+fn closing_lasts_from_the_close_to_its_last_datagram() {
+    let mut t = Bed::new();
+    t.connect();
+    assert!(!t.e.closing(), "open connections are urdmad's to abort");
+    t.e.close(A);
+    assert!(t.e.closing());
+    t.run(20);
+    assert!(t.e.take_notices().contains(&Notice::Closed(A, 0)));
+    assert!(!t.e.closing(), "both closes are over");
+
+    let mut t = Bed::new();
+    t.connect();
+    t.e.close(A);
+    t.e.progress(t.now);
+    assert_eq!(t.e.destroy_qp(A), Some(Unregister::Linger));
+    assert!(t.e.closing(), "A lingers");
+    t.run(20);
+    assert_eq!(t.e.take_lingered(), [FLOW_A]);
+    assert!(!t.e.closing());
+}
+
 #[test]
 fn a_lingering_connection_whose_peer_is_silent_gives_up_in_bounded_time() {
     let mut t = Bed::new();
