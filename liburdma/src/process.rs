@@ -7,7 +7,7 @@
 //! | [`attach`] | attaching to urdmad (the first `create_qp`), and letting go of it after `fork()` |
 //! | [`helper`] | the helper thread's loop: progress while the application is elsewhere |
 //! | [`control`] | requests to urdmad and its events (`EVENT CONNECTED` hands a connection over) |
-//! | [`at_exit`] | `exit()` waits for destroyed QPs' connections to finish their close |
+//! | [`at_exit`] | `exit()` waits for the connections still closing to finish their close |
 //!
 //! This file holds the lock, the clock and what the application's calls tell the helper.
 
@@ -221,7 +221,7 @@ pub struct Shared {
 
 struct Runtime {
     state: Mutex<Shared>,
-    /// Signalled when lingering connections end ([`at_exit`] waits for them).
+    /// Signalled when closes end while [`at_exit`] waits for them.
     closes: Condvar,
     /// Wakes the helper out of its poll().
     kick: OnceLock<OwnedFd>,

@@ -58,10 +58,11 @@ case_pair exit-on-recv send -- exit-on-recv
 # the client disconnects (and destroys its QP) the moment its receive completes and calls
 # exit(): the process stays until its connection's close is over, so no flow of it is left
 # for urdmad to drop
+dropped() { grep -c "process released.*flows=[1-9]" /run/urdma/bed/A.log; }
 for c in disconnect-on-recv close-on-recv; do
-	released=$(grep -c "process released.*flows=[1-9]" /run/urdma/bed/A.log)
+	before=$(dropped)
 	case_pair "$c" send -- "$c"
-	[ "$(grep -c "process released.*flows=[1-9]" /run/urdma/bed/A.log)" = "$released" ] ||
+	[ "$(dropped)" = "$before" ] ||
 		fail "$c: the client exited before its connection's close was over: $(grep "process released" /run/urdma/bed/A.log | tail -n1)"
 done
 

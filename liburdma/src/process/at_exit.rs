@@ -30,7 +30,7 @@ const LOCK_RETRY: Duration = Duration::from_millis(1);
 /// Whether `exit()` is waiting: only then do ended closes signal [`super::Runtime::closes`].
 pub(super) static WAITING: AtomicBool = AtomicBool::new(false);
 
-/// Makes `exit()` wait for closing connections: called when the first connection comes.
+/// Makes `exit()` wait for closing connections: called once the helper runs.
 pub(super) fn wait_for_closes_at_exit() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {

@@ -208,6 +208,8 @@ fn attach(path: &Path) -> Result<Attached, Error> {
     let rings = eal
         .and_then(|()| Rings::lookup(&a, path))
         .inspect_err(|e| log::error(format_args!("{e}")))?;
+    // The helper runs: it can end the connections still closing when the process exits.
+    super::at_exit::wait_for_closes_at_exit();
     log::info(format_args!(
         "attached to urdmad at {} (client {}, {} port(s), DPDK up in {} ms)",
         path.display(),

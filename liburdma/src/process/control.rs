@@ -178,7 +178,6 @@ impl Shared {
                     .rings
                     .flow(c.port, &c.rx_ring, c.local, c.remote, c.mac.0, c.stats)
                     .and_then(|flow| make_flow(flow, &c, sock))
-                    .inspect(|_| super::at_exit::wait_for_closes_at_exit())
                     .and_then(|flow| self.engine.connected(key, &c, flow, now));
                 match r {
                     Ok(()) => log::debug(format_args!(
