@@ -53,7 +53,9 @@ pub const MAX_REQUESTS: usize = 1024;
 /// listens again after each accept (perftest's `-R`) does so while its first client is
 /// already connecting again: a request that came a moment early would otherwise be refused
 /// for a listen the application had made, or was about to make. Only a refusal waits for it.
-pub const LISTEN_GRACE: Duration = Duration::from_millis(250);
+/// On a loaded two-vCPU guest perftest's listen came 260 ms after its client's request,
+/// and CI's hosts are at times three times slower.
+pub const LISTEN_GRACE: Duration = Duration::from_secs(1);
 
 const ECONNREFUSED: i32 = -111;
 const ETIMEDOUT: i32 = -110;
