@@ -8,9 +8,9 @@
 //! # Parked sockets
 //! Setting a socket's rings up costs the kernel grace periods and cleared pages, and the
 //! process a mapping, for every connection. So when a connection whose `CONNECTED` said
-//! `park` ends, its socket stays here with its rings mapped ([`PARK_MAX`] at most) and
-//! urdmad hears of it (`PARK`); urdmad aims its filter at a later connection of this
-//! process and names it in that connection's `reuse`. A socket whose copies a forked child
+//! `park` ends, its socket stays here with its rings and its bell word mapped ([`PARK_MAX`]
+//! at most) and urdmad hears of it (`PARK`); urdmad aims its filter at a later connection of
+//! this process and names it in that connection's `reuse`. A socket whose copies a forked child
 //! may hold (it was open at a fork) is given back instead: only this process ever sees
 //! what a parked socket receives next.
 
@@ -60,7 +60,7 @@ pub const PARK_MAX: usize = 16;
 static PARKED: Mutex<Parked> = Mutex::new(Parked::EMPTY);
 
 struct Parked {
-    rings: Vec<(u64, Rings)>,
+    rings: Vec<(u64, Rings, Option<BellWord>)>,
     untold: Vec<u64>,
 }
 
@@ -77,8 +77,8 @@ pub fn forked_parent() {
     FORKS.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Takes the parked socket `cookie`, with its rings, for a new connection.
-pub fn take_parked(cookie: u64) -> Option<Rings> {
+/// Takes the parked socket `cookie`, with its rings and its bell word, for a new connection.
+pub fn take_parked(cookie: u64) -> Option<(Rings, Option<BellWord>)> {
     parked().take(cookie)
 }
 
@@ -93,9 +93,9 @@ pub fn forget_parked() {
 /// Parks the rings of an ended connection's socket when it may be (urdmad said `park`, no
 /// fork came since `forks`, fewer than [`PARK_MAX`] parked, its cookie known); gives it
 /// back otherwise.
-fn dispose(rings: Rings, park: bool, forks: u64) {
+fn dispose(rings: Rings, bell: Option<BellWord>, park: bool, forks: u64) {
     let now = FORKS.load(Ordering::Relaxed);
-    let back = parked().keep(rings, park && forks == now);
+    let back = parked().keep(rings, bell, park && forks == now);
     if let Some(sock) = back {
         give_back(sock);
     } else {
@@ -111,11 +111,11 @@ impl Parked {
 
     /// Parks `rings` if `may` and there is room (its cookie known); otherwise the socket
     /// to give back.
-    fn keep(&mut self, mut rings: Rings, may: bool) -> Option<OwnedFd> {
+    fn keep(&mut self, mut rings: Rings, bell: Option<BellWord>, may: bool) -> Option<OwnedFd> {
         if may && self.rings.len() < PARK_MAX {
             if let Ok(cookie) = urdma_shared::direct::socket_cookie(rings.fd()) {
                 rings.drain();
-                self.rings.push((cookie, rings));
+                self.rings.push((cookie, rings, bell));
                 self.untold.push(cookie);
                 return None;
             }
@@ -123,9 +123,10 @@ impl Parked {
         Some(rings.into_socket())
     }
 
-    fn take(&mut self, cookie: u64) -> Option<Rings> {
-        let i = self.rings.iter().position(|(c, _)| *c == cookie)?;
-        Some(self.rings.swap_remove(i).1)
+    fn take(&mut self, cookie: u64) -> Option<(Rings, Option<BellWord>)> {
+        let i = self.rings.iter().position(|(c, ..)| *c == cookie)?;
+        let (_, rings, bell) = self.rings.swap_remove(i);
+        Some((rings, bell))
     }
 }
 
@@ -224,7 +225,7 @@ impl Drop for SocketFlow {
             // The parent's socket: the child's copy just closes.
             return;
         }
-        dispose(rings, self.park, self.forks);
+        dispose(rings, self.bell.take(), self.park, self.forks);
     }
 }
 
@@ -356,16 +357,16 @@ mod tests {
         let mut p = Parked::EMPTY;
         let r = rings();
         let c = cookie(&r);
-        assert!(p.keep(r, true).is_none());
+        assert!(p.keep(r, None, true).is_none());
         assert_eq!(std::mem::take(&mut p.untold), [c]);
-        let again = p.take(c).expect("parked");
+        let (again, _) = p.take(c).expect("parked");
         assert_eq!(again.geometry(), Geometry::new(1000, 4));
         assert!(p.take(c).is_none(), "taken once");
         // Not to be parked (unasked, or open at a fork): given back.
-        assert!(p.keep(again, false).is_some());
+        assert!(p.keep(again, None, false).is_some());
         // At most PARK_MAX.
         let back: Vec<_> = (0..=PARK_MAX)
-            .filter_map(|_| p.keep(rings(), true))
+            .filter_map(|_| p.keep(rings(), None, true))
             .collect();
         assert_eq!((back.len(), p.untold.len()), (1, PARK_MAX));
     }
@@ -378,6 +379,6 @@ mod tests {
         // What `dispose` asks of the table for a socket that came before the fork.
         let mut p = Parked::EMPTY;
         let now = FORKS.load(Ordering::Relaxed);
-        assert!(p.keep(rings(), before == now).is_some());
+        assert!(p.keep(rings(), None, before == now).is_some());
     }
 }

@@ -63,6 +63,45 @@ pub fn map_word(map: &OwnedFd) -> io::Result<(*const AtomicU64, usize)> {
     Ok((p.cast::<AtomicU64>(), len))
 }
 
+/// The kernel's id of the eBPF map `map` (`BPF_OBJ_GET_INFO_BY_FD`).
+pub fn map_id(map: &OwnedFd) -> io::Result<u32> {
+    /// `struct bpf_map_info`'s first two members; the kernel fills no more than asked.
+    #[repr(C)]
+    #[derive(Default)]
+    struct Head {
+        kind: u32,
+        id: u32,
+    }
+    /// `union bpf_attr` for `BPF_OBJ_GET_INFO_BY_FD`.
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    let mut head = Head::default();
+    let mut attr = InfoAttr {
+        bpf_fd: u32::try_from(map.as_raw_fd()).map_err(|_| io::ErrorKind::InvalidInput)?,
+        info_len: std::mem::size_of::<Head>() as u32,
+        info: &mut head as *mut Head as u64,
+    };
+    // SAFETY: attr and the buffer it points to are valid for the call; the kernel writes at
+    // most info_len bytes there.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr as *mut InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(head.id)
+}
+
 /// A connection's word, mapped.
 pub struct BellWord {
     word: *const AtomicU64,
@@ -95,6 +134,22 @@ impl BellWord {
         b.store(0);
         b.store_acks(0);
         Ok(b)
+    }
+
+    /// The word again as [`BellWord::map`] leaves it, for the next connection of a parked
+    /// socket, whose word urdmad has cleared: closed, nothing published.
+    pub fn reset(&mut self) {
+        self.last = u64::MAX;
+        self.last_acks = 0;
+        self.events = 0;
+        self.store(0);
+        self.store_acks(0);
+    }
+
+    /// The kernel's id of the word's map: a parked socket's word serves its next connection
+    /// when urdmad passes the same map again, without a new mapping.
+    pub fn map_id(&self) -> io::Result<u32> {
+        map_id(&self._map)
     }
 
     fn store(&self, w: u64) {

@@ -750,4 +750,31 @@ mod tests {
         b.publish_all(None, true);
         assert_eq!(b.run(&bare), (ACCEPT, verdict::QUIET));
     }
+
+    /// What a process checks before it keeps a parked socket's word for the socket's next
+    /// connection: the map urdmad passes is the one it has mapped, by the kernel's id, and
+    /// the word starts closed again.
+    #[test]
+    fn a_word_is_known_again_by_its_map_and_reset_closes_it() {
+        let map = word_map().unwrap();
+        let again = map.try_clone().unwrap();
+        let other = word_map().unwrap();
+        let mut word = bell::BellWord::map(map).unwrap();
+        assert_eq!(word.map_id().unwrap(), bell::map_id(&again).unwrap());
+        assert_ne!(word.map_id().unwrap(), bell::map_id(&other).unwrap());
+        let read = |m: &OwnedFd| {
+            let mut v = [0u8; bell::WORD_SIZE as usize];
+            ebpf::map_lookup(m, &0u32.to_ne_bytes(), &mut v).unwrap();
+            u64::from_ne_bytes(v[..8].try_into().unwrap())
+        };
+        word.events(true);
+        word.publish(Some(7));
+        assert_eq!(read(&again), bell::OPEN | bell::EVENTS | 7);
+        word.reset();
+        assert_eq!(read(&again), 0);
+        // Nothing cached survives: the same PSN is published again, without the events.
+        word.publish(Some(7));
+        assert_eq!(read(&again), bell::word(Some(7)));
+        assert!(bell::map_id(&std::fs::File::open("/dev/null").unwrap().into()).is_err());
+    }
 }

@@ -14,11 +14,11 @@
 //! connected: `QP`, `UNQP`, `PEERCLOSED` and `QPCLOSED` are posted, and a
 //! refusal (`EVENT REFUSED`) is logged where it is read.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
 use trp::Instant;
-use urdma_shared::bell::BellWord;
+use urdma_shared::bell::{self, BellWord};
 use urdma_shared::client::{Connection as Control, ConnectionFds};
 use urdma_shared::proto::{Event, Request, Response};
 
@@ -266,6 +266,27 @@ impl Shared {
 /// The flow of a connection urdmad handed over: on the direct path when it passed the
 /// connection's socket, through urdmad's rings otherwise; either way with the word of
 /// urdma.ko's bell when urdmad passed one.
+/// The connection's bell word from its map `map`: `parked`, the word a parked socket kept
+/// mapped, when `map` is the same map (a mapping and its unmapping are the dearest calls of
+/// a connection's set-up and end); a new mapping otherwise. Without its word the bell never
+/// rings for the connection: it works all the same.
+fn map_bell(
+    map: Option<OwnedFd>,
+    parked: Option<BellWord>,
+    c: &urdma_shared::proto::Connected,
+) -> Option<BellWord> {
+    let map = map?;
+    if let Some(mut word) = parked {
+        if matches!((word.map_id(), bell::map_id(&map)), (Ok(a), Ok(b)) if a == b) {
+            word.reset();
+            return Some(word);
+        }
+    }
+    BellWord::map(map)
+        .map_err(|e| log::info(format_args!("QP {}/{}: no bell: {e}", c.dev, c.qpn)))
+        .ok()
+}
+
 fn make_flow(
     ring: DpdkFlow,
     c: &urdma_shared::proto::Connected,
@@ -275,33 +296,27 @@ fn make_flow(
         Some(f) => (f.socket, f.bell, f.hush),
         None => (None, None, None),
     };
-    // Without its word the bell never rings for the connection: it works all the same.
-    let bell = bell.and_then(|map| {
-        BellWord::map(map)
-            .map_err(|e| log::info(format_args!("QP {}/{}: no bell: {e}", c.dev, c.qpn)))
-            .ok()
-    });
     let hushed = hush.is_some_and(|map| super::adopt_hush(map, c));
     if c.direct == 0 {
-        return Ok(Box::new(ring.with_bell(bell, hushed)));
+        return Ok(Box::new(ring.with_bell(map_bell(bell, None, c), hushed)));
     }
     // urdmad no longer takes the connection's frames: without the socket nothing arrives.
     let geo = urdma_shared::direct::Geometry::new(c.datagram, c.direct);
-    let rings = if c.reuse != 0 {
-        let rings = crate::socket_flow::take_parked(c.reuse).ok_or(Error::HandOver(
-            "urdmad named a parked socket this process does not hold".into(),
-        ))?;
+    let (rings, bell) = if c.reuse != 0 {
+        let (rings, parked_bell) = crate::socket_flow::take_parked(c.reuse).ok_or(
+            Error::HandOver("urdmad named a parked socket this process does not hold".into()),
+        )?;
         if rings.geometry() != geo {
             return Err(Error::HandOver(
                 "urdmad named a parked socket of other rings".into(),
             ));
         }
-        rings
+        (rings, map_bell(bell, parked_bell, c))
     } else {
         let sock = sock.ok_or(Error::HandOver(
             "urdmad put the connection on the direct path but passed no socket".into(),
         ))?;
-        crate::socket_flow::map(sock, geo)?
+        (crate::socket_flow::map(sock, geo)?, map_bell(bell, None, c))
     };
     let epoll = rt()
         .sockets
