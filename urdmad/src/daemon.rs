@@ -153,6 +153,9 @@ pub struct Daemon {
     cm: crate::cm::Cm,
     chan: Option<crate::cm_channel::Channel>,
     tap: connections::Tap,
+    /// `EVENT CONNECTED`s of flows handed over, written once the frames of the same
+    /// connection-manager step are sent (connections.rs, [`connections::Deferred`]).
+    deferred: Vec<connections::Deferred>,
     next_open: Option<Instant>,
     /// Processes that asked for one `EVENT WAKE` (wakes.rs), by client id, with their flows'
     /// received-frame count then.
@@ -421,6 +424,7 @@ impl Daemon {
             cm: connections::new_cm(Vec::new()),
             chan: None,
             tap: connections::Tap::default(),
+            deferred: Vec::new(),
             next_open: None,
             armed: BTreeMap::new(),
             late: BTreeMap::new(),

@@ -52,6 +52,26 @@ enum HandOverError {
     NotReading(std::io::Error),
 }
 
+/// A connection's `EVENT CONNECTED`, ready to write to its process. The hand-over opens the
+/// flow and reports success to the connection manager at once; the event is written after
+/// the frames the manager sends next and before anything else, so that an Accept reaches
+/// the requester before the process that the event wakes takes the CPU, and the kernel
+/// still hears a connection only after its process could (`ESTABLISHED` comes after the
+/// event: the provider relies on it).
+pub(super) struct Deferred {
+    client: u32,
+    flow: u32,
+    dev: u32,
+    qpn: u32,
+    text: String,
+    /// Descriptors urdmad holds open while the flow is: its socket, its bell's word, the
+    /// process's hush.
+    fds: Vec<RawFd>,
+    /// The flow took a socket the process had parked.
+    reused: bool,
+    path: Path,
+}
+
 /// What the receive path needs to pick the connection-management frames out of what would
 /// go to the kernel.
 #[derive(Default)]
@@ -433,7 +453,69 @@ impl Daemon {
 
     /// Carries out what the connection manager decided.
     pub(super) fn cm_act(&mut self) {
-        while let Some(a) = self.cm.poll_action() {
+        loop {
+            while let Some(a) = self.cm.poll_action() {
+                if !matches!(a, Action::Datagram { .. }) {
+                    self.write_deferred();
+                }
+                self.cm_do(a);
+            }
+            if self.deferred.is_empty() {
+                break;
+            }
+            // An event not delivered ends its connection: more actions.
+            self.write_deferred();
+        }
+        if self.tap.ports != *self.cm.udp_ports() {
+            self.tap.ports.clone_from(self.cm.udp_ports());
+        }
+    }
+
+    /// Writes the `EVENT CONNECTED`s waiting ([`Deferred`]). A process that does not read
+    /// its socket loses the connection as it would a `DISCONNECT` it cannot read.
+    fn write_deferred(&mut self) {
+        for d in std::mem::take(&mut self.deferred) {
+            if !self.flows.contains_key(&d.flow) {
+                continue;
+            }
+            let sent = match self.clients.iter().position(|c| c.id == d.client) {
+                Some(i) => self.send_with(i, &d.text, &d.fds),
+                None => Err(std::io::ErrorKind::NotConnected.into()),
+            };
+            if let Err(e) = sent {
+                tracing::warn!(
+                    dev = d.dev,
+                    qpn = d.qpn,
+                    flow = d.flow,
+                    "{}: aborted",
+                    HandOverError::NotReading(e)
+                );
+                if d.reused {
+                    // The process never heard of the connection: it still has the socket
+                    // parked.
+                    self.direct_reparked(d.flow);
+                }
+                self.cm.disconnect_undelivered(d.dev, d.qpn);
+                continue;
+            }
+            if let Some(p) = self.ports.get_mut(usize::from(self.flows[&d.flow].port)) {
+                match d.path {
+                    Path::Direct => p.conns_direct += 1,
+                    Path::Forwarded => p.conns_forwarded += 1,
+                }
+            }
+            tracing::debug!(
+                dev = d.dev,
+                qpn = d.qpn,
+                flow = d.flow,
+                path = d.path.as_str(),
+                "handed over"
+            );
+        }
+    }
+
+    fn cm_do(&mut self, a: Action) {
+        {
             match a {
                 Action::Kernel(m) => self.kernel_send(m),
                 Action::Datagram {
@@ -483,12 +565,10 @@ impl Daemon {
                 }
             }
         }
-        if self.tap.ports != *self.cm.udp_ports() {
-            self.tap.ports.clone_from(self.cm.udp_ports());
-        }
     }
 
-    /// Opens the connection's flow for its process and writes it `EVENT CONNECTED`; the flow.
+    /// Opens the connection's flow for its process and readies its `EVENT CONNECTED`
+    /// ([`Deferred`]); the flow.
     fn hand_over(&mut self, h: HandOver) -> Result<u32, HandOverError> {
         let HandOver {
             client,
@@ -552,34 +632,20 @@ impl Daemon {
                 connected.hush = true;
             }
         }
-        let text = Event::Connected(Box::new(connected)).encode();
-        if let Err(e) = self.send_with(i, &text, &fds) {
-            if direct.as_ref().is_some_and(|d| d.reuse != 0) {
-                // The process never heard of the connection: it still has the socket parked.
-                self.direct_reparked(opened.flow);
-            }
-            self.close_flow(opened.flow);
-            self.clients[i].flows.retain(|&f| f != opened.flow);
-            return Err(HandOverError::NotReading(e));
-        }
-        let path = if direct.is_some() {
-            Path::Direct
-        } else {
-            Path::Forwarded
-        };
-        if let Some(p) = self.ports.get_mut(usize::from(spec.port)) {
-            match path {
-                Path::Direct => p.conns_direct += 1,
-                Path::Forwarded => p.conns_forwarded += 1,
-            }
-        }
-        tracing::debug!(
+        self.deferred.push(Deferred {
+            client,
+            flow: opened.flow,
             dev,
             qpn,
-            flow = opened.flow,
-            path = path.as_str(),
-            "handed over"
-        );
+            text: Event::Connected(Box::new(connected)).encode(),
+            fds,
+            reused: direct.as_ref().is_some_and(|d| d.reuse != 0),
+            path: if direct.is_some() {
+                Path::Direct
+            } else {
+                Path::Forwarded
+            },
+        });
         Ok(opened.flow)
     }
 
