@@ -263,9 +263,6 @@ impl Shared {
     }
 }
 
-/// The flow of a connection urdmad handed over: on the direct path when it passed the
-/// connection's socket, through urdmad's rings otherwise; either way with the word of
-/// urdma.ko's bell when urdmad passed one.
 /// The connection's bell word from its map `map`: `parked`, the word a parked socket kept
 /// mapped, when `map` is the same map (a mapping and its unmapping are the dearest calls of
 /// a connection's set-up and end); a new mapping otherwise. Without its word the bell never
@@ -287,6 +284,9 @@ fn map_bell(
         .ok()
 }
 
+/// The flow of a connection urdmad handed over: on the direct path when it passed the
+/// connection's socket, through urdmad's rings otherwise; either way with the word of
+/// urdma.ko's bell when urdmad passed one.
 fn make_flow(
     ring: DpdkFlow,
     c: &urdma_shared::proto::Connected,
@@ -302,7 +302,7 @@ fn make_flow(
     }
     // urdmad no longer takes the connection's frames: without the socket nothing arrives.
     let geo = urdma_shared::direct::Geometry::new(c.datagram, c.direct);
-    let (rings, bell) = if c.reuse != 0 {
+    let (rings, parked_bell) = if c.reuse != 0 {
         let (rings, parked_bell) = crate::socket_flow::take_parked(c.reuse).ok_or(
             Error::HandOver("urdmad named a parked socket this process does not hold".into()),
         )?;
@@ -311,13 +311,14 @@ fn make_flow(
                 "urdmad named a parked socket of other rings".into(),
             ));
         }
-        (rings, map_bell(bell, parked_bell, c))
+        (rings, parked_bell)
     } else {
         let sock = sock.ok_or(Error::HandOver(
             "urdmad put the connection on the direct path but passed no socket".into(),
         ))?;
-        (crate::socket_flow::map(sock, geo)?, map_bell(bell, None, c))
+        (crate::socket_flow::map(sock, geo)?, None)
     };
+    let bell = map_bell(bell, parked_bell, c);
     let epoll = rt()
         .sockets
         .get()

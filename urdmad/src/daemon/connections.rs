@@ -514,54 +514,53 @@ impl Daemon {
         }
     }
 
+    /// Carries out one action of the connection manager.
     fn cm_do(&mut self, a: Action) {
-        {
-            match a {
-                Action::Kernel(m) => self.kernel_send(m),
-                Action::Datagram {
-                    port,
-                    mac,
-                    local,
-                    remote,
-                    payload,
-                } => self.send_datagram(port, mac, local, remote, &payload),
-                Action::Abort {
-                    port,
-                    mac,
-                    local,
-                    remote,
-                    peer_conn,
-                    flow,
-                } => {
-                    let received = self.flow_received(flow);
-                    let payload = cm::abort_packet(peer_conn, received);
-                    self.send_datagram(port, mac, local, remote, &payload);
+        match a {
+            Action::Kernel(m) => self.kernel_send(m),
+            Action::Datagram {
+                port,
+                mac,
+                local,
+                remote,
+                payload,
+            } => self.send_datagram(port, mac, local, remote, &payload),
+            Action::Abort {
+                port,
+                mac,
+                local,
+                remote,
+                peer_conn,
+                flow,
+            } => {
+                let received = self.flow_received(flow);
+                let payload = cm::abort_packet(peer_conn, received);
+                self.send_datagram(port, mac, local, remote, &payload);
+            }
+            Action::HandOver(h) => {
+                let token = h.token;
+                let result = self.hand_over(h).map_err(|e| e.to_string());
+                self.cm.handed_over(token, result);
+            }
+            Action::Disconnect {
+                client,
+                dev,
+                qpn,
+                status,
+            } => {
+                let ev = Event::Disconnect { dev, qpn, status };
+                let sent = match self.clients.iter().position(|c| c.id == client) {
+                    Some(i) => self.send(i, &ev.encode()),
+                    None => false,
+                };
+                if !sent {
+                    self.cm.disconnect_undelivered(dev, qpn);
                 }
-                Action::HandOver(h) => {
-                    let token = h.token;
-                    let result = self.hand_over(h).map_err(|e| e.to_string());
-                    self.cm.handed_over(token, result);
-                }
-                Action::Disconnect {
-                    client,
-                    dev,
-                    qpn,
-                    status,
-                } => {
-                    let ev = Event::Disconnect { dev, qpn, status };
-                    let sent = match self.clients.iter().position(|c| c.id == client) {
-                        Some(i) => self.send(i, &ev.encode()),
-                        None => false,
-                    };
-                    if !sent {
-                        self.cm.disconnect_undelivered(dev, qpn);
-                    }
-                }
-                Action::CloseFlow { client, flow } => {
-                    self.close_flow(flow);
-                    if let Some(c) = self.clients.iter_mut().find(|c| c.id == client) {
-                        c.flows.retain(|&f| f != flow);
-                    }
+            }
+            Action::CloseFlow { client, flow } => {
+                self.close_flow(flow);
+                if let Some(c) = self.clients.iter_mut().find(|c| c.id == client) {
+                    c.flows.retain(|&f| f != flow);
                 }
             }
         }
