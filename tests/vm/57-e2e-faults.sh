@@ -137,8 +137,10 @@ for i in 1 2 3; do
 	start_server B "faults-duration-$port" "." sh -c "echo started; exec ib_write_bw -R -F -p $port -s 65536 -D 3"
 	wait_listening B "$port"
 	timeout -k 5 120 ip netns exec urdmaA ib_write_bw -R -F -p "$port" -s 65536 -D 3 "$ADDR_B" \
-		>"$OUT/faults-duration-$port-client.log" 2>&1 ||
-		fail "ib_write_bw -D 3 under loss, run $i: exit $?"
+		>"$OUT/faults-duration-$port-client.log" 2>&1
+	rc=$?
+	[ $rc = 0 ] || fail "ib_write_bw -D 3 under loss, run $i: exit $rc:" \
+		"$(tail -n2 "$OUT/faults-duration-$port-client.log" | tr '\n' ' ')"
 	wait_server "faults-duration-$port" 60
 done
 echo "  ib_write_bw -D 3 under delay, reordering and loss 10%, 3 runs: ok"
