@@ -144,8 +144,6 @@ pub struct Daemon {
     flows: BTreeMap<u32, FlowRec>,
     next_client: u32,
     next_flow: u32,
-    /// Rings of closed flows, for the next ones (flows.rs).
-    ring_pool: flows::RingPool,
     /// lcore ids handed to processes; 0 is urdmad's own.
     lcores_used: Vec<bool>,
     rings: usize,
@@ -236,12 +234,6 @@ pub(crate) fn ring_create(
 
 /// Frees every mbuf left on a ring, then the ring.
 pub(crate) unsafe fn ring_drain_free(r: *mut sys::rte_ring) {
-    ring_drain(r);
-    sys::rte_ring_free(r);
-}
-
-/// Frees every mbuf left on a ring.
-pub(crate) unsafe fn ring_drain(r: *mut sys::rte_ring) {
     let mut objs = [std::ptr::null_mut::<std::ffi::c_void>(); BURST];
     loop {
         let n = sys::rte_ring_sc_dequeue_burst(
@@ -257,6 +249,7 @@ pub(crate) unsafe fn ring_drain(r: *mut sys::rte_ring) {
             holder::free(o as *mut sys::rte_mbuf);
         }
     }
+    sys::rte_ring_free(r);
 }
 
 impl Daemon {
@@ -425,7 +418,6 @@ impl Daemon {
             flows: BTreeMap::new(),
             next_client: 1,
             next_flow: 1,
-            ring_pool: flows::RingPool::default(),
             lcores_used: vec![false; sys::RTE_MAX_LCORE as usize],
             rings: 0,
             started: Instant::now(),
@@ -471,7 +463,6 @@ impl Daemon {
             }
             p.port.close();
         }
-        self.ring_pool.free_all();
         // SAFETY: no port or ring references the pool any more.
         unsafe { sys::rte_mempool_free(self.pool) };
     }

@@ -2,59 +2,12 @@
 //! the direct path, and closed.
 
 use super::{
-    error, ring_create, ring_drain, Daemon, FlowRec, FlowSpecOpened, PortState, RingError, BURST,
+    error, ring_create, ring_drain_free, Daemon, FlowRec, FlowSpecOpened, PortState, BURST,
 };
 use crate::hwflow::{self, FlowQueue, Match, QueueUse};
 use crate::port::SteeringError;
 use crate::proto::{ErrorCode, FlowSpec, Response, Steering};
 use dpdk_sys as sys;
-
-/// Rings of closed flows, emptied, kept for the next flows: creating and freeing a ring (a
-/// memzone each) was a fifth of urdmad's instructions in a connection's cycle. A process
-/// whose flow closed does not read its ring any more; it could read any memzone anyway
-/// (DPDK's memory is shared by every process), so a kept ring exposes nothing new.
-#[derive(Default)]
-pub(super) struct RingPool {
-    kept: Vec<(String, *mut sys::rte_ring)>,
-    /// The next ring's number, for its name (memzone names are unique).
-    next: u32,
-}
-
-/// At most this many rings wait in the pool; the rest are freed.
-const RINGS_KEPT: usize = 64;
-
-impl RingPool {
-    /// A kept ring, or a new one of `size` slots; its name and the ring.
-    fn take(&mut self, size: u32) -> Result<(String, *mut sys::rte_ring), RingError> {
-        if let Some(r) = self.kept.pop() {
-            return Ok(r);
-        }
-        let name = format!("urd_rx_{}", self.next);
-        let ring = ring_create(&name, size, false)?;
-        self.next += 1;
-        Ok((name, ring))
-    }
-
-    /// Takes back a ring no flow uses any more and that nothing enqueues to.
-    ///
-    /// # Safety
-    /// `ring` came from [`RingPool::take`] and is no flow's.
-    unsafe fn give_back(&mut self, name: String, ring: *mut sys::rte_ring) {
-        ring_drain(ring);
-        if self.kept.len() < RINGS_KEPT {
-            self.kept.push((name, ring));
-        } else {
-            sys::rte_ring_free(ring);
-        }
-    }
-
-    pub(super) fn free_all(&mut self) {
-        for (_, ring) in self.kept.drain(..) {
-            // SAFETY: kept rings are empty and no flow's.
-            unsafe { sys::rte_ring_free(ring) };
-        }
-    }
-}
 
 /// Frees whatever waits on a flow queue (frames of a flow that is gone, or that arrived
 /// before its rule), bounded so that a flood cannot hold the loop.
@@ -167,13 +120,14 @@ impl Daemon {
             return Err(error(ErrorCode::Invalid, "local UDP port 0"));
         }
         let flow = self.next_flow;
-        let (name, ring) = match self.ring_pool.take(self.cfg.daemon.ring_size) {
+        let name = format!("urd_rx_{flow}");
+        let ring = match ring_create(&name, self.cfg.daemon.ring_size, false) {
             Ok(r) => r,
             Err(e) => return Err(error(ErrorCode::NoResources, &e.to_string())),
         };
         let Some(slot) = p.flows.insert(spec.local, spec.remote, ring) else {
-            // SAFETY: just taken, unused.
-            unsafe { self.ring_pool.give_back(name, ring) };
+            // SAFETY: just created, unused.
+            unsafe { sys::rte_ring_free(ring) };
             return Err(error(
                 ErrorCode::Exists,
                 &format!("a flow for {} is already open", spec.local),
@@ -251,7 +205,7 @@ impl Daemon {
         if let Some(ring) = p.flows.remove(rec.slot) {
             // SAFETY: unlinked from the table, so nothing enqueues any more; the owner has
             // closed it or is gone.
-            unsafe { self.ring_pool.give_back(rec.ring_name, ring) };
+            unsafe { ring_drain_free(ring) };
             self.rings -= 1;
         }
         tracing::debug!(flow, "flow closed");
