@@ -98,10 +98,10 @@ impl RecvSide {
     }
 
     fn park(&mut self, slot: usize, ev: RxEvent) {
-        if matches!(ev, RxEvent::None) && self.parked.is_empty() {
-            return;
-        }
         if self.parked.is_empty() {
+            if matches!(ev, RxEvent::None) {
+                return;
+            }
             self.parked.resize(self.slots, RxEvent::None);
         }
         self.parked[slot] = ev;
