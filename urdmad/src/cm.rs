@@ -114,6 +114,11 @@ pub enum Action {
     },
     /// Close a connection's flow, which `client` owned.
     CloseFlow { client: u32, flow: u32 },
+    /// Take the flow of a connection urdmad ended while its process still has it off the
+    /// wire (nothing reaches it any more), but keep what the process reads (the ring, the
+    /// figures slot) until it lets the QP go: a later `CloseFlow` of the same flow, or the
+    /// process's end.
+    RetireFlow { client: u32, flow: u32 },
 }
 
 /// A connection to hand to the process owning its QP.
@@ -245,6 +250,9 @@ pub struct Cm {
     /// QP (dev, qpn) → owning client.
     qps: BTreeMap<(u32, u32), u32>,
     conns: BTreeMap<(u32, u32), QpConn>,
+    /// QP (dev, qpn) → (client, flow): connections urdmad ended while their process may
+    /// still read the flow ([`Action::RetireFlow`]).
+    retired: BTreeMap<(u32, u32), (u32, u32)>,
     /// Learned from `LISTEN`: which port a device is on.
     dev_port: BTreeMap<u32, usize>,
     handing: BTreeMap<u64, Handing>,
@@ -298,6 +306,7 @@ impl Cm {
             handshakes: BTreeMap::new(),
             qps: BTreeMap::new(),
             conns: BTreeMap::new(),
+            retired: BTreeMap::new(),
             dev_port: BTreeMap::new(),
             handing: BTreeMap::new(),
             next_token: 0,

@@ -101,6 +101,16 @@ struct FlowRec {
     stats: Option<u32>,
 }
 
+/// What is left of a flow urdmad retired ([`crate::cm::Action::RetireFlow`]): off the wire,
+/// but its process may still read the ring and write the figures slot.
+struct RetiredFlow {
+    flow: u32,
+    client: u32,
+    port: u16,
+    ring: *mut sys::rte_ring,
+    stats: Option<u32>,
+}
+
 struct TxRing {
     name: String,
     ring: *mut sys::rte_ring,
@@ -147,6 +157,7 @@ pub struct Daemon {
     /// lcore ids handed to processes; 0 is urdmad's own.
     lcores_used: Vec<bool>,
     rings: usize,
+    retired: Vec<RetiredFlow>,
     started: Instant,
     /// Connection management (docs/connection.md): the core, urdma.ko's channel, what
     /// the receive path takes for it, and when to look for the channel again.
@@ -420,6 +431,7 @@ impl Daemon {
             next_flow: 1,
             lcores_used: vec![false; sys::RTE_MAX_LCORE as usize],
             rings: 0,
+            retired: Vec::new(),
             started: Instant::now(),
             cm: connections::new_cm(Vec::new()),
             chan: None,

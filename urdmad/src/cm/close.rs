@@ -33,14 +33,14 @@ impl Cm {
                 qpn: m.qpn,
                 status: m.status,
             }),
-            None => self.abort_conn(key, ECONNRESET),
+            None => self.abort_conn(key, ECONNRESET, false),
         }
     }
 
     /// The daemon could not write [`Action::Disconnect`] to its process: urdmad ends the
-    /// connection itself.
+    /// connection itself. The process still has it, and reads its flow until it hears.
     pub fn disconnect_undelivered(&mut self, dev: u32, qpn: u32) {
-        self.abort_conn((dev, qpn), ECONNRESET);
+        self.abort_conn((dev, qpn), ECONNRESET, true);
     }
 
     /// A destroyed QP whose connection finishes its graceful close in its process, on its
@@ -62,8 +62,9 @@ impl Cm {
     }
 
     /// Ends a connection urdmad has to end itself: Abort to the peer, `CLOSED status` to the
-    /// kernel, flow closed.
-    pub(super) fn abort_conn(&mut self, key: (u32, u32), status: i32) {
+    /// kernel, flow closed, or retired while `owner_reads` it (its process lives and has not
+    /// let the QP go).
+    pub(super) fn abort_conn(&mut self, key: (u32, u32), status: i32, owner_reads: bool) {
         let Some(c) = self.conns.remove(&key) else {
             return;
         };
@@ -87,10 +88,27 @@ impl Cm {
             r.local = c.local;
             r.remote = c.remote;
         }));
-        self.actions.push_back(Action::CloseFlow {
-            client: c.client,
-            flow: c.flow,
-        });
+        if owner_reads {
+            self.retired.insert(key, (c.client, c.flow));
+            self.actions.push_back(Action::RetireFlow {
+                client: c.client,
+                flow: c.flow,
+            });
+        } else {
+            self.actions.push_back(Action::CloseFlow {
+                client: c.client,
+                flow: c.flow,
+            });
+        }
+    }
+
+    /// The process let QP `key` go (`UNQP`, `QPCLOSED`): the flow of a connection urdmad
+    /// ended under it is read no more.
+    fn let_go(&mut self, key: (u32, u32), client: u32) {
+        if self.retired.get(&key).is_some_and(|&(c, _)| c == client) {
+            let (_, flow) = self.retired.remove(&key).expect("present");
+            self.actions.push_back(Action::CloseFlow { client, flow });
+        }
     }
 
     /// urdma.ko named `client`'s process as the creator of QP `qpn` of device `dev`
@@ -131,6 +149,7 @@ impl Cm {
             }
             Request::Unqp { dev, qpn, linger } => {
                 self.forget_qp((dev, qpn), client);
+                self.let_go((dev, qpn), client);
                 if self
                     .conns
                     .get(&(dev, qpn))
@@ -139,7 +158,8 @@ impl Cm {
                     if linger {
                         self.linger((dev, qpn));
                     } else {
-                        self.abort_conn((dev, qpn), ECONNRESET);
+                        // The process destroyed the QP: it reads the flow no more.
+                        self.abort_conn((dev, qpn), ECONNRESET, false);
                     }
                 }
             }
@@ -147,6 +167,7 @@ impl Cm {
                 // Its connection is over, and the kernel names the owner again should the QP
                 // connect once more: the process need not say when it destroys the QP.
                 self.forget_qp((dev, qpn), client);
+                self.let_go((dev, qpn), client);
                 if self
                     .conns
                     .get(&(dev, qpn))
@@ -194,6 +215,8 @@ impl Cm {
     /// A process detached or went away: its QPs are forgotten and its connections end.
     pub fn client_gone(&mut self, client: u32) {
         self.qps.retain(|_, c| *c != client);
+        // The daemon closes a process's flows, retired ones too, when it goes.
+        self.retired.retain(|_, &mut (c, _)| c != client);
         let mine: Vec<(u32, u32)> = self
             .conns
             .iter()
@@ -201,7 +224,7 @@ impl Cm {
             .map(|(&k, _)| k)
             .collect();
         for k in mine {
-            self.abort_conn(k, ECONNRESET);
+            self.abort_conn(k, ECONNRESET, false);
         }
     }
 }

@@ -563,6 +563,8 @@ impl Daemon {
                     c.flows.retain(|&f| f != flow);
                 }
             }
+            // Still the process's: closed with its flows if it goes first.
+            Action::RetireFlow { flow, .. } => self.retire_flow(flow),
         }
     }
 

@@ -392,10 +392,12 @@ impl Daemon {
             Request::Attach => (self.attach(i), true),
             Request::Open(spec) => (self.open(i, &spec), true),
             Request::Close { flow } => {
-                let mine = self
-                    .flows
-                    .get(&flow)
-                    .is_some_and(|f| f.client == self.clients[i].id);
+                let id = self.clients[i].id;
+                let mine = self.flows.get(&flow).is_some_and(|f| f.client == id)
+                    || self
+                        .retired
+                        .iter()
+                        .any(|r| r.flow == flow && r.client == id);
                 if !mine {
                     return (
                         error(ErrorCode::NotFound, &format!("no flow {flow} of yours")).encode(),

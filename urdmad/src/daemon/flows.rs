@@ -2,7 +2,8 @@
 //! the direct path, and closed.
 
 use super::{
-    error, ring_create, ring_drain_free, Daemon, FlowRec, FlowSpecOpened, PortState, BURST,
+    error, ring_create, ring_drain_free, Daemon, FlowRec, FlowSpecOpened, PortState, RetiredFlow,
+    BURST,
 };
 use crate::hwflow::{self, FlowQueue, Match, QueueUse};
 use crate::port::SteeringError;
@@ -187,13 +188,36 @@ impl Daemon {
     }
 
     pub(super) fn close_flow(&mut self, flow: u32) {
+        if let Some(i) = self.retired.iter().position(|r| r.flow == flow) {
+            let r = self.retired.swap_remove(i);
+            let qp = r.stats.map(|s| self.qp_table.give_back(s));
+            self.ports[usize::from(r.port)].departed.add(qp, 0);
+            // SAFETY: off the wire since it was retired; its owner let it go or is gone.
+            unsafe { ring_drain_free(r.ring) };
+            self.rings -= 1;
+            tracing::debug!(flow, "retired flow closed");
+            return;
+        }
+        self.end_flow(flow, false);
+    }
+
+    /// Takes a flow off the wire, keeping its ring and figures slot for the process that may
+    /// still read them until [`Daemon::close_flow`] ([`crate::cm::Action::RetireFlow`]).
+    pub(super) fn retire_flow(&mut self, flow: u32) {
+        self.end_flow(flow, true);
+    }
+
+    fn end_flow(&mut self, flow: u32, retire: bool) {
         let Some(mut rec) = self.flows.remove(&flow) else {
             return;
         };
         let p = &mut self.ports[usize::from(rec.port)];
         let drops = p.flows.get(rec.slot).map_or(0, |f| f.drops)
             + rec.direct.as_ref().map_or(0, |d| d.counters().1);
-        let qp = rec.stats.map(|s| self.qp_table.give_back(s));
+        let qp = match rec.stats {
+            Some(s) if !retire => Some(self.qp_table.give_back(s)),
+            _ => None,
+        };
         p.departed.add(qp, drops);
         if let Some(sock) = rec.direct.take() {
             self.direct_close(flow, rec.client, sock);
@@ -203,6 +227,17 @@ impl Daemon {
             unsteer_queue(p, q, flow);
         }
         if let Some(ring) = p.flows.remove(rec.slot) {
+            if retire {
+                self.retired.push(RetiredFlow {
+                    flow,
+                    client: rec.client,
+                    port: rec.port,
+                    ring,
+                    stats: rec.stats,
+                });
+                tracing::debug!(flow, "flow retired");
+                return;
+            }
             // SAFETY: unlinked from the table, so nothing enqueues any more; the owner has
             // closed it or is gone.
             unsafe { ring_drain_free(ring) };

@@ -127,19 +127,70 @@ fn a_close_reports_the_peers_close_once() {
     assert_eq!(conn_records(&a).len(), 1);
 }
 
+fn m_disconnect() -> Msg {
+    let mut m = Msg::new(Op::Disconnect);
+    m.dev = DEV;
+    m.qpn = QPN_A;
+    m
+}
+
 #[test]
 fn a_disconnect_no_process_reads_is_an_abort() {
     let t = Instant::now();
     let (mut a, _b) = connected(t);
-    let mut m = Msg::new(Op::Disconnect);
-    m.dev = DEV;
-    m.qpn = QPN_A;
-    a.kernel(t, m, None);
+    a.kernel(t, m_disconnect(), None);
     drain(&mut a);
     a.disconnect_undelivered(DEV, QPN_A);
     let out = drain(&mut a);
     assert_eq!(only_kernel(&out).status, ECONNRESET);
     assert_eq!(frames(&out, MAC_A).len(), 1);
+    // The process still has the connection and reads its flow: the flow goes off the wire,
+    // and its ring stays until the process lets the QP go; another process's word, or a
+    // second one, frees nothing.
+    let flows = |out: &[Action]| -> Vec<String> {
+        out.iter()
+            .filter_map(|x| match x {
+                Action::CloseFlow { client, flow } => Some(format!("close {client} {flow}")),
+                Action::RetireFlow { client, flow } => Some(format!("retire {client} {flow}")),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(flows(&out), [format!("retire {CLIENT_A} 21")]);
+    let unqp = Request::Unqp {
+        dev: DEV,
+        qpn: QPN_A,
+        linger: false,
+    };
+    a.client_request(CLIENT_B, &unqp);
+    assert!(flows(&drain(&mut a)).is_empty());
+    a.client_request(CLIENT_A, &unqp);
+    assert_eq!(flows(&drain(&mut a)), [format!("close {CLIENT_A} 21")]);
+    a.client_request(CLIENT_A, &unqp);
+    assert!(drain(&mut a).is_empty());
+    // QPCLOSED lets it go as well; a process that goes has the daemon close its flows.
+    for gone in [false, true] {
+        let (mut a, _b) = connected(t);
+        a.kernel(t, m_disconnect(), None);
+        drain(&mut a);
+        a.disconnect_undelivered(DEV, QPN_A);
+        assert_eq!(flows(&drain(&mut a)), [format!("retire {CLIENT_A} 21")]);
+        if gone {
+            a.client_gone(CLIENT_A);
+        }
+        let closed = Request::QpClosed {
+            dev: DEV,
+            qpn: QPN_A,
+            status: -104,
+        };
+        a.client_request(CLIENT_A, &closed);
+        let want = if gone {
+            vec![]
+        } else {
+            vec![format!("close {CLIENT_A} 21")]
+        };
+        assert_eq!(flows(&drain(&mut a)), want);
+    }
     // Unregistering the QP of a live connection aborts it too.
     let (mut a, _b) = connected(t);
     a.client_request(
