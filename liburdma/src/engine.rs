@@ -480,6 +480,12 @@ impl Engine {
         self.qps.get(&key).is_some_and(|q| q.failed || q.errored)
     }
 
+    /// A notice as a connection would make it.
+    #[cfg(test)]
+    pub fn notice(&mut self, n: Notice) {
+        self.notices.push(n);
+    }
+
     pub fn take_notices(&mut self) -> Vec<Notice> {
         std::mem::take(&mut self.notices)
     }

@@ -217,6 +217,8 @@ pub struct Shared {
     armed: bool,
     /// When an application's round next reads urdmad's socket ([`EVENT_LOOK`]).
     event_look: Instant,
+    /// `PEERCLOSED`s held for the next write to urdmad (`Shared::deliver_notices`).
+    peer_closed: Vec<urdma_shared::proto::Request>,
 }
 
 struct Runtime {
@@ -244,6 +246,7 @@ fn rt() -> &'static Runtime {
                 helper_direct: false,
                 armed: false,
                 event_look: Instant::ZERO,
+                peer_closed: Vec::new(),
             }),
             closes: Condvar::new(),
             kick: OnceLock::new(),

@@ -342,6 +342,44 @@ impl Connection {
         Ok(())
     }
 
+    /// Posts `first`, a `GIVEBACK` for each of `sockets`, and `then`, in that order and, when
+    /// the sockets' descriptors fit one write ([`fdpass::MAX_SEND_FDS`]), in one: urdmad is
+    /// woken once for a connection's end (its `QPCLOSED` and its socket, or a lingering
+    /// close's `CLOSE` and `PARK`), not once for each. This process's copies of the sockets
+    /// are closed after, as [`Connection::give_back`] does.
+    pub fn post_all_giving_back(
+        &mut self,
+        first: &[Request],
+        sockets: Vec<OwnedFd>,
+        then: &[Request],
+    ) -> Result<(), Error> {
+        if sockets.len() > fdpass::MAX_SEND_FDS {
+            self.post_all(first)?;
+            for sock in sockets {
+                self.give_back(sock)?;
+            }
+            return self.post_all(then);
+        }
+        let give_back = Request::GiveBack.encode_posted();
+        let lines: String = first
+            .iter()
+            .map(Request::encode_posted)
+            .chain(sockets.iter().map(|_| give_back.clone()))
+            .chain(then.iter().map(Request::encode_posted))
+            .collect();
+        if sockets.is_empty() {
+            return if lines.is_empty() {
+                Ok(())
+            } else {
+                self.write(&lines)
+            };
+        }
+        // The descriptors go with the first byte: urdmad holds them until their GIVEBACKs.
+        let fds: Vec<RawFd> = sockets.iter().map(AsRawFd::as_raw_fd).collect();
+        fdpass::send_with_fds(&self.stream, lines.as_bytes(), &fds)
+            .map_err(|e| Error::io("writing to urdmad", e))
+    }
+
     /// Sends one request whose reply [`Connection::answer`] takes once it has been read (by
     /// `poll_events`, or by a later `request`). Only for requests the daemon answers with
     /// one line.
@@ -567,6 +605,62 @@ mod tests {
             "{}",
             String::from_utf8_lossy(&buf[..n])
         );
+        assert!(c.pending.is_empty());
+    }
+
+    #[test]
+    fn a_connections_end_goes_in_one_write_with_its_sockets_in_order() {
+        let (mut c, d) = pair();
+        let (s1, _p1) = UnixStream::pair().unwrap();
+        let (s2, _p2) = UnixStream::pair().unwrap();
+        let closed = Request::QpClosed {
+            dev: 1,
+            qpn: 2,
+            status: 0,
+        };
+        let unqp = Request::Unqp {
+            dev: 1,
+            qpn: 2,
+            linger: false,
+        };
+        c.post_all_giving_back(&[], Vec::new(), &[]).unwrap();
+        c.post_all_giving_back(
+            std::slice::from_ref(&closed),
+            vec![OwnedFd::from(s1), OwnedFd::from(s2)],
+            std::slice::from_ref(&unqp),
+        )
+        .unwrap();
+        let want = format!(
+            "{}{}{}{}",
+            closed.encode_posted(),
+            Request::GiveBack.encode_posted(),
+            Request::GiveBack.encode_posted(),
+            unqp.encode_posted()
+        );
+        d.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 512];
+        let mut fds = VecDeque::new();
+        let n = fdpass::recv_with_fds(&d, &mut buf, &mut fds).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&buf[..n]),
+            want,
+            "one read takes it all"
+        );
+        assert_eq!(fds.len(), 2);
+        // Beyond what one write carries: the same lines, the descriptors in writes of their own.
+        let socks: Vec<OwnedFd> = (0..fdpass::MAX_SEND_FDS + 1)
+            .map(|_| OwnedFd::from(UnixStream::pair().unwrap().0))
+            .collect();
+        c.post_all_giving_back(std::slice::from_ref(&closed), socks, &[])
+            .unwrap();
+        let mut got = String::new();
+        while let Ok(n) = fdpass::recv_with_fds(&d, &mut buf, &mut fds) {
+            got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        let lines: Vec<&str> = got.lines().collect();
+        assert_eq!(lines.len(), fdpass::MAX_SEND_FDS + 2);
+        assert_eq!(lines[0], closed.encode_posted().trim_end());
+        assert_eq!(fds.len(), 2 + fdpass::MAX_SEND_FDS + 1);
         assert!(c.pending.is_empty());
     }
 

@@ -147,6 +147,7 @@ impl Shared {
         self.helper_sleep = None;
         self.armed = false;
         self.event_look = Instant::ZERO;
+        self.peer_closed.clear();
         IN_CALLS.store(0, Ordering::Relaxed);
         super::forget_hush();
     }

@@ -39,22 +39,18 @@ pub fn unregister_qp(key: QpKey, told: Unregister) {
     if g.control().is_none() {
         return;
     }
-    // The QP's own QPCLOSED, if destroying it made one, goes first (urdmad takes requests
-    // in order).
-    g.deliver_notices();
     let linger = match told {
-        Unregister::Nothing => return,
-        Unregister::Unqp => false,
-        Unregister::Linger => true,
+        Unregister::Nothing => None,
+        Unregister::Unqp => Some(false),
+        Unregister::Linger => Some(true),
     };
-    let Some(ctl) = g.control() else { return };
-    if let Err(e) = ctl.post(&Request::Unqp {
+    // After the QP's own QPCLOSED, if destroying it made one (urdmad takes requests in
+    // order), in the same write.
+    g.deliver_notices_then(linger.map(|linger| Request::Unqp {
         dev: key.0,
         qpn: key.1,
         linger,
-    }) {
-        log::error(format_args!("UNQP {key:?}: {e}"));
-    }
+    }));
 }
 
 impl Shared {
@@ -203,6 +199,11 @@ impl Shared {
     /// depends on the reply, and urdmad takes requests in order, so a later request of this
     /// process (`UNQP`) finds them done.
     pub fn deliver_notices(&mut self) {
+        self.deliver_notices_then(None);
+    }
+
+    /// [`Shared::deliver_notices`], and `last` after them in the same write.
+    fn deliver_notices_then(&mut self, last: Option<Request>) {
         crate::srq::report_limits(self.engine.take_srq_limits());
         let mut told = Vec::new();
         let notices = self.engine.take_notices();
@@ -222,32 +223,42 @@ impl Shared {
                 self.engine.release_closed_flow(key);
             }
         }
-        if let Some(ctl) = self.control() {
-            if let Err(e) = ctl.post_all(&told) {
-                log::error(format_args!("PEERCLOSED, QPCLOSED: {e}"));
-            }
-        }
         let (returned, parked) = crate::socket_flow::take_for_urdmad();
-        let Some(ctl) = self.control() else {
+        if self.control().is_none() {
             // Without urdmad these close here: its copies are gone too, and nobody would
             // use a parked one again.
             if !parked.is_empty() {
                 crate::socket_flow::forget_parked();
             }
             return;
-        };
-        for sock in returned {
-            if let Err(e) = ctl.give_back(sock) {
-                log::error(format_args!("GIVEBACK: {e}"));
-            }
         }
+        // A peer's close alone wakes nobody: the kernel's PEER_CLOSED only moves iw_cm to
+        // CLOSING, which rdma_cm never shows, and the QPCLOSED or UNQP that always follows
+        // (the close ends, fails, or the QP is destroyed; a process's death says it too)
+        // carries it: urdmad tells the kernel once, and a QPCLOSED tells it anyway.
+        let only_peer_closed = told.iter().all(|r| matches!(r, Request::PeerClosed { .. }));
+        if only_peer_closed
+            && returned.is_empty()
+            && parked.is_empty()
+            && lingered.is_empty()
+            && last.is_none()
+        {
+            self.peer_closed.append(&mut told);
+            return;
+        }
+        told.splice(0..0, self.peer_closed.drain(..));
+        let Some(ctl) = self.control() else { return };
         let later: Vec<Request> = parked
             .into_iter()
             .map(|cookie| Request::Park { cookie })
             .chain(lingered.into_iter().map(|flow| Request::Close { flow }))
+            .chain(last)
             .collect();
-        if let Err(e) = ctl.post_all(&later) {
-            log::error(format_args!("PARK, CLOSE: {e}"));
+        // One write wakes urdmad once for all of it.
+        if let Err(e) = ctl.post_all_giving_back(&told, returned, &later) {
+            log::error(format_args!(
+                "PEERCLOSED, QPCLOSED, GIVEBACK, PARK, CLOSE, UNQP: {e}"
+            ));
         }
     }
 
@@ -336,7 +347,7 @@ mod tests {
     use super::*;
     use crate::dpdk::Rings;
     use crate::engine::Engine;
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
     use std::sync::Mutex;
     use std::time::Duration;
 
@@ -460,8 +471,68 @@ mod tests {
             helper_direct: false,
             armed: false,
             event_look: Instant::ZERO,
+            peer_closed: Vec::new(),
         };
         (Mutex::new(sh), daemon)
+    }
+
+    /// A process's state attached to a fake urdmad in a new directory named for `tag`.
+    fn fresh_fake(tag: &str) -> (PathBuf, Shared, std::os::unix::net::UnixStream) {
+        let dir = std::env::temp_dir().join(format!("urdma-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (state, daemon) = attached_to_fake(&dir);
+        (dir, state.into_inner().unwrap(), daemon)
+    }
+
+    /// Everything urdmad can read now, as lines.
+    fn lines_there(daemon: &std::os::unix::net::UnixStream) -> Vec<String> {
+        use std::io::Read;
+        daemon.set_nonblocking(true).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = (&*daemon).read(&mut buf) {
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8(got)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn a_peers_close_alone_wakes_nobody_and_goes_with_the_qps_next_line() {
+        use crate::engine::Notice;
+        let (dir, mut sh, daemon) = fresh_fake("peer");
+        let line = |r: Request| r.encode_posted().trim_end().to_owned();
+        sh.engine.notice(Notice::PeerClosed((1, 5)));
+        sh.deliver_notices();
+        assert!(lines_there(&daemon).is_empty());
+        sh.engine.notice(Notice::Closed((1, 5), 0));
+        sh.deliver_notices();
+        let closed = Request::QpClosed {
+            dev: 1,
+            qpn: 5,
+            status: 0,
+        };
+        assert_eq!(
+            lines_there(&daemon),
+            [line(Request::PeerClosed { dev: 1, qpn: 5 }), line(closed)]
+        );
+        // A destroyed QP's UNQP carries it too, in the same write.
+        sh.engine.notice(Notice::PeerClosed((1, 6)));
+        sh.deliver_notices();
+        let unqp = Request::Unqp {
+            dev: 1,
+            qpn: 6,
+            linger: true,
+        };
+        sh.deliver_notices_then(Some(unqp.clone()));
+        assert_eq!(
+            lines_there(&daemon),
+            [line(Request::PeerClosed { dev: 1, qpn: 6 }), line(unqp)]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -494,10 +565,7 @@ mod tests {
     #[test]
     fn an_application_polling_reads_urdmads_events_now_and_then() {
         use std::io::Write;
-        let dir = std::env::temp_dir().join(format!("urdma-look-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (state, daemon) = attached_to_fake(&dir);
-        let mut sh = state.into_inner().unwrap();
+        let (dir, mut sh, daemon) = fresh_fake("look");
         // What urdmad wrote waits until a round looks: the helper may not get the lock.
         let wake = |sh: &mut Shared| {
             sh.armed = true;
