@@ -232,9 +232,12 @@ pub enum Unregister {
     Nothing,
     /// `UNQP`: urdmad may hold a connection or a handshake of the QP, which it aborts.
     Unqp,
-    /// `UNQP` with `linger`: its connection had begun a graceful close, which goes on
-    /// without the QP ([`Lingering`]) on its flow, which urdmad keeps until told
-    /// ([`Engine::take_lingered`]).
+    /// `UNQP` with `linger`, once the close is over: its connection had begun a graceful
+    /// close, which goes on without the QP ([`Lingering`]) on its flow, which urdmad keeps
+    /// until told ([`Engine::take_lingered`]). Told then, with the flow's `CLOSE`, urdmad
+    /// is woken once for both; meanwhile it still counts the connection as the QP's, which
+    /// a new QP cannot meet: urdma.ko numbers QPs cyclically in 24 bits, and a close lingers
+    /// at most [`LINGER_LIMIT`].
     Linger,
 }
 
@@ -316,8 +319,9 @@ pub struct Engine {
     reader_waits: bool,
     /// Destroyed QPs finishing their close.
     lingering: Vec<Lingering>,
-    /// The flows of lingering connections that finished, for urdmad to close (`CLOSE`).
-    lingered: Vec<u32>,
+    /// The QPs and flows of lingering connections that finished, for urdmad to forget
+    /// (`UNQP`) and close (`CLOSE`).
+    lingered: Vec<(QpKey, u32)>,
     /// An MR table with nothing in it, for lingering connections.
     no_mrs: MrTable,
 }
@@ -484,6 +488,12 @@ impl Engine {
     #[cfg(test)]
     pub fn notice(&mut self, n: Notice) {
         self.notices.push(n);
+    }
+
+    /// QP `key`'s lingering close over, on flow `flow`, as [`Engine::linger`] ends one.
+    #[cfg(test)]
+    pub fn lingered(&mut self, key: QpKey, flow: u32) {
+        self.lingered.push((key, flow));
     }
 
     pub fn take_notices(&mut self) -> Vec<Notice> {

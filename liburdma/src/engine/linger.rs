@@ -22,8 +22,8 @@ pub(super) struct Lingering {
 pub const LINGER_LIMIT: Duration = Duration::from_secs(2);
 
 impl Engine {
-    /// The flows of lingering connections that finished since the last call.
-    pub fn take_lingered(&mut self) -> Vec<u32> {
+    /// The QPs and flows of lingering connections that finished since the last call.
+    pub fn take_lingered(&mut self) -> Vec<(QpKey, u32)> {
         std::mem::take(&mut self.lingered)
     }
 
@@ -52,7 +52,7 @@ impl Engine {
             let sent = !l.qp.flow.as_ref().is_some_and(|f| f.backlogged());
             if (over && sent) || now >= until {
                 let l = self.lingering.swap_remove(i);
-                self.lingered.push(l.qp.flow_id);
+                self.lingered.push((l.key, l.qp.flow_id));
                 continue;
             }
             i += 1;

@@ -39,17 +39,12 @@ pub fn unregister_qp(key: QpKey, told: Unregister) {
     if g.control().is_none() {
         return;
     }
-    let linger = match told {
-        Unregister::Nothing => None,
-        Unregister::Unqp => Some(false),
-        Unregister::Linger => Some(true),
-    };
     // After the QP's own QPCLOSED, if destroying it made one (urdmad takes requests in
-    // order), in the same write.
-    g.deliver_notices_then(linger.map(|linger| Request::Unqp {
+    // order), in the same write. A lingering close's comes when it is over.
+    g.deliver_notices_then((told == Unregister::Unqp).then_some(Request::Unqp {
         dev: key.0,
         qpn: key.1,
-        linger,
+        linger: false,
     }));
 }
 
@@ -251,7 +246,16 @@ impl Shared {
         let later: Vec<Request> = parked
             .into_iter()
             .map(|cookie| Request::Park { cookie })
-            .chain(lingered.into_iter().map(|flow| Request::Close { flow }))
+            .chain(lingered.into_iter().flat_map(|((dev, qpn), flow)| {
+                [
+                    Request::Unqp {
+                        dev,
+                        qpn,
+                        linger: true,
+                    },
+                    Request::Close { flow },
+                ]
+            }))
             .chain(last)
             .collect();
         // One write wakes urdmad once for all of it.
@@ -501,7 +505,7 @@ mod tests {
     }
 
     #[test]
-    fn a_peers_close_alone_wakes_nobody_and_goes_with_the_qps_next_line() {
+    fn a_peers_close_and_a_lingering_qps_unqp_go_with_the_qps_next_lines() {
         use crate::engine::Notice;
         let (dir, mut sh, daemon) = fresh_fake("peer");
         let line = |r: Request| r.encode_posted().trim_end().to_owned();
@@ -531,6 +535,18 @@ mod tests {
         assert_eq!(
             lines_there(&daemon),
             [line(Request::PeerClosed { dev: 1, qpn: 6 }), line(unqp)]
+        );
+        // A lingering close's UNQP comes when it is over, with its flow's CLOSE.
+        sh.engine.lingered((1, 7), 33);
+        sh.deliver_notices();
+        let unqp = Request::Unqp {
+            dev: 1,
+            qpn: 7,
+            linger: true,
+        };
+        assert_eq!(
+            lines_there(&daemon),
+            [line(unqp), line(Request::Close { flow: 33 })]
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

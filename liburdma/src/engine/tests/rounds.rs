@@ -777,7 +777,7 @@ fn a_qp_destroyed_while_it_closes_finishes_its_close_without_it() {
             .any(|x| matches!(x, Notice::Closed(A, _) | Notice::PeerClosed(A))),
         "nothing more is said of A: {n:?}"
     );
-    assert_eq!(t.e.take_lingered(), [FLOW_A]);
+    assert_eq!(t.e.take_lingered(), [(A, FLOW_A)]);
     assert!(t.e.has_qp(A) && !t.e.is_connected(A));
     assert_eq!(t.e.deadline(), None, "nothing lingers");
 }
@@ -802,7 +802,7 @@ fn closing_lasts_from_the_close_to_its_last_datagram() {
     assert_eq!(t.e.destroy_qp(A), Some(Unregister::Linger));
     assert!(t.e.closing(), "A lingers");
     t.run(20);
-    assert_eq!(t.e.take_lingered(), [FLOW_A]);
+    assert_eq!(t.e.take_lingered(), [(A, FLOW_A)]);
     assert!(!t.e.closing());
 }
 
@@ -823,7 +823,7 @@ fn a_lingering_connection_whose_peer_is_silent_gives_up_in_bounded_time() {
             break;
         }
     }
-    assert_eq!(t.e.take_lingered(), [FLOW_A]);
+    assert_eq!(t.e.take_lingered(), [(A, FLOW_A)]);
     assert_eq!(t.e.deadline(), None);
 }
 
