@@ -103,11 +103,14 @@ impl Cm {
     }
 
     /// The process let QP `key` go (`UNQP`, `QPCLOSED`): the flow of a connection urdmad
-    /// ended under it is read no more.
-    fn let_go(&mut self, key: (u32, u32), client: u32) {
+    /// ended under it is read no more. After a lingering close's `UNQP` the process closes
+    /// the flow itself (`CLOSE`, its next line).
+    fn let_go(&mut self, key: (u32, u32), client: u32, closes_it: bool) {
         if self.retired.get(&key).is_some_and(|&(c, _)| c == client) {
             let (_, flow) = self.retired.remove(&key).expect("present");
-            self.actions.push_back(Action::CloseFlow { client, flow });
+            if !closes_it {
+                self.actions.push_back(Action::CloseFlow { client, flow });
+            }
         }
     }
 
@@ -149,7 +152,7 @@ impl Cm {
             }
             Request::Unqp { dev, qpn, linger } => {
                 self.forget_qp((dev, qpn), client);
-                self.let_go((dev, qpn), client);
+                self.let_go((dev, qpn), client, linger);
                 if self
                     .conns
                     .get(&(dev, qpn))
@@ -167,7 +170,7 @@ impl Cm {
                 // Its connection is over, and the kernel names the owner again should the QP
                 // connect once more: the process need not say when it destroys the QP.
                 self.forget_qp((dev, qpn), client);
-                self.let_go((dev, qpn), client);
+                self.let_go((dev, qpn), client, false);
                 if self
                     .conns
                     .get(&(dev, qpn))

@@ -393,6 +393,7 @@ impl Daemon {
             Request::Open(spec) => (self.open(i, &spec), true),
             Request::Close { flow } => {
                 let id = self.clients[i].id;
+                // A retired flow too: its process closes it after a lingering close's UNQP.
                 let mine = self.flows.get(&flow).is_some_and(|f| f.client == id)
                     || self
                         .retired

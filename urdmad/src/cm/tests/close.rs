@@ -134,6 +134,16 @@ fn m_disconnect() -> Msg {
     m
 }
 
+/// A's side of a connection whose `EVENT DISCONNECT` its process did not read: its actions
+/// not drained.
+fn retired(t: Instant) -> Cm {
+    let (mut a, _b) = connected(t);
+    a.kernel(t, m_disconnect(), None);
+    drain(&mut a);
+    a.disconnect_undelivered(DEV, QPN_A);
+    a
+}
+
 #[test]
 fn a_disconnect_no_process_reads_is_an_abort() {
     let t = Instant::now();
@@ -157,23 +167,28 @@ fn a_disconnect_no_process_reads_is_an_abort() {
             .collect()
     };
     assert_eq!(flows(&out), [format!("retire {CLIENT_A} 21")]);
-    let unqp = Request::Unqp {
+    let unqp_of = |linger| Request::Unqp {
         dev: DEV,
         qpn: QPN_A,
-        linger: false,
+        linger,
     };
+    let unqp = unqp_of(false);
     a.client_request(CLIENT_B, &unqp);
     assert!(flows(&drain(&mut a)).is_empty());
     a.client_request(CLIENT_A, &unqp);
     assert_eq!(flows(&drain(&mut a)), [format!("close {CLIENT_A} 21")]);
     a.client_request(CLIENT_A, &unqp);
     assert!(drain(&mut a).is_empty());
+    // A lingering close's UNQP lets it go too, the process's CLOSE of the flow following.
+    let mut a = retired(t);
+    drain(&mut a);
+    a.client_request(CLIENT_A, &unqp_of(true));
+    assert!(flows(&drain(&mut a)).is_empty());
+    a.client_request(CLIENT_A, &unqp);
+    assert!(drain(&mut a).is_empty(), "forgotten");
     // QPCLOSED lets it go as well; a process that goes has the daemon close its flows.
     for gone in [false, true] {
-        let (mut a, _b) = connected(t);
-        a.kernel(t, m_disconnect(), None);
-        drain(&mut a);
-        a.disconnect_undelivered(DEV, QPN_A);
+        let mut a = retired(t);
         assert_eq!(flows(&drain(&mut a)), [format!("retire {CLIENT_A} 21")]);
         if gone {
             a.client_gone(CLIENT_A);
