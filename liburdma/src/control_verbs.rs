@@ -441,6 +441,7 @@ pub(crate) unsafe extern "C" fn create_qp(
         let registered = process::with(|sh, _| {
             sh.ensure_attached_for(&ibdev_path)?;
             sh.engine.create_qp((dev, qpn), init);
+            sh.handles.insert((dev, qpn), ibqp as usize);
             Ok(())
         });
         object(
@@ -488,6 +489,8 @@ pub(crate) unsafe extern "C" fn modify_qp(
                         if !sh.engine.is_connected(key) {
                             sh.pump(now);
                         }
+                        // urdma.ko ended a connected QP's connection for iw_cm at this move.
+                        sh.engine.kernel_ended(key);
                         sh.engine.close(key)
                     }
                     IBV_QPS_ERR => sh.engine.abort(key, now),
@@ -498,6 +501,32 @@ pub(crate) unsafe extern "C" fn modify_qp(
         }
         status("modify_qp", Error::kernel("ibv_cmd_modify_qp", ret))
     })
+}
+
+/// Moves `qp` to SQD in the kernel, as `rdma_disconnect` does: urdma.ko ends a connected
+/// QP's connection for iw_cm at its owner's move (docs/connection.md, "Close"). Whether the
+/// kernel took it. The caller holds the process lock and found `qp` in
+/// [`process::Shared::handles`], so `destroy_qp` has not begun.
+pub(crate) fn end_connection(qp: *mut ibv_qp) -> bool {
+    let mut attr: ibv_qp_attr = zeroed();
+    attr.qp_state = IBV_QPS_SQD;
+    let mut cmd: ibv_modify_qp = zeroed();
+    // SAFETY: per the contract, a live QP of ours; attr and cmd are sized as passed.
+    let ret = unsafe {
+        ibv_cmd_modify_qp(
+            qp,
+            &mut attr,
+            IBV_QP_STATE as c_int,
+            &mut cmd,
+            size_of_val(&cmd),
+        )
+    };
+    if ret != 0 {
+        log::error(format_args!(
+            "ending a connection for the kernel: errno {ret}"
+        ));
+    }
+    ret == 0
 }
 
 pub(crate) unsafe extern "C" fn query_qp(
@@ -531,7 +560,11 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         // Before the kernel hears of it: urdmad then aborts the connection.
         // SAFETY: qp came from create_qp.
         let key = unsafe { qp_key(qp) };
-        process::with(|sh, now| sh.engine.send_held_ack(key, now));
+        process::with(|sh, now| {
+            // From here its handle may name another QP once the kernel lets it go.
+            sh.handles.remove(&key);
+            sh.engine.send_held_ack(key, now)
+        });
         // SAFETY: qp came from create_qp.
         let cmd = || unsafe { ibv_cmd_destroy_qp(qp) };
         let forget = || {

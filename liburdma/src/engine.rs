@@ -124,6 +124,29 @@ pub enum Notice {
     /// `QPCLOSED`: the connection ended (0 graceful, else -errno); the
     /// engine has stopped using the flow.
     Closed(QpKey, i32),
+    /// `QPCLOSED` of a connection that urdma.ko had already ended for iw_cm, at its
+    /// owner's move to SQD ([`Engine::kernel_ended`]): only urdmad's clean-up waits for it.
+    Ended(QpKey, i32),
+}
+
+impl Notice {
+    /// What tells urdmad that QP `key`'s connection ended with `status`; `kernel_ended`:
+    /// urdma.ko ended it already ([`Engine::kernel_ended`]).
+    fn end(key: QpKey, status: i32, kernel_ended: bool) -> Notice {
+        if kernel_ended {
+            Notice::Ended(key, status)
+        } else {
+            Notice::Closed(key, status)
+        }
+    }
+
+    /// The `QPCLOSED` of the notices that say the connection ended.
+    pub fn closed(&self) -> Option<(QpKey, i32)> {
+        match *self {
+            Notice::Closed(key, status) | Notice::Ended(key, status) => Some((key, status)),
+            Notice::PeerClosed(_) => None,
+        }
+    }
 }
 
 /// What a send work request does.
@@ -204,6 +227,8 @@ struct Qp {
     errored: bool,
     /// Its connection failed (not closed gracefully).
     failed: bool,
+    /// urdma.ko ended its connection for iw_cm ([`Engine::kernel_ended`]).
+    kernel_ended: bool,
     /// Completions waiting for room in their CQ, in order.
     out: VecDeque<Completion>,
     /// Whether urdmad has heard how the connection ended.
@@ -378,6 +403,7 @@ impl Engine {
                 inline: None,
                 errored: false,
                 failed: false,
+                kernel_ended: false,
                 out: VecDeque::new(),
                 end: End::Open,
                 figures_due: None,
@@ -424,7 +450,7 @@ impl Engine {
         // Ended, its last datagrams still waiting: they go with the QP, and urdmad hears
         // how it ended now.
         if let End::Draining { status, .. } = qp.end {
-            self.notices.push(Notice::Closed(key, status));
+            self.notices.push(Notice::end(key, status, qp.kernel_ended));
             return Some(Unregister::Nothing);
         }
         if qp.end == End::Told {
@@ -512,6 +538,28 @@ impl Engine {
     pub fn close(&mut self, key: QpKey) {
         if let Some(conn) = self.qps.get_mut(&key).and_then(|q| q.conn.as_mut()) {
             conn.close();
+        }
+    }
+
+    /// The owner moved the connected QP to SQD, which urdma.ko takes as the connection's end
+    /// for iw_cm (the application's `DISCONNECTED`): its `QPCLOSED` is [`Notice::Ended`].
+    pub fn kernel_ended(&mut self, key: QpKey) {
+        if let Some(qp) = self.qps.get_mut(&key).filter(|q| q.conn.is_some()) {
+            qp.kernel_ended = true;
+        }
+    }
+
+    /// Whether urdma.ko ended QP `key`'s connection for iw_cm ([`Engine::kernel_ended`]).
+    pub fn is_kernel_ended(&self, key: QpKey) -> bool {
+        self.qps.get(&key).is_some_and(|q| q.kernel_ended)
+    }
+
+    /// `n`, or [`Notice::Ended`] for a [`Notice::Closed`] whose QP's connection the kernel
+    /// heard end since the notice was made.
+    pub fn as_kernel_heard(&self, n: Notice) -> Notice {
+        match n {
+            Notice::Closed(key, status) if self.is_kernel_ended(key) => Notice::Ended(key, status),
+            n => n,
         }
     }
 

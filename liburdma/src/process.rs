@@ -33,6 +33,7 @@ use crate::engine::{Engine, QpKey, SendReq};
 use crate::error::Error;
 use crate::log;
 use crate::progress::{Activity, Sleep, Tuning};
+use crate::qp_table::QpTable;
 use helper::{kick_helper, set_alarm};
 
 /// A whole number from the environment variable `name`; `default` when it is unset, and,
@@ -219,6 +220,9 @@ pub struct Shared {
     event_look: Instant,
     /// `PEERCLOSED`s held for the next write to urdmad (`Shared::deliver_notices`).
     peer_closed: Vec<urdma_shared::proto::Request>,
+    /// The application's QPs (`*mut ibv_qp`) by key, from `create_qp` until `destroy_qp`
+    /// begins: the ones the provider may still name to the kernel itself.
+    pub(crate) handles: QpTable<usize>,
 }
 
 struct Runtime {
@@ -247,6 +251,7 @@ fn rt() -> &'static Runtime {
                 armed: false,
                 event_look: Instant::ZERO,
                 peer_closed: Vec::new(),
+                handles: QpTable::default(),
             }),
             closes: Condvar::new(),
             kick: OnceLock::new(),

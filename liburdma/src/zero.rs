@@ -9,7 +9,8 @@ use rdma_core_sys::{
     ib_uverbs_alloc_mw_resp, ib_uverbs_alloc_pd_resp, ib_uverbs_create_srq_resp,
     ib_uverbs_ex_query_device_resp, ib_uverbs_reg_mr_resp, ibv_alloc_mw, ibv_alloc_pd,
     ibv_create_cq, ibv_create_qp, ibv_create_srq, ibv_modify_qp, ibv_modify_srq, ibv_mw, ibv_pd,
-    ibv_query_port, ibv_query_qp, ibv_reg_mr, ibv_srq_attr, verbs_context_ops, verbs_mr,
+    ibv_qp_attr, ibv_query_port, ibv_query_qp, ibv_reg_mr, ibv_srq_attr, verbs_context_ops,
+    verbs_mr,
 };
 
 /// A type of which all-zero bytes are a valid value.
@@ -51,6 +52,7 @@ zeroable_bindgen!(
     ibv_create_cq,
     ibv_create_qp,
     ibv_modify_qp,
+    ibv_qp_attr,
     ibv_query_qp,
     ibv_create_srq,
     ib_uverbs_create_srq_resp,

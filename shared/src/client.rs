@@ -51,6 +51,8 @@ const READ_CHUNK: usize = 4096;
 /// A greeted connection to urdmad.
 pub struct Connection {
     stream: UnixStream,
+    /// The process's end of its quiet socket ([`Connection::open_quiet`]).
+    quiet: Option<UnixStream>,
     /// Bytes received and not yet taken as lines.
     buf: Vec<u8>,
     /// Events met while waiting for a reply, or read by `poll_events`, not yet returned.
@@ -166,6 +168,7 @@ impl Connection {
             .map_err(|e| Error::io("socket setup", e))?;
         let mut c = Connection {
             stream,
+            quiet: None,
             buf: Vec::new(),
             events: VecDeque::new(),
             closed: false,
@@ -331,6 +334,20 @@ impl Connection {
         self.write(&lines)
     }
 
+    /// Opens the quiet socket (`QUIET`, posted): lines posted [`Urgency::Later`] go there,
+    /// and urdmad reads them when something else wakes it, before anything this process
+    /// writes after them.
+    pub fn open_quiet(&mut self) -> Result<(), Error> {
+        let (mine, theirs) = UnixStream::pair().map_err(|e| Error::io("socketpair", e))?;
+        let line = Request::Quiet.encode_posted();
+        fdpass::send_with_fd(&self.stream, line.as_bytes(), theirs.as_raw_fd())
+            .map_err(|e| Error::io("writing to urdmad", e))?;
+        mine.set_write_timeout(Some(self.timeout))
+            .map_err(|e| Error::io("socket setup", e))?;
+        self.quiet = Some(mine);
+        Ok(())
+    }
+
     /// Gives a direct connection's socket back (`GIVEBACK`, posted), then closes this
     /// process's copy: urdmad holds it until after that, so this close does not wait for the
     /// kernel's grace periods ([`crate::direct`]).
@@ -346,13 +363,24 @@ impl Connection {
     /// the sockets' descriptors fit one write ([`fdpass::MAX_SEND_FDS`]), in one: urdmad is
     /// woken once for a connection's end (its `QPCLOSED` and its socket, or a lingering
     /// close's `CLOSE` and `PARK`), not once for each. This process's copies of the sockets
-    /// are closed after, as [`Connection::give_back`] does.
+    /// are closed after, as [`Connection::give_back`] does. [`Urgency::Later`]: on the quiet
+    /// socket, when it is open and every request may go there ([`Request::is_quiet`]).
     pub fn post_all_giving_back(
         &mut self,
         first: &[Request],
         sockets: Vec<OwnedFd>,
         then: &[Request],
+        urgency: Urgency,
     ) -> Result<(), Error> {
+        let quiet = urgency == Urgency::Later
+            && self.quiet.is_some()
+            && sockets.len() <= fdpass::MAX_SEND_FDS
+            && first.iter().chain(then).all(Request::is_quiet);
+        if quiet {
+            let stream = self.quiet.as_ref().expect("checked");
+            return send_giving_back(stream, first, &sockets, then)
+                .map_err(|e| Error::io("writing to urdmad's quiet socket", e));
+        }
         if sockets.len() > fdpass::MAX_SEND_FDS {
             self.post_all(first)?;
             for sock in sockets {
@@ -360,23 +388,7 @@ impl Connection {
             }
             return self.post_all(then);
         }
-        let give_back = Request::GiveBack.encode_posted();
-        let lines: String = first
-            .iter()
-            .map(Request::encode_posted)
-            .chain(sockets.iter().map(|_| give_back.clone()))
-            .chain(then.iter().map(Request::encode_posted))
-            .collect();
-        if sockets.is_empty() {
-            return if lines.is_empty() {
-                Ok(())
-            } else {
-                self.write(&lines)
-            };
-        }
-        // The descriptors go with the first byte: urdmad holds them until their GIVEBACKs.
-        let fds: Vec<RawFd> = sockets.iter().map(AsRawFd::as_raw_fd).collect();
-        fdpass::send_with_fds(&self.stream, lines.as_bytes(), &fds)
+        send_giving_back(&self.stream, first, &sockets, then)
             .map_err(|e| Error::io("writing to urdmad", e))
     }
 
@@ -521,6 +533,37 @@ impl Connection {
 /// The error for a reply line that could not be decoded: a line that is not a JSON object
 /// comes from an urdmad of the text protocol (versions before 11), which refuses this
 /// client's `HELLO` with one.
+/// Whether urdmad must act on posted lines at once ([`Connection::post_all_giving_back`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Urgency {
+    Now,
+    /// At urdmad's next wake-up: what the kernel and the peer no longer wait for.
+    Later,
+}
+
+/// `first`, a `GIVEBACK` for each of `sockets` (at most [`fdpass::MAX_SEND_FDS`]) and
+/// `then`, posted in one write on `stream`.
+fn send_giving_back(
+    mut stream: &UnixStream,
+    first: &[Request],
+    sockets: &[OwnedFd],
+    then: &[Request],
+) -> io::Result<()> {
+    let give_back = Request::GiveBack.encode_posted();
+    let lines: String = first
+        .iter()
+        .map(Request::encode_posted)
+        .chain(sockets.iter().map(|_| give_back.clone()))
+        .chain(then.iter().map(Request::encode_posted))
+        .collect();
+    if sockets.is_empty() {
+        return stream.write_all(lines.as_bytes());
+    }
+    // The descriptors go with the first byte: urdmad holds them until their GIVEBACKs.
+    let fds: Vec<RawFd> = sockets.iter().map(AsRawFd::as_raw_fd).collect();
+    fdpass::send_with_fds(stream, lines.as_bytes(), &fds)
+}
+
 fn bad_reply(line: &str, e: proto::ProtoError) -> Error {
     if line.starts_with('{') {
         Error::Malformed(format!("bad reply from urdmad: {e}"))
@@ -542,287 +585,4 @@ pub fn refusal(resp: Response) -> Error {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Read;
-
-    fn pair() -> (Connection, UnixStream) {
-        let (a, b) = UnixStream::pair().unwrap();
-        let c = Connection {
-            stream: a,
-            buf: Vec::new(),
-            events: VecDeque::new(),
-            closed: false,
-            fds: VecDeque::new(),
-            handed: HashMap::new(),
-            pending: VecDeque::new(),
-            answers: HashMap::new(),
-            refusals: Vec::new(),
-            next_ticket: 0,
-            daemon: String::new(),
-            timeout: Duration::from_secs(5),
-            path: PathBuf::new(),
-        };
-        (c, b)
-    }
-
-    #[test]
-    fn a_socket_given_back_travels_with_its_line_and_outlives_the_senders_copy() {
-        let (mut c, d) = pair();
-        let (mine, peer) = UnixStream::pair().unwrap();
-        c.give_back(OwnedFd::from(mine)).unwrap();
-        let mut buf = [0u8; 64];
-        let mut fds = VecDeque::new();
-        let n = fdpass::recv_with_fds(&d, &mut buf, &mut fds).unwrap();
-        assert_eq!(&buf[..n], b"{\"req\":\"GIVEBACK\",\"post\":true}\n");
-        assert_eq!(fds.len(), 1);
-        // Still open through the copy that came over: the peer sees no end of file.
-        (&peer).write_all(b"x").unwrap();
-        peer.set_nonblocking(true).unwrap();
-        let mut one = [0u8; 1];
-        let got = UnixStream::from(fds.pop_front().unwrap()).read(&mut one);
-        assert_eq!(got.unwrap(), 1);
-        assert!(c.pending.is_empty(), "a posted request waits for no reply");
-    }
-
-    #[test]
-    fn requests_posted_together_go_in_one_write_in_order() {
-        let (mut c, mut d) = pair();
-        c.post_all(&[]).unwrap();
-        c.post_all(&[
-            Request::PeerClosed { dev: 1, qpn: 2 },
-            Request::Park { cookie: 7 },
-        ])
-        .unwrap();
-        let want = b"{\"req\":\"PEERCLOSED\",\"dev\":1,\"qpn\":2,\"post\":true}\n\
-                     {\"req\":\"PARK\",\"cookie\":7,\"post\":true}\n";
-        d.set_nonblocking(true).unwrap();
-        let mut buf = [0u8; 256];
-        let n = d.read(&mut buf).unwrap();
-        assert_eq!(
-            &buf[..n],
-            &want[..],
-            "{}",
-            String::from_utf8_lossy(&buf[..n])
-        );
-        assert!(c.pending.is_empty());
-    }
-
-    #[test]
-    fn a_connections_end_goes_in_one_write_with_its_sockets_in_order() {
-        let (mut c, d) = pair();
-        let (s1, _p1) = UnixStream::pair().unwrap();
-        let (s2, _p2) = UnixStream::pair().unwrap();
-        let closed = Request::QpClosed {
-            dev: 1,
-            qpn: 2,
-            status: 0,
-        };
-        let unqp = Request::Unqp {
-            dev: 1,
-            qpn: 2,
-            linger: false,
-        };
-        c.post_all_giving_back(&[], Vec::new(), &[]).unwrap();
-        c.post_all_giving_back(
-            std::slice::from_ref(&closed),
-            vec![OwnedFd::from(s1), OwnedFd::from(s2)],
-            std::slice::from_ref(&unqp),
-        )
-        .unwrap();
-        let want = format!(
-            "{}{}{}{}",
-            closed.encode_posted(),
-            Request::GiveBack.encode_posted(),
-            Request::GiveBack.encode_posted(),
-            unqp.encode_posted()
-        );
-        d.set_nonblocking(true).unwrap();
-        let mut buf = [0u8; 512];
-        let mut fds = VecDeque::new();
-        let n = fdpass::recv_with_fds(&d, &mut buf, &mut fds).unwrap();
-        assert_eq!(
-            String::from_utf8_lossy(&buf[..n]),
-            want,
-            "one read takes it all"
-        );
-        assert_eq!(fds.len(), 2);
-        // Beyond what one write carries: the same lines, the descriptors in writes of their own.
-        let socks: Vec<OwnedFd> = (0..fdpass::MAX_SEND_FDS + 1)
-            .map(|_| OwnedFd::from(UnixStream::pair().unwrap().0))
-            .collect();
-        c.post_all_giving_back(std::slice::from_ref(&closed), socks, &[])
-            .unwrap();
-        let mut got = String::new();
-        while let Ok(n) = fdpass::recv_with_fds(&d, &mut buf, &mut fds) {
-            got.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-        let lines: Vec<&str> = got.lines().collect();
-        assert_eq!(lines.len(), fdpass::MAX_SEND_FDS + 2);
-        assert_eq!(lines[0], closed.encode_posted().trim_end());
-        assert_eq!(fds.len(), 2 + fdpass::MAX_SEND_FDS + 1);
-        assert!(c.pending.is_empty());
-    }
-
-    #[test]
-    fn a_posted_request_waits_for_nothing_and_its_refusal_is_kept_wherever_it_is_read() {
-        let (mut c, mut d) = pair();
-        let mut line = [0u8; 26];
-        c.post(&Request::Arm).unwrap();
-        d.read_exact(&mut line).unwrap();
-        assert_eq!(&line, b"{\"req\":\"ARM\",\"post\":true}\n");
-        assert!(c.pending.is_empty());
-        let refused = |what: &str| {
-            Event::Refused {
-                request: Request::Park { cookie: 7 }.encode().trim_end().to_owned(),
-                code: ErrorCode::NotFound,
-                message: what.into(),
-            }
-            .encode()
-        };
-        // Read by poll_events, between events: kept, not returned as an event.
-        d.write_all(format!("{{\"event\":\"WAKE\"}}\n{}", refused("gone")).as_bytes())
-            .unwrap();
-        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
-        // Read by a request, before its reply: kept, and the reply is the request's.
-        d.write_all(format!("{}{{\"reply\":\"OK\"}}\n", refused("again")).as_bytes())
-            .unwrap();
-        assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
-        assert_eq!(
-            c.take_refusals(),
-            vec![
-                "{\"req\":\"PARK\",\"cookie\":7}: urdmad refused (ENOENT): gone".to_owned(),
-                "{\"req\":\"PARK\",\"cookie\":7}: urdmad refused (ENOENT): again".to_owned(),
-            ]
-        );
-        assert!(c.take_refusals().is_empty());
-        assert!(!c.has_events());
-    }
-
-    #[test]
-    fn a_line_behind_one_that_carries_descriptors_is_read_in_the_same_look() {
-        let (mut c, d) = pair();
-        let (mine, _peer) = UnixStream::pair().unwrap();
-        // The kernel ends a read after the bytes that carry descriptors: the first read is
-        // short with more behind it.
-        fdpass::send_with_fd(&d, b"{\"event\":\"WAKE\"}\n", mine.as_raw_fd()).unwrap();
-        (&d).write_all(b"{\"event\":\"WAKE\"}\n").unwrap();
-        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake, Event::Wake]);
-    }
-
-    #[test]
-    fn a_sent_requests_reply_waits_for_its_ticket_whoever_reads_it() {
-        let (mut c, mut d) = pair();
-        let a = c.send(&Request::Qp { dev: 0, qpn: 1 }).unwrap();
-        c.post(&Request::Arm).unwrap();
-        let b = c.send(&Request::Qp { dev: 0, qpn: 2 }).unwrap();
-        assert_eq!(c.answer(a), None);
-        // a's reply read by poll_events, b's by a request; the posted ARM has none.
-        d.write_all(b"{\"reply\":\"ERROR\",\"code\":\"EEXIST\",\"message\":\"taken\"}\n{\"event\":\"WAKE\"}\n")
-            .unwrap();
-        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
-        d.write_all(b"{\"reply\":\"OK\"}\n{\"reply\":\"OK\"}\n")
-            .unwrap();
-        assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
-        assert_eq!(c.answer(b), Some(Ok(Response::Ok)));
-        assert_eq!(c.answer(b), None);
-        let r = c.answer(a).unwrap().unwrap();
-        assert!(
-            matches!(&r, Response::Error { message, .. } if message == "taken"),
-            "{r:?}"
-        );
-        assert!(c.take_refusals().is_empty());
-        // Given up before its reply came: the reply goes nowhere, the next one to its owner.
-        let gone = c.send(&Request::Qp { dev: 0, qpn: 3 }).unwrap();
-        let next = c.send(&Request::Qp { dev: 0, qpn: 4 }).unwrap();
-        c.abandon(gone);
-        d.write_all(
-            b"{\"reply\":\"ERROR\",\"code\":\"EEXIST\",\"message\":\"late\"}\n{\"reply\":\"OK\"}\n",
-        )
-        .unwrap();
-        assert!(c.poll_events().unwrap().is_empty());
-        assert_eq!(c.answer(gone), None);
-        assert_eq!(c.answer(next), Some(Ok(Response::Ok)));
-        assert!(c.pending.is_empty() && c.answers.is_empty());
-    }
-
-    #[test]
-    fn a_request_that_times_out_does_not_take_the_next_reply() {
-        let (mut c, mut d) = pair();
-        c.timeout = Duration::from_millis(50);
-        assert!(c.request(&Request::Sync).is_err());
-        d.write_all(
-            b"{\"reply\":\"ERROR\",\"code\":\"EINVAL\",\"message\":\"late\"}\n{\"reply\":\"OK\"}\n",
-        )
-        .unwrap();
-        assert_eq!(c.request(&Request::Sync).unwrap(), Response::Ok);
-    }
-
-    #[test]
-    fn events_between_replies_are_queued_and_polled() {
-        let (mut c, mut d) = pair();
-        assert!(c.poll_events().unwrap().is_empty());
-        d.write_all(b"{\"event\":\"WAKE\"}\n{\"event\":\"DISCONNECT\",\"dev\":1,\"qpn\":2,\"status\":0}\n{\"reply\":\"OK\"}\n")
-            .unwrap();
-        assert_eq!(c.request(&Request::Arm).unwrap(), Response::Ok);
-        let mut line = [0u8; 14];
-        d.read_exact(&mut line).unwrap();
-        assert_eq!(&line, b"{\"req\":\"ARM\"}\n");
-        assert!(c.has_events());
-        d.write_all(b"{\"event\":\"WA").unwrap();
-        assert_eq!(
-            c.poll_events().unwrap(),
-            vec![
-                Event::Wake,
-                Event::Disconnect {
-                    dev: 1,
-                    qpn: 2,
-                    status: 0
-                }
-            ]
-        );
-        assert!(c.poll_events().unwrap().is_empty());
-        d.write_all(b"KE\"}\n{\"event\":\"NEWFANGLED\",\"x\":1}\n")
-            .unwrap();
-        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
-        d.write_all(b"{\"event\":\"WAKE\"}\n").unwrap();
-        drop(d);
-        assert_eq!(c.poll_events().unwrap(), vec![Event::Wake]);
-        assert!(c.poll_events().is_err());
-        assert!(c.request(&Request::Sync).is_err());
-    }
-
-    #[test]
-    fn an_urdmad_of_the_text_protocol_is_named_in_one_line() {
-        let (mut c, mut d) = pair();
-        d.write_all(b"ERROR code=EINVAL message=unknown_message\n")
-            .unwrap();
-        let e = c
-            .request(&Request::Hello {
-                version: proto::VERSION,
-                pid: 1,
-            })
-            .unwrap_err();
-        assert_eq!(
-            e,
-            Error::OldDaemon {
-                client: proto::VERSION,
-                answer: "EINVAL unknown message".into()
-            }
-        );
-        let text = e.to_string();
-        assert!(
-            !text.contains('\n') && text.contains("older control protocol"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn a_reply_that_never_comes_times_out() {
-        let (mut c, _d) = pair();
-        c.timeout = Duration::from_millis(50);
-        let e = c.request(&Request::Sync).unwrap_err();
-        assert_eq!(e, Error::Timeout(Duration::from_millis(50)));
-        assert!(e.to_string().contains("did not answer"), "{e}");
-    }
-}
+mod tests;

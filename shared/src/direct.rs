@@ -256,6 +256,11 @@ pub fn socket_domain(fd: RawFd) -> Option<i32> {
     socket_option(fd, libc::SO_DOMAIN).ok()
 }
 
+/// The type of the socket `fd` (`SO_TYPE`: `SOCK_STREAM`, ...); None for what is not a socket.
+pub fn socket_type(fd: RawFd) -> Option<i32> {
+    socket_option(fd, libc::SO_TYPE).ok()
+}
+
 /// The cookie the kernel gives socket `fd` (`SO_COOKIE`): unique among the sockets of this
 /// boot, never reused.
 pub fn socket_cookie(fd: RawFd) -> io::Result<u64> {

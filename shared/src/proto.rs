@@ -99,8 +99,10 @@ use std::str::FromStr;
 /// only when refused (`EVENT REFUSED`); version 18 a QP's owner named by urdma.ko, so that
 /// a process sends no `QP` line, and no `UNQP` once its `QPCLOSED` is sent; version 19 a
 /// second cache line in each slot of the QP figures' table ([`crate::qpstats::Slot`]), where
-/// a process says how far it received, for urdmad's Abort after it is gone.
-pub const VERSION: u32 = 19;
+/// a process says how far it received, for urdmad's Abort after it is gone; version 20 a
+/// process's second, quiet socket (`QUIET`), for the lines of a connection's end that need
+/// not wake urdmad.
+pub const VERSION: u32 = 20;
 
 /// Longest accepted line, newline included.
 pub const MAX_LINE: usize = 4096;
@@ -351,6 +353,11 @@ pub enum Request {
     Park {
         cookie: u64,
     },
+    /// Comes with one end of a Unix stream socket pair (`SCM_RIGHTS`), posted: the
+    /// process's quiet socket. urdmad does not wait on it: it reads it at its next wake-up,
+    /// and before any later line of the process. Only [`Request::is_quiet`] requests, posted,
+    /// are taken there.
+    Quiet,
 }
 
 /// A reply from the daemon.
@@ -676,6 +683,20 @@ impl Request {
     /// Decodes one line; never panics.
     pub fn decode(line: &str) -> Result<Self, ProtoError> {
         decode(line)
+    }
+
+    /// Whether the request may come on the quiet socket ([`Request::Quiet`]): the
+    /// clean-up of a connection that is over for the kernel, which nobody waits for.
+    pub fn is_quiet(&self) -> bool {
+        matches!(
+            self,
+            Request::Unqp { .. }
+                | Request::QpClosed { .. }
+                | Request::PeerClosed { .. }
+                | Request::GiveBack
+                | Request::Park { .. }
+                | Request::Close { .. }
+        )
     }
 
     /// Decodes one line, posted or not (`post`); never panics.

@@ -30,6 +30,7 @@ mod direct_port;
 mod flows;
 mod forward;
 mod idle;
+mod quiet;
 mod report;
 mod wakes;
 
@@ -138,6 +139,8 @@ struct Client {
     flows: Vec<u32>,
     /// Descriptors that came with its requests, for the `GIVEBACK`s among them.
     fds: VecDeque<OwnedFd>,
+    /// Its quiet socket (`QUIET`), read when urdmad wakes for something else.
+    quiet: Option<quiet::Quiet>,
     /// The map of its hush word (`urdma_shared::bell::Hush`), made with its first
     /// connection that rings urdma.ko's bell, and urdmad's own mapping of it, to follow
     /// urdma.ko's rule for the frames it puts on the process's rings (wakes.rs).

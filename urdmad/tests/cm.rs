@@ -1166,9 +1166,16 @@ fn connections_on_the_direct_path_move_their_frames_past_urdmad() {
     let st = b.status();
     assert_eq!(count::<Flow>(&st), 0, "{st:?}");
     assert_eq!(one::<Port>(&st).direct_flows, Some(0), "{st:?}");
-    // The process gives its socket back and closes its copy; urdmad closes its own copies
-    // on its keeper's thread a while later.
-    pb.give_back(db.rings.into_socket()).unwrap();
+    // The process gives its socket back, on its quiet socket, and closes its copy; urdmad
+    // closes its own copies on its keeper's thread a while later.
+    pb.open_quiet().unwrap();
+    pb.post_all_giving_back(
+        &[],
+        vec![db.rings.into_socket()],
+        &[],
+        urdmad::client::Urgency::Later,
+    )
+    .unwrap();
     pb.sync().unwrap();
     assert!(pb.take_refusals().is_empty());
     status_reaches(&b, "sockets_closing=0", |d| d.sockets_closing == Some(0));

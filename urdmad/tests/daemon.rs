@@ -407,6 +407,67 @@ fn a_process_of_another_protocol_version_gets_one_line_and_the_end_not_a_hang() 
 }
 
 #[test]
+fn a_quiet_socket_is_read_unasked_before_later_lines_and_takes_only_posted_clean_up() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use urdmad::proto::{Event, Request, Response};
+    let bed = Bed::new("qs");
+    let mut d = bed.start();
+    let mut s = UnixStream::connect(bed.socket()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut lines = BufReader::new(s.try_clone().unwrap());
+    let mut next = || {
+        let mut l = String::new();
+        lines.read_line(&mut l).expect("a line from urdmad");
+        l
+    };
+    let hello = Request::Hello {
+        version: urdmad::proto::VERSION,
+        pid: std::process::id(),
+    };
+    s.write_all(hello.encode().as_bytes()).unwrap();
+    assert!(matches!(
+        Response::decode(&next()),
+        Ok(Response::Hello { .. })
+    ));
+    let (mut mine, theirs) = UnixStream::pair().unwrap();
+    let quiet = Request::Quiet.encode_posted();
+    urdmad::fdpass::send_with_fd(&s, quiet.as_bytes(), theirs.as_raw_fd()).unwrap();
+    drop(theirs);
+    let refused = |line: &str, what: &str| match Event::decode(line) {
+        Ok(Event::Refused { request, .. }) => assert!(request.contains(what), "{line}"),
+        other => panic!("{line}: {other:?}"),
+    };
+    // A clean-up line is read with nothing else to wake urdmad (its refusal shows it).
+    let started = Instant::now();
+    mine.write_all(Request::Close { flow: 999 }.encode_posted().as_bytes())
+        .unwrap();
+    refused(&next(), "CLOSE");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Before a later line of the control socket.
+    mine.write_all(Request::Park { cookie: 7 }.encode_posted().as_bytes())
+        .unwrap();
+    s.write_all(Request::Sync.encode().as_bytes()).unwrap();
+    refused(&next(), "PARK");
+    assert_eq!(Response::decode(&next()), Ok(Response::Ok));
+    // Anything else is refused, and the quiet socket closed.
+    mine.write_all(Request::Arm.encode_posted().as_bytes())
+        .unwrap();
+    s.write_all(Request::Sync.encode().as_bytes()).unwrap();
+    refused(&next(), "ARM");
+    assert_eq!(Response::decode(&next()), Ok(Response::Ok));
+    mine.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(
+        mine.read(&mut [0u8; 8]).unwrap(),
+        0,
+        "urdmad closed its end"
+    );
+    stop_cleanly(&bed, &mut d);
+}
+
+#[test]
 fn a_process_of_a_newer_protocol_version_gets_one_error_and_the_end() {
     use std::io::{Read, Write};
     use urdmad::proto::{ErrorCode, Request, Response};

@@ -219,7 +219,7 @@ fn progress_qp(
         if !qp.flow.as_ref().is_some_and(|f| f.backlogged()) || now >= until {
             qp.end = End::Told;
             qp.closed_flow = qp.flow.take();
-            notices.push(Notice::Closed(key, status));
+            notices.push(Notice::end(key, status, qp.kernel_ended));
         }
     }
     let start = qp.out.len();

@@ -148,6 +148,8 @@ impl Shared {
         self.armed = false;
         self.event_look = Instant::ZERO;
         self.peer_closed.clear();
+        // The parent's QPs: the child never moves them itself.
+        self.handles = Default::default();
         IN_CALLS.store(0, Ordering::Relaxed);
         super::forget_hush();
     }
@@ -171,6 +173,10 @@ fn attach(path: &Path) -> Result<Attached, Error> {
         Ok(other) => return Err(urdmad("ATTACH", urdma_shared::client::refusal(other))),
         Err(e) => return Err(urdmad("ATTACH", e)),
     };
+    // Without it, what could wait goes on the control socket and wakes urdmad.
+    if let Err(e) = ctl.open_quiet() {
+        log::error(format_args!("QUIET: {e}"));
+    }
     // The first attachment makes them; a forked child's attachment finds them renewed.
     for (cell, make) in helper_descriptors() {
         if cell.get().is_none() {

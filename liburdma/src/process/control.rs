@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 
 use trp::Instant;
 use urdma_shared::bell::{self, BellWord};
-use urdma_shared::client::{Connection as Control, ConnectionFds};
+use urdma_shared::client::{Connection as Control, ConnectionFds, Urgency};
 use urdma_shared::proto::{Event, Request, Response};
 
 use super::helper::kick_helper;
@@ -189,6 +189,21 @@ impl Shared {
         }
     }
 
+    /// Ends QP `key`'s connection for iw_cm as its owner's move to SQD does (urdma.ko's
+    /// `CLOSE`: the application's `DISCONNECTED`), unless that was done, or the QP is being
+    /// destroyed (its handle may then name a new QP).
+    fn end_for_kernel(&mut self, key: QpKey) {
+        if self.engine.is_kernel_ended(key) {
+            return;
+        }
+        let Some(&qp) = self.handles.get(&key) else {
+            return;
+        };
+        if crate::control_verbs::end_connection(qp as *mut rdma_core_sys::ibv_qp) {
+            self.engine.kernel_ended(key);
+        }
+    }
+
     /// Tells urdmad what the engine found (PEERCLOSED, QPCLOSED), and urdma.ko which SRQs
     /// fell below their limit. Posted: nothing here
     /// depends on the reply, and urdmad takes requests in order, so a later request of this
@@ -201,7 +216,21 @@ impl Shared {
     fn deliver_notices_then(&mut self, last: Option<Request>) {
         crate::srq::report_limits(self.engine.take_srq_limits());
         let mut told = Vec::new();
+        // Only what the kernel waits for wakes urdmad: a connection's end it has not heard
+        // of from urdma.ko, a destroyed QP's abort (`last`).
+        let mut urgency = if last.is_some() {
+            Urgency::Now
+        } else {
+            Urgency::Later
+        };
         let notices = self.engine.take_notices();
+        // The peer's FIN ends the connection for the application, as siw's does: urdma.ko
+        // hears it from the provider, not from a wake-up of urdmad.
+        for n in &notices {
+            if let Notice::PeerClosed(key) = *n {
+                self.end_for_kernel(key);
+            }
+        }
         let lingered = self.engine.take_lingered();
         if (!notices.is_empty() || !lingered.is_empty())
             && super::at_exit::WAITING.load(Ordering::Relaxed)
@@ -209,12 +238,18 @@ impl Shared {
             rt().closes.notify_all();
         }
         for n in notices {
+            let n = self.engine.as_kernel_heard(n);
+            if let Notice::Closed(..) = n {
+                urgency = Urgency::Now;
+            }
             told.push(match n {
                 Notice::PeerClosed((dev, qpn)) => Request::PeerClosed { dev, qpn },
-                Notice::Closed((dev, qpn), status) => Request::QpClosed { dev, qpn, status },
+                Notice::Closed((dev, qpn), status) | Notice::Ended((dev, qpn), status) => {
+                    Request::QpClosed { dev, qpn, status }
+                }
             });
             // Told below: its flow goes now, and its socket back after.
-            if let Notice::Closed(key, _) = n {
+            if let Some((key, _)) = n.closed() {
                 self.engine.release_closed_flow(key);
             }
         }
@@ -259,7 +294,7 @@ impl Shared {
             .chain(last)
             .collect();
         // One write wakes urdmad once for all of it.
-        if let Err(e) = ctl.post_all_giving_back(&told, returned, &later) {
+        if let Err(e) = ctl.post_all_giving_back(&told, returned, &later, urgency) {
             log::error(format_args!(
                 "PEERCLOSED, QPCLOSED, GIVEBACK, PARK, CLOSE, UNQP: {e}"
             ));
@@ -476,6 +511,7 @@ mod tests {
             armed: false,
             event_look: Instant::ZERO,
             peer_closed: Vec::new(),
+            handles: Default::default(),
         };
         (Mutex::new(sh), daemon)
     }
@@ -548,6 +584,56 @@ mod tests {
             lines_there(&daemon),
             [line(unqp), line(Request::Close { flow: 33 })]
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_what_the_kernel_waits_for_wakes_urdmad_the_rest_goes_on_the_quiet_socket() {
+        use crate::engine::Notice;
+        let (dir, mut sh, daemon) = fresh_fake("quiet");
+        let line = |r: Request| r.encode_posted().trim_end().to_owned();
+        sh.control().unwrap().open_quiet().unwrap();
+        let mut buf = [0u8; 256];
+        let mut fds = std::collections::VecDeque::new();
+        let n = urdma_shared::fdpass::recv_with_fds(&daemon, &mut buf, &mut fds).unwrap();
+        assert_eq!(&buf[..n], Request::Quiet.encode_posted().as_bytes());
+        let quiet = std::os::unix::net::UnixStream::from(fds.pop_front().unwrap());
+        // The end of a connection urdma.ko ended at its owner's SQD, and a lingering close.
+        sh.engine.notice(Notice::PeerClosed((1, 5)));
+        sh.engine.notice(Notice::Ended((1, 5), 0));
+        sh.engine.lingered((1, 7), 33);
+        sh.deliver_notices();
+        let closed = |qpn, status| Request::QpClosed {
+            dev: 1,
+            qpn,
+            status,
+        };
+        let unqp = |qpn, linger| Request::Unqp {
+            dev: 1,
+            qpn,
+            linger,
+        };
+        assert!(lines_there(&daemon).is_empty());
+        assert_eq!(
+            lines_there(&quiet),
+            [
+                line(Request::PeerClosed { dev: 1, qpn: 5 }),
+                line(closed(5, 0)),
+                line(unqp(7, true)),
+                line(Request::Close { flow: 33 })
+            ]
+        );
+        // An end the kernel has not heard of, and a destroyed QP's abort, wake urdmad.
+        sh.engine.notice(Notice::Closed((1, 6), 0));
+        sh.engine.notice(Notice::Ended((1, 8), -libc::ECONNRESET));
+        sh.deliver_notices();
+        assert_eq!(
+            lines_there(&daemon),
+            [line(closed(6, 0)), line(closed(8, -libc::ECONNRESET))]
+        );
+        sh.deliver_notices_then(Some(unqp(9, false)));
+        assert_eq!(lines_there(&daemon), [line(unqp(9, false))]);
+        assert!(lines_there(&quiet).is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -20,7 +20,7 @@ const MAX_CONNECTIONS: usize = 1024;
 const REFUSAL_GRACE: Duration = Duration::from_secs(1);
 /// Descriptors a client sent with requests other than `GIVEBACK` that are kept (the oldest
 /// beyond go): a process sends one per `GIVEBACK`, on the same line.
-const MAX_HELD_FDS: usize = 8;
+pub(super) const MAX_HELD_FDS: usize = 8;
 
 /// What a sleep found readable among [`Daemon::control_fds`]. The pass after it reads
 /// only those: another look at each (a `poll`, an empty `read` of the kernel's channel)
@@ -124,6 +124,8 @@ impl Daemon {
             self.cm_handle_kernel(from_kernel);
             self.cm_tick();
         }
+        // Last: what a connection's set-up waits for goes first.
+        self.serve_quiet();
         self.devices_create();
         self.counters_push();
         if !self.departed.is_empty() && self.swept_at.elapsed() >= Duration::from_millis(500) {
@@ -220,6 +222,7 @@ impl Daemon {
                 attached: None,
                 flows: Vec::new(),
                 fds: VecDeque::new(),
+                quiet: None,
                 hush: None,
             });
         }
@@ -232,7 +235,10 @@ impl Daemon {
             let c = &mut self.clients[i];
             let held = c.fds.len();
             match crate::fdpass::recv_with_fds(&c.stream, &mut chunk, &mut c.fds) {
-                Ok(0) => return false,
+                Ok(0) => {
+                    self.read_quiet(i);
+                    return false;
+                }
                 Ok(n) => {
                     let c = &mut self.clients[i];
                     c.buf.extend_from_slice(&chunk[..n]);
@@ -244,9 +250,14 @@ impl Daemon {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => return false,
+                Err(_) => {
+                    self.read_quiet(i);
+                    return false;
+                }
             }
         }
+        // What the process wrote on its quiet socket before these lines comes first.
+        self.read_quiet(i);
         while let Some(pos) = self.clients[i].buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = self.clients[i].buf.drain(..=pos).collect();
             let (reply, keep) = match std::str::from_utf8(&line) {
@@ -275,8 +286,8 @@ impl Daemon {
 
     /// `GIVEBACK`: the socket of a direct connection that the process no longer uses, to
     /// be closed after its own copy ([`SocketKeeper::close`]).
-    pub(super) fn give_back(&mut self, i: usize) -> Response {
-        let Some(fd) = self.clients[i].fds.pop_front() else {
+    pub(super) fn take_back(&mut self, i: usize, fd: Option<OwnedFd>) -> Response {
+        let Some(fd) = fd else {
             return error(ErrorCode::Invalid, "GIVEBACK came without a socket");
         };
         let packet = crate::direct::socket_domain(fd.as_raw_fd()) == Some(libc::AF_PACKET);
@@ -368,7 +379,7 @@ impl Daemon {
     }
 
     /// The reply to one request, and whether the connection stays open.
-    fn answer(&mut self, i: usize, req: Request) -> (String, bool) {
+    pub(super) fn answer(&mut self, i: usize, req: Request) -> (String, bool) {
         let c = &self.clients[i];
         match req {
             Request::Hello { version, .. } => {
@@ -429,7 +440,11 @@ impl Daemon {
                 self.release_parts(id, pid, flows, attached, "detached");
                 (Response::Detached.encode(), true)
             }
-            Request::GiveBack => (self.give_back(i).encode(), true),
+            Request::GiveBack => {
+                let fd = self.clients[i].fds.pop_front();
+                (self.take_back(i, fd).encode(), true)
+            }
+            Request::Quiet => (self.open_quiet(i).encode(), true),
             Request::Park { cookie } => match self.direct_park(i, cookie) {
                 Ok(()) => (Response::Ok.encode(), true),
                 Err(why) => (error(ErrorCode::NotFound, &why).encode(), true),
@@ -523,7 +538,8 @@ impl Daemon {
     }
 
     pub(super) fn release(&mut self, mut c: Client, why: &str) {
-        for fd in std::mem::take(&mut c.fds) {
+        let quiet = c.quiet.take().map(|mut q| q.take_fds()).unwrap_or_default();
+        for fd in std::mem::take(&mut c.fds).into_iter().chain(quiet) {
             self.close_off_path(fd);
         }
         let flows = std::mem::take(&mut c.flows);

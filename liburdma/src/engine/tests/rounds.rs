@@ -421,6 +421,26 @@ fn a_qp_whose_close_urdmad_heard_is_destroyed_without_a_word() {
     assert!(t.e.take_notices().is_empty());
 }
 
+/// The owner's SQD ended the connection for the kernel: its end is news for urdmad's
+/// clean-up only, whether a round or the QP's destroy reports it; the peer's is not.
+#[test]
+fn an_end_the_kernel_heard_of_from_its_owner_is_reported_as_ended() {
+    let mut t = Bed::new();
+    t.connect();
+    t.e.kernel_ended(A);
+    t.e.close(A);
+    t.run(20);
+    let n = t.e.take_notices();
+    assert!(n.contains(&Notice::Ended(A, 0)), "{n:?}");
+    assert!(n.contains(&Notice::Closed(B, 0)), "{n:?}");
+    let mut t = Bed::new();
+    t.connect();
+    t.e.kernel_ended(A);
+    close_a_with_its_way_out_shut(&mut t);
+    assert_eq!(t.e.destroy_qp(A), Some(Unregister::Nothing));
+    assert_eq!(t.e.take_notices(), [Notice::Ended(A, 0)]);
+}
+
 #[test]
 fn a_qp_destroyed_while_its_last_ack_waits_reports_its_close() {
     let mut t = Bed::new();
