@@ -166,22 +166,7 @@ impl Connection {
         stream
             .set_write_timeout(Some(timeout))
             .map_err(|e| Error::io("socket setup", e))?;
-        let mut c = Connection {
-            stream,
-            quiet: None,
-            buf: Vec::new(),
-            events: VecDeque::new(),
-            closed: false,
-            fds: VecDeque::new(),
-            handed: HashMap::new(),
-            pending: VecDeque::new(),
-            answers: HashMap::new(),
-            refusals: Vec::new(),
-            next_ticket: 0,
-            daemon: String::new(),
-            timeout,
-            path: path.to_owned(),
-        };
+        let mut c = Connection::over(stream, timeout, path.to_owned());
         match c.request(&Request::Hello {
             version: proto::VERSION,
             pid: std::process::id(),
@@ -195,6 +180,26 @@ impl Connection {
                 client: proto::VERSION,
             }),
             other => Err(refusal(other)),
+        }
+    }
+
+    /// A connection over `stream`, not greeted yet.
+    fn over(stream: UnixStream, timeout: Duration, path: PathBuf) -> Connection {
+        Connection {
+            stream,
+            quiet: None,
+            buf: Vec::new(),
+            events: VecDeque::new(),
+            closed: false,
+            fds: VecDeque::new(),
+            handed: HashMap::new(),
+            pending: VecDeque::new(),
+            answers: HashMap::new(),
+            refusals: Vec::new(),
+            next_ticket: 0,
+            daemon: String::new(),
+            timeout,
+            path,
         }
     }
 

@@ -82,6 +82,28 @@ pub fn read_all_there(got: usize, asked: usize, fds_came: bool) -> bool {
     got < asked && !fds_came
 }
 
+/// Appends to `buf` every line `sock` (non-blocking) had when called ([`read_all_there`]),
+/// and queues the descriptors that came with them on `fds`. False when the peer closed it
+/// or reading failed.
+pub fn read_there(sock: &UnixStream, buf: &mut Vec<u8>, fds: &mut VecDeque<OwnedFd>) -> bool {
+    let mut chunk = [0u8; 1024];
+    loop {
+        let held = fds.len();
+        match recv_with_fds(sock, &mut chunk, fds) {
+            Ok(0) => return false,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if read_all_there(n, chunk.len(), fds.len() != held) {
+                    return true;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
 /// Reads what `sock` has into `buf` like `read`, and queues the descriptors that came with
 /// it on `fds`.
 pub fn recv_with_fds(

@@ -3,23 +3,10 @@ use std::io::Read;
 
 fn pair() -> (Connection, UnixStream) {
     let (a, b) = UnixStream::pair().unwrap();
-    let c = Connection {
-        stream: a,
-        quiet: None,
-        buf: Vec::new(),
-        events: VecDeque::new(),
-        closed: false,
-        fds: VecDeque::new(),
-        handed: HashMap::new(),
-        pending: VecDeque::new(),
-        answers: HashMap::new(),
-        refusals: Vec::new(),
-        next_ticket: 0,
-        daemon: String::new(),
-        timeout: Duration::from_secs(5),
-        path: PathBuf::new(),
-    };
-    (c, b)
+    (
+        Connection::over(a, Duration::from_secs(5), PathBuf::new()),
+        b,
+    )
 }
 
 #[test]

@@ -230,34 +230,15 @@ impl Daemon {
 
     /// Reads and answers what a client sent; false when the connection is to be dropped.
     pub(super) fn read_client(&mut self, i: usize) -> bool {
-        let mut chunk = [0u8; 1024];
-        loop {
-            let c = &mut self.clients[i];
-            let held = c.fds.len();
-            match crate::fdpass::recv_with_fds(&c.stream, &mut chunk, &mut c.fds) {
-                Ok(0) => {
-                    self.read_quiet(i);
-                    return false;
-                }
-                Ok(n) => {
-                    let c = &mut self.clients[i];
-                    c.buf.extend_from_slice(&chunk[..n]);
-                    // Every line written before now is read, as the kernel's messages need
-                    // (`serve_control`).
-                    if crate::fdpass::read_all_there(n, chunk.len(), c.fds.len() != held) {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    self.read_quiet(i);
-                    return false;
-                }
-            }
-        }
+        let c = &mut self.clients[i];
+        // Every line written before now is read, as the kernel's messages need
+        // (`serve_control`).
+        let open = crate::fdpass::read_there(&c.stream, &mut c.buf, &mut c.fds);
         // What the process wrote on its quiet socket before these lines comes first.
         self.read_quiet(i);
+        if !open {
+            return false;
+        }
         while let Some(pos) = self.clients[i].buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = self.clients[i].buf.drain(..=pos).collect();
             let (reply, keep) = match std::str::from_utf8(&line) {

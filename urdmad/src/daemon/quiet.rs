@@ -1,8 +1,8 @@
 //! A process's quiet socket (`QUIET`): the end of a connection that is already over for
 //! the kernel (a lingering close's `UNQP` and `CLOSE`, a `QPCLOSED` after the owner's own
 //! close, sockets given back or parked) is posted there, and urdmad reads it when something
-//! else wakes it, at least every `QUIET_SLEEP`. A wake-up of urdmad's is a process switch,
-//! the dearest thing in a connection's cycle on a small host (docs/performance.md).
+//! else wakes it, at least every `QUIET_SLEEP`: a connection's end costs urdmad no wake-up
+//! (a process switch) of its own.
 //!
 //! Order: a process's quiet lines are handled before any line it wrote on its control
 //! socket after them, and after the kernel's messages of the same pass: a connection being
@@ -94,28 +94,7 @@ impl Daemon {
         let Some(q) = self.clients[i].quiet.as_mut() else {
             return;
         };
-        let mut chunk = [0u8; 1024];
-        let mut ended = false;
-        loop {
-            let held = q.fds.len();
-            match crate::fdpass::recv_with_fds(&q.stream, &mut chunk, &mut q.fds) {
-                Ok(0) => {
-                    ended = true;
-                    break;
-                }
-                Ok(n) => {
-                    q.buf.extend_from_slice(&chunk[..n]);
-                    if crate::fdpass::read_all_there(n, chunk.len(), q.fds.len() != held) {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    ended = e.kind() != std::io::ErrorKind::WouldBlock;
-                    break;
-                }
-            }
-        }
+        let mut ended = !crate::fdpass::read_there(&q.stream, &mut q.buf, &mut q.fds);
         loop {
             let Some(q) = self.clients[i].quiet.as_mut() else {
                 return;
