@@ -541,7 +541,7 @@ impl Connection {
             }
         }
         if self.rx.ack_due() {
-            let sack = self.rx.sack_ranges();
+            let sack = self.rx.take_sack();
             let op = if sack.is_empty() {
                 trp::Opcode::Ack
             } else {

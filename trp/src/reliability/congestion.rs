@@ -76,6 +76,14 @@ pub(super) enum Progress {
     RoundEnded,
 }
 
+/// The window before a cut, and the round whose losses made it.
+#[derive(Clone, Copy, Debug)]
+struct Undo {
+    round: u32,
+    cwnd: u32,
+    ssthresh: u32,
+}
+
 /// What a loss did to the window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum LossResponse {
@@ -150,6 +158,8 @@ pub(super) struct Congestion {
     rounds_since_drain: u32,
     /// This round runs at half the window.
     draining: bool,
+    /// The last cut, until its round's count stands or a timeout comes.
+    undo: Option<Undo>,
 }
 
 impl Congestion {
@@ -179,6 +189,7 @@ impl Congestion {
             loss_rate: 0,
             rounds_since_drain: 0,
             draining: false,
+            undo: None,
         }
     }
 
@@ -436,8 +447,42 @@ impl Congestion {
         if let Some(e) = self.ledger_of(round) {
             e.cut = true;
         }
+        self.undo = Some(Undo {
+            round,
+            cwnd: self.cwnd,
+            ssthresh: self.ssthresh,
+        });
         self.cut(nxt);
         LossResponse::Cut
+    }
+
+    /// A segment of `round` counted lost was delivered after all, before
+    /// its resend: a round trip longer than the loss test allows, which a
+    /// receiver that ran late gives a whole burst at once. The round's count
+    /// drops by one; a cut that count made and no longer would is undone
+    /// (Eifel, RFC 4015): the window and slow-start threshold come back and
+    /// recovery ends. Returns whether a cut was undone.
+    pub(super) fn on_spurious(&mut self, round: u32) -> bool {
+        let Some(e) = self.ledger_of(round) else {
+            return false;
+        };
+        e.lost = e.lost.saturating_sub(1);
+        let (sent, lost) = (e.sent, e.lost);
+        let Some(u) = self.undo.filter(|u| u.round == round) else {
+            return false;
+        };
+        let policed = lost >= NOISE_MIN && u64::from(lost) * 3 > u64::from(sent) * NOISE_THIRDS;
+        if policed || self.beyond_usual_loss(lost, sent) {
+            return false;
+        }
+        if let Some(e) = self.ledger_of(round) {
+            e.cut = false;
+        }
+        self.undo = None;
+        self.cwnd = self.cwnd.max(u.cwnd);
+        self.ssthresh = self.ssthresh.max(u.ssthresh);
+        self.recovery_end = None;
+        true
     }
 
     /// Halves the window.
@@ -464,6 +509,7 @@ impl Congestion {
         // probe and its ACK both survive too rarely.
         self.cwnd = 2;
         self.cwnd_acc = 0;
+        self.undo = None;
         self.draining = false;
         self.rounds_since_drain = 0;
         self.recovery_end = Some(nxt);
@@ -533,6 +579,50 @@ mod tests {
         let r = send(&mut c, 20);
         assert_eq!(c.on_loss(r, 150), LossResponse::Cut);
         assert_eq!(c.cwnd(), 10);
+    }
+
+    /// Losses that were not (delivered after all, before their resend)
+    /// undo the cut they made; a cut the round's other losses still justify
+    /// stands, and a timeout ends the chance.
+    #[test]
+    fn a_cut_made_by_spurious_losses_is_undone() {
+        let queued = |c: &mut Congestion, xmit: u64| {
+            let r = send(c, 40);
+            for _ in 0..ROUND_SAMPLES {
+                c.on_rtt(130_000, r);
+            }
+            c.on_progress(xmit + 40, xmit + 40, 0);
+            r
+        };
+        let (mut c, xmit) = settled(40, 100_000, 8);
+        let r = queued(&mut c, xmit);
+        assert_eq!(c.on_loss(r, 100), LossResponse::Cut, "a clean path's first");
+        assert_eq!(c.cwnd(), 20);
+        assert!(c.on_spurious(r));
+        assert_eq!((c.cwnd(), c.in_recovery()), (40, false));
+
+        let (mut c, xmit) = settled(40, 100_000, 8);
+        c.loss_rate = ONE / 10;
+        let r = queued(&mut c, xmit);
+        for _ in 0..9 {
+            assert_eq!(c.on_loss(r, 200), LossResponse::Random);
+        }
+        assert_eq!(c.on_loss(r, 200), LossResponse::Cut, "10 of 40");
+        for _ in 0..2 {
+            assert_eq!(c.on_loss(r, 200), LossResponse::InRecovery);
+        }
+        assert!(!c.on_spurious(r), "11 of 40 still cut");
+        assert!(!c.on_spurious(r), "10 of 40 still cut");
+        assert_eq!(c.cwnd(), 20);
+        assert!(c.on_spurious(r), "9 of 40 is the path's");
+        assert_eq!(c.cwnd(), 40);
+
+        let (mut c, xmit) = settled(40, 100_000, 8);
+        let r = queued(&mut c, xmit);
+        assert_eq!(c.on_loss(r, 100), LossResponse::Cut);
+        c.on_timeout(20, 100);
+        assert!(!c.on_spurious(r));
+        assert_eq!(c.cwnd(), 2);
     }
 
     /// A loss is counted against the round that sent the segment, however

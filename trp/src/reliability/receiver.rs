@@ -5,6 +5,11 @@ use crate::time::Instant;
 use crate::wire::trp::{SackRanges, MAX_SACK_RANGES};
 use core::time::Duration;
 
+/// ACKs that may follow an ACK at once, each with ranges it had no room for: a burst that
+/// left more ranges held than one ACK carries is reported whole, and one arrival costs at
+/// most this many ACKs more.
+const SACK_FOLLOW_UPS: u8 = 2;
+
 /// What a received packet asks of our acknowledgement.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AckAsk {
@@ -56,6 +61,10 @@ pub struct Receiver {
     hold_ns: u64,
     /// An asked-for ACK is waiting (until `ack_deadline` at the latest).
     held: bool,
+    /// The last SACK had no room for the ranges below this PSN (above the lowest).
+    sack_more: Option<u32>,
+    /// ACKs sent for `sack_more` since the last arrival.
+    follow_ups: u8,
 }
 
 /// How a PSN relates to the receive window.
@@ -86,6 +95,8 @@ impl Receiver {
             ack_delay_ns: ack_delay.as_nanos().min(u128::from(u64::MAX)) as u64,
             hold_ns: hold.as_nanos().min(u128::from(u64::MAX)) as u64,
             held: false,
+            sack_more: None,
+            follow_ups: 0,
         }
     }
 
@@ -140,6 +151,7 @@ impl Receiver {
     pub fn mark(&mut self, psn: u32) {
         self.set(psn, true);
         self.last = psn;
+        self.follow_ups = 0;
         if psn_lt(self.highest, psn) {
             self.highest = psn;
         }
@@ -230,6 +242,24 @@ impl Receiver {
     /// Reporting only the lowest ranges let it learn four holes per round
     /// trip.
     pub fn sack_ranges(&self) -> SackRanges {
+        self.pick_sacks(None).0
+    }
+
+    /// The ranges of the ACK to send now. A burst taken in one go (a
+    /// receiver that ran late) can leave more ranges than an ACK carries,
+    /// and a range never reported is resent once overdue: the ACKs that
+    /// follow at once ([`SACK_FOLLOW_UPS`]) carry the ranges below, down to
+    /// the lowest.
+    pub fn take_sack(&mut self) -> SackRanges {
+        let (ranges, more) = self.pick_sacks(self.sack_more);
+        self.sack_more = more;
+        ranges
+    }
+
+    /// [`Receiver::sack_ranges`], the highest ones taken from below `from`
+    /// when given; and where the next ACK goes on when ranges above the
+    /// lowest were left out.
+    fn pick_sacks(&self, from: Option<u32>) -> (SackRanges, Option<u32>) {
         let mut picked = [(0u32, 0u32); MAX_SACK_RANGES];
         let mut n = 0;
         let mut pick = |r: Option<(u32, u32)>, n: &mut usize| {
@@ -244,13 +274,16 @@ impl Receiver {
         let first_held = (1..self.span())
             .map(|d| self.nxt.wrapping_add(d))
             .find(|&p| self.bit(p));
-        pick(first_held.and_then(|p| self.range_around(p)), &mut n);
-        let mut below = self.highest.wrapping_add(1);
-        while n < MAX_SACK_RANGES {
-            let Some(top) = self.held_below(below) else {
-                break;
-            };
+        let lowest = first_held.and_then(|p| self.range_around(p));
+        pick(lowest, &mut n);
+        let mut below = from.unwrap_or(self.highest.wrapping_add(1));
+        let mut more = None;
+        while let Some(top) = self.held_below(below) {
             let r = self.range_around(top);
+            if n == MAX_SACK_RANGES {
+                more = (r != lowest).then_some(below);
+                break;
+            }
             pick(r, &mut n);
             below = r.map_or(top, |(start, _)| start);
         }
@@ -260,7 +293,7 @@ impl Receiver {
         for &(start, end) in ranges.iter() {
             r.push(start, end);
         }
-        r
+        (r, more)
     }
 
     /// PSNs from `nxt` that may be held: up to and including `highest`,
@@ -378,7 +411,9 @@ impl Receiver {
     /// Every packet we send carries the cumulative ACK.
     #[inline]
     pub fn ack_sent(&mut self) {
-        self.ack_now = false;
+        // Ranges left out go in the next ACK, at once while the follow-ups last.
+        self.ack_now = self.sack_more.is_some() && self.follow_ups < SACK_FOLLOW_UPS;
+        self.follow_ups += u8::from(self.ack_now);
         self.ack_deadline = None;
         self.held = false;
         self.unacked = 0;
@@ -425,6 +460,116 @@ mod tests {
             r.sack_ranges().as_slice(),
             &[(12, 14), (15, 17), (30, 31), (40, 41)]
         );
+    }
+
+    /// Every SACK due now, as the transmit path takes them.
+    fn sacks_due(r: &mut Receiver) -> Vec<SackRanges> {
+        let mut acks = Vec::new();
+        while r.ack_due() {
+            acks.push(r.take_sack());
+            r.ack_sent();
+        }
+        acks
+    }
+
+    /// A burst with more ranges than an ACK carries: the ACKs that follow at
+    /// once report the rest, down to the lowest.
+    #[test]
+    fn ranges_left_out_follow_at_once() {
+        let mut r = Receiver::new(10, 64, Duration::from_micros(100), Duration::ZERO);
+        for p in [12, 13, 15, 20, 25, 26, 30, 40] {
+            r.mark(p);
+        }
+        r.request_ack();
+        let acks = sacks_due(&mut r);
+        assert_eq!(acks.len(), 2);
+        assert_eq!(
+            acks[0].as_slice(),
+            &[(12, 14), (25, 27), (30, 31), (40, 41)]
+        );
+        assert_eq!(
+            acks[1].as_slice(),
+            &[(12, 14), (15, 16), (20, 21), (40, 41)]
+        );
+        // All reported: the next ACK starts from the highest again.
+        r.mark(41);
+        r.request_ack();
+        assert_eq!(sacks_due(&mut r).len(), 2);
+    }
+
+    /// One arrival is answered by at most `1 + SACK_FOLLOW_UPS` ACKs, however
+    /// many ranges are held; the next arrival goes on where they stopped.
+    #[test]
+    fn follow_ups_are_bounded_per_arrival() {
+        let mut r = Receiver::new(0, 256, Duration::from_micros(100), Duration::ZERO);
+        for p in (2..200).step_by(2) {
+            r.mark(p);
+        }
+        r.request_ack();
+        let first = sacks_due(&mut r);
+        assert_eq!(first.len(), 1 + usize::from(SACK_FOLLOW_UPS));
+        let lowest_so_far = first.last().unwrap().as_slice()[2].0;
+        r.mark(201);
+        r.request_ack();
+        let next = sacks_due(&mut r);
+        assert_eq!(next.len(), 1 + usize::from(SACK_FOLLOW_UPS));
+        assert!(next[0].as_slice()[2].0 < lowest_so_far, "it went on below");
+        // A data packet carries no ranges: it neither ends nor prolongs the
+        // follow-ups beyond their bound.
+        r.mark(203);
+        r.request_ack();
+        let mut sent = 0;
+        while r.ack_due() {
+            r.ack_sent();
+            sent += 1;
+        }
+        assert_eq!(sent, 1 + usize::from(SACK_FOLLOW_UPS));
+    }
+
+    /// The sender learns every range of a burst taken in one go, and resends
+    /// exactly the holes: a range no ACK had room for was resent as lost.
+    #[test]
+    fn a_burst_taken_at_once_resends_only_its_holes() {
+        use crate::reliability::{Params, Sender};
+        let ms = |n: u64| Instant(n * 1_000_000);
+        let mut tx: Sender<()> = Sender::new(
+            Params {
+                initial_rto: Duration::from_millis(200),
+                min_rto: Duration::from_millis(200),
+                max_rto: Duration::from_secs(1),
+                max_retries: 3,
+                min_give_up: Duration::ZERO,
+                initial_cwnd: 64,
+                max_cwnd: 64,
+                ack_delay_ns: 0,
+                ack_hold_ns: 0,
+            },
+            0,
+            64,
+        );
+        let mut rx = Receiver::new(0, 64, Duration::from_micros(100), Duration::ZERO);
+        tx.push((), ms(0));
+        rx.take_in_order(0);
+        tx.on_ack(ms(1), rx.nxt(), &SackRanges::new());
+        for _ in 1..=40 {
+            tx.push((), ms(2));
+        }
+        let holes = [5, 13, 21, 29, 37];
+        for p in (1..=40).filter(|p| !holes.contains(p)) {
+            if !rx.take_in_order(p) {
+                rx.mark(p);
+                std::iter::from_fn(|| rx.pop_in_order()).count();
+            }
+        }
+        rx.request_ack();
+        for sack in sacks_due(&mut rx) {
+            tx.on_ack(ms(10), rx.nxt(), &sack);
+        }
+        let mut resent = Vec::new();
+        while let Some(psn) = tx.next_retransmit(ms(10)) {
+            resent.push(psn);
+        }
+        assert_eq!(resent, holes);
     }
 
     #[test]

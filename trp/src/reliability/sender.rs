@@ -40,6 +40,9 @@ struct Seg<K> {
     retrans: u16,
     sacked: bool,
     lost: bool,
+    /// Its loss is counted against `round` (`Congestion::on_loss`) and it
+    /// has not been resent yet.
+    counted: bool,
 }
 
 /// Sender half: every PSN from `una` to `nxt` with what it carries.
@@ -90,6 +93,10 @@ pub struct SenderStats {
     /// Segments found lost with no sign of congestion: retransmitted, the
     /// window kept.
     pub random_losses: u64,
+    /// Segments found lost and then delivered before their resend.
+    pub spurious_losses: u64,
+    /// Cuts undone because the losses that made them were spurious.
+    pub cuts_undone: u64,
     pub max_in_flight: u32,
 }
 
@@ -223,6 +230,7 @@ impl<K> Sender<K> {
             retrans: 0,
             sacked: false,
             lost: false,
+            counted: false,
         });
         self.nxt = self.nxt.wrapping_add(1);
         self.stats.sent += 1;
@@ -267,6 +275,7 @@ impl<K> Sender<K> {
             self.xmit_count += 1;
             let s = &mut self.segs[i];
             s.lost = false;
+            s.counted = false;
             self.retransmitted += u32::from(s.retrans == 0);
             s.retrans = s.retrans.saturating_add(1);
             s.sent_at = now;
@@ -355,6 +364,10 @@ impl<K> Sender<K> {
             for s in self.segs.range(..n as usize) {
                 was_sacked += u32::from(s.sacked);
                 was_lost += u32::from(s.lost && !s.sacked);
+                if s.counted && !s.sacked {
+                    self.stats.spurious_losses += 1;
+                    self.stats.cuts_undone += u64::from(self.cc.on_spurious(s.round));
+                }
                 was_retransmitted += u32::from(s.retrans > 0);
                 newest_any = newest_any.max(s.xmit);
                 if s.retrans == 0 && newest_clean.is_none_or(|(x, ..)| s.xmit > x) {
@@ -394,6 +407,10 @@ impl<K> Sender<K> {
                     if s.lost {
                         s.lost = false;
                         self.lost -= 1;
+                    }
+                    if std::mem::take(&mut s.counted) {
+                        self.stats.spurious_losses += 1;
+                        self.stats.cuts_undone += u64::from(self.cc.on_spurious(s.round));
                     }
                     self.delivered_xmit = self.delivered_xmit.max(s.xmit);
                     newest_any = newest_any.max(s.xmit);
@@ -462,6 +479,7 @@ impl<K> Sender<K> {
                 && now.0.saturating_sub(s.sent_at.0) >= wait
             {
                 s.lost = true;
+                s.counted = true;
                 self.lost += 1;
                 let psn = self.una.wrapping_add(i as u32);
                 self.lost_q.push_back(psn);
@@ -672,6 +690,30 @@ mod tests {
 
     /// A segment overtaken by many but delivered within the usual round
     /// trip is never taken for lost: no retransmission, no cut.
+    /// A segment found lost and then SACKed before its resend is not resent,
+    /// and the cut its loss made is undone.
+    #[test]
+    fn a_loss_found_spurious_before_its_resend_is_undone() {
+        let mut s: Sender<()> = Sender::new(params(), 0, 64);
+        s.push((), Instant(0));
+        s.on_ack(Instant(1_000_000), 1, &SackRanges::new());
+        for _ in 0..8 {
+            s.push((), Instant(2_000_000));
+        }
+        let cwnd = s.cwnd();
+        let mut sack = SackRanges::new();
+        sack.push(5, 9);
+        s.on_ack(Instant(10_000_000), 1, &sack);
+        assert_eq!(s.stats.fast_recoveries, 1, "a clean path's first loss cuts");
+        assert!(s.cwnd() < cwnd);
+        let mut sack = SackRanges::new();
+        sack.push(1, 9);
+        s.on_ack(Instant(10_100_000), 1, &sack);
+        assert_eq!(s.next_retransmit(Instant(10_100_000)), None);
+        assert_eq!((s.stats.spurious_losses, s.stats.cuts_undone), (4, 1));
+        assert!(s.cwnd() >= cwnd);
+    }
+
     #[test]
     fn reordering_within_a_round_trip_is_not_loss() {
         let mut s: Sender<()> = Sender::new(params(), 0, 64);
