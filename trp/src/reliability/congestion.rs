@@ -44,9 +44,11 @@ const NOISE_MIN: u32 = 4;
 /// would lose as many in fewer than one round in `UNUSUAL` (a Poisson
 /// tail). The deviations alone misjudge a mean below one, where a second
 /// loss in a round is common; the tail alone lets a queue overflow longer
-/// where the mean is a few segments.
+/// where the mean is a few segments. One in 100 cut a path losing 1-2 %
+/// by chance alone, 20-60 times in 20 s on the VM bed; one in 1,000 let the
+/// congested link's queue drop more than its test allows.
 const DEVIATIONS: u64 = 3;
-const UNUSUAL: f64 = 100.0;
+const UNUSUAL: f64 = 300.0;
 /// Loss rates are kept in 1/1024ths.
 const ONE: u64 = 1024;
 /// Segments a loss-rate sample spans at least: short rounds add up.
@@ -604,17 +606,17 @@ mod tests {
         let (mut c, xmit) = settled(40, 100_000, 8);
         c.loss_rate = ONE / 10;
         let r = queued(&mut c, xmit);
-        for _ in 0..9 {
+        for _ in 0..10 {
             assert_eq!(c.on_loss(r, 200), LossResponse::Random);
         }
-        assert_eq!(c.on_loss(r, 200), LossResponse::Cut, "10 of 40");
+        assert_eq!(c.on_loss(r, 200), LossResponse::Cut, "11 of 40");
         for _ in 0..2 {
             assert_eq!(c.on_loss(r, 200), LossResponse::InRecovery);
         }
+        assert!(!c.on_spurious(r), "12 of 40 still cut");
         assert!(!c.on_spurious(r), "11 of 40 still cut");
-        assert!(!c.on_spurious(r), "10 of 40 still cut");
         assert_eq!(c.cwnd(), 20);
-        assert!(c.on_spurious(r), "9 of 40 is the path's");
+        assert!(c.on_spurious(r), "10 of 40 is the path's");
         assert_eq!(c.cwnd(), 40);
 
         let (mut c, xmit) = settled(40, 100_000, 8);
@@ -640,15 +642,15 @@ mod tests {
             c.on_rtt(130_000, late);
         }
         // At a tenth's rate 5 of 40 is usual (the mean and a half of its
-        // deviation), 10 of 40 is not (three).
+        // deviation), 11 of 40 is not (beyond three, and the tail's 1/300).
         for _ in 0..5 {
             assert_eq!(c.on_loss(early, 200), LossResponse::Random);
             assert_eq!(c.on_loss(late, 200), LossResponse::Random);
         }
-        for _ in 0..4 {
+        for _ in 0..5 {
             assert_eq!(c.on_loss(late, 200), LossResponse::Random);
         }
-        assert_eq!(c.on_loss(late, 200), LossResponse::Cut, "10 of 40");
+        assert_eq!(c.on_loss(late, 200), LossResponse::Cut, "11 of 40");
     }
 
     /// One round trip of `cwnd` segments whose least RTT is `rtt` and of
