@@ -688,8 +688,6 @@ mod tests {
         assert_eq!(s.outstanding(), 0);
     }
 
-    /// A segment overtaken by many but delivered within the usual round
-    /// trip is never taken for lost: no retransmission, no cut.
     /// A segment found lost and then SACKed before its resend is not resent,
     /// and the cut its loss made is undone.
     #[test]
@@ -714,6 +712,8 @@ mod tests {
         assert!(s.cwnd() >= cwnd);
     }
 
+    /// A segment overtaken by many but delivered within the usual round
+    /// trip is never taken for lost: no retransmission, no cut.
     #[test]
     fn reordering_within_a_round_trip_is_not_loss() {
         let mut s: Sender<()> = Sender::new(params(), 0, 64);
