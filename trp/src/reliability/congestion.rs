@@ -71,6 +71,12 @@ const DRAIN_EVERY: u32 = 48;
 /// its place is taken.
 const LEDGER_ROUNDS: usize = 8;
 
+/// Whether a round that lost `lost` of `sent` lost more than a third: a
+/// policer, or a queue too short to show in the round trip.
+fn policed(lost: u32, sent: u32) -> bool {
+    lost >= NOISE_MIN && u64::from(lost) * 3 > u64::from(sent) * NOISE_THIRDS
+}
+
 /// What an ACK's progress meant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Progress {
@@ -442,8 +448,7 @@ impl Congestion {
             return LossResponse::InRecovery;
         }
         let unusual = self.beyond_usual_loss(lost, sent);
-        let policed = lost >= NOISE_MIN && u64::from(lost) * 3 > u64::from(sent) * NOISE_THIRDS;
-        if cut_before || !(unusual && (policed || self.queue_seen())) {
+        if cut_before || !(unusual && (policed(lost, sent) || self.queue_seen())) {
             return LossResponse::Random;
         }
         if let Some(e) = self.ledger_of(round) {
@@ -473,8 +478,7 @@ impl Congestion {
         let Some(u) = self.undo.filter(|u| u.round == round) else {
             return false;
         };
-        let policed = lost >= NOISE_MIN && u64::from(lost) * 3 > u64::from(sent) * NOISE_THIRDS;
-        if policed || self.beyond_usual_loss(lost, sent) {
+        if policed(lost, sent) || self.beyond_usual_loss(lost, sent) {
             return false;
         }
         if let Some(e) = self.ledger_of(round) {
