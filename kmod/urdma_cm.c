@@ -102,7 +102,7 @@ enum urdma_ep_state {
 	URDMA_EP_CONNECTING,	/* active: CONNECT sent, CONNECT_REPLY due */
 	URDMA_EP_REQUEST,	/* passive: CONNECT_REQUEST posted */
 	URDMA_EP_ACCEPTING,	/* passive: ACCEPT sent, iw_accept waits */
-	URDMA_EP_ESTABLISHED,	/* CONNECT_REPLY(0)/ESTABLISHED posted: CLOSE due */
+	URDMA_EP_ESTABLISHED,	/* CONNECT_REPLY(0) or ACCEPTED 0: CLOSE due */
 	URDMA_EP_DEAD,		/* passive request nobody can accept any more */
 };
 
@@ -137,6 +137,7 @@ struct urdma_ep {
 	struct completion answered;
 	bool has_answer;		/* accept_status is set */
 	int accept_status;
+	bool est_due;			/* ACCEPTED came; ESTABLISHED not posted */
 };
 
 static DEFINE_MUTEX(urdma_cm_mutex);
@@ -419,8 +420,8 @@ static void urdma_event_init(struct iw_cm_event *ev, struct urdma_ep *ep,
 	ev->ord = ep->ord;
 }
 
-static int urdma_post(struct urdma_ep *ep, enum iw_cm_event_type type,
-		      int status, const void *pdata, u8 len)
+static int urdma_deliver(struct urdma_ep *ep, enum iw_cm_event_type type,
+			 int status, const void *pdata, u8 len)
 {
 	struct iw_cm_event ev;
 	int rv;
@@ -434,6 +435,28 @@ static int urdma_post(struct urdma_ep *ep, enum iw_cm_event_type type,
 	if (rv)
 		pr_warn_ratelimited("urdma: iw_cm event %d lost: %d\n", type, rv);
 	return rv;
+}
+
+/*
+ * The ESTABLISHED that ACCEPTED left to iw_accept.  iw_accept posts it as it
+ * returns: posted earlier, it would hold iwcm_wq, and every other
+ * connection's events, until the accepting thread runs again.
+ */
+static int urdma_post_established(struct urdma_ep *ep)
+{
+	if (!ep->est_due)
+		return 0;
+	ep->est_due = false;
+	return urdma_deliver(ep, IW_CM_EVENT_ESTABLISHED, 0, NULL, 0);
+}
+
+/* Any event after an ESTABLISHED still due comes after it. */
+static int urdma_post(struct urdma_ep *ep, enum iw_cm_event_type type,
+		      int status, const void *pdata, u8 len)
+{
+	lockdep_assert_held(&urdma_cm_mutex);
+	urdma_post_established(ep);
+	return urdma_deliver(ep, type, status, pdata, len);
 }
 
 /*
@@ -843,7 +866,12 @@ int urdma_accept(struct iw_cm_id *id, struct iw_cm_conn_param *param)
 						    URDMA_ACCEPT_TIMEOUT);
 
 	mutex_lock(&urdma_cm_mutex);
-	if (ep->state == URDMA_EP_ESTABLISHED) {
+	if (ep->state == URDMA_EP_ESTABLISHED && urdma_post_established(ep)) {
+		/* iw_cm could not take it: the connection fails here. */
+		urdma_send_disconnect(ep, -ECONNRESET);
+		rv = -ENOMEM;
+		urdma_ep_finish(ep);
+	} else if (ep->state == URDMA_EP_ESTABLISHED) {
 		/* ACCEPTED came, maybe just after the wait ended. */
 		rv = 0;
 	} else {
@@ -1113,15 +1141,11 @@ static void urdma_cm_accepted(struct urdma_chan *chan,
 		/*
 		 * Established here rather than in iw_accept, so that a wait
 		 * that timed out meanwhile finds the connection up and keeps
-		 * it.  The event waits on iwcm_wq until iw_accept returns.
+		 * it; its event is posted by iw_accept.
 		 */
 		urdma_qp_to_rts(ep->qp);
-		if (!urdma_post(ep, IW_CM_EVENT_ESTABLISHED, 0, NULL, 0)) {
-			ep->state = URDMA_EP_ESTABLISHED;
-		} else {
-			status = -ENOMEM;
-			urdma_send_disconnect(ep, -ECONNRESET);
-		}
+		ep->state = URDMA_EP_ESTABLISHED;
+		ep->est_due = true;
 	}
 	urdma_ep_answer(ep, status);
 }

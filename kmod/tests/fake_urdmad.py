@@ -18,7 +18,8 @@ CONNECT is answered by the remote port it names,
           sides connected (ACCEPTED 0, CONNECTED with the accept's
           private data) and whose REJECT fails the connect with
           -ECONNREFUSED and the reject's private data.  An ACCEPT whose
-          private data is "noanswer" is never answered.
+          private data is "noanswer" is never answered; one whose
+          private data is "held" is answered so at SIGUSR2.
 
 DISCONNECT closes both QPs of a pair: graceful (status 0) as CLOSED 0 and,
 for the peer, PEER_CLOSED then CLOSED 0; an abort as CLOSED status and
@@ -85,6 +86,7 @@ class Fake:
         self.pending = {}       # req -> CONNECT message
         self.pairs = {}         # (dev, qpn) -> (dev, qpn)
         self.held = []          # CONNECT ids with no answer yet
+        self.held_accepts = []  # (ACCEPT, its CONNECT) with no answer yet
         self.next_req = 100
         self.close_all = False
         self.answer_held = False
@@ -131,6 +133,12 @@ class Fake:
         if m["pdata"] == b"noanswer":
             self.pending[m["req"]] = c
             return
+        if m["pdata"] == b"held":
+            self.held_accepts.append((m, c))
+            return
+        self.connect_pair(m, c)
+
+    def connect_pair(self, m, c):
         self.send("ACCEPTED", req=m["req"], status=0)
         self.send("CONNECTED", id=c["id"], la=c["la"], lp=c["lp"],
                   ra=c["ra"], rp=c["rp"], ird=m["ord"], ord=m["ird"],
@@ -206,6 +214,9 @@ class Fake:
             for cid in self.held:
                 self.send("CONNECT_FAILED", id=cid, status=-errno.ETIMEDOUT)
             self.held = []
+            for m, c in self.held_accepts:
+                self.connect_pair(m, c)
+            self.held_accepts = []
 
 
 def main():
