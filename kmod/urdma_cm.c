@@ -866,14 +866,14 @@ int urdma_accept(struct iw_cm_id *id, struct iw_cm_conn_param *param)
 						    URDMA_ACCEPT_TIMEOUT);
 
 	mutex_lock(&urdma_cm_mutex);
-	if (ep->state == URDMA_EP_ESTABLISHED && urdma_post_established(ep)) {
-		/* iw_cm could not take it: the connection fails here. */
-		urdma_send_disconnect(ep, -ECONNRESET);
-		rv = -ENOMEM;
-		urdma_ep_finish(ep);
-	} else if (ep->state == URDMA_EP_ESTABLISHED) {
+	if (ep->state == URDMA_EP_ESTABLISHED) {
 		/* ACCEPTED came, maybe just after the wait ended. */
-		rv = 0;
+		rv = urdma_post_established(ep);
+		if (rv) {
+			/* iw_cm could not take it: the connection fails here. */
+			urdma_send_disconnect(ep, -ECONNRESET);
+			urdma_ep_finish(ep);
+		}
 	} else {
 		if (ep->has_answer)
 			rv = ep->accept_status;
