@@ -395,61 +395,6 @@ fn acks_can_wait_while_nothing_waits_for_them() {
     assert!(!p.a.conn.acks_can_wait(), "closing");
 }
 
-/// The acceptor's ACK of its Accept can wait too: nothing completes on it, and the
-/// retransmission timer reads it before it fires, so a requester's ACK that woke nobody
-/// stops the Accept all the same, without an RTT sample of the wait.
-#[test]
-fn the_acceptors_ack_of_its_accept_can_wait_for_its_timer() {
-    let cfg = Config::default();
-    let mut mem = trp::sim::memory(cfg.pd, 1 << 20);
-    let t0 = trp::Instant(0);
-    let due = trp::Instant(cfg.initial_rto.as_nanos() as u64);
-    let mut buf = vec![0u8; 2048];
-    let mut a = trp::Connecting::new(cfg, 5, 100, b"", t0).unwrap();
-    let n = a.poll_transmit(t0, &mut buf).unwrap();
-    let request = buf[..n].to_vec();
-    let accepted = |mem: &trp::mr::VecMemory, buf: &mut [u8]| {
-        let mut b = Incoming::parse(&request)
-            .unwrap()
-            .accept(cfg, 6, 900, b"")
-            .unwrap();
-        let n = b.poll_transmit(t0, mem, buf).unwrap();
-        (b, n)
-    };
-    // Unacknowledged, the Accept goes again when the timer fires.
-    let (mut alone, _) = accepted(&mem, &mut buf);
-    alone.handle_timeout(due);
-    assert!(alone.poll_transmit(due, &mem, &mut buf).is_some());
-    let (mut b, n) = accepted(&mem, &mut buf);
-    assert!(b.acks_can_wait(), "only the Accept is on the wire");
-    let mut a = match a.handle_datagram(t0, &buf[..n]) {
-        trp::ConnectOutcome::Established { conn, .. } => conn,
-        o => panic!("{o:?}"),
-    };
-    let mut ack = vec![0u8; 2048];
-    let m = a.poll_transmit(t0, &mem, &mut ack).unwrap();
-    // Read only as the timer fires, as a round does: receive first, then timers.
-    b.handle_datagram(due, &mut mem, &ack[..m]).unwrap();
-    b.handle_timeout(due);
-    assert_eq!(
-        b.poll_transmit(due, &mem, &mut buf),
-        None,
-        "no Accept again"
-    );
-    assert_eq!(b.sender_stats().retransmitted, 0);
-    assert_eq!(b.unacked_psn(), b.next_psn(), "the Accept is acknowledged");
-    assert_eq!(
-        b.srtt(),
-        None,
-        "an ACK read at the timer times only its wait"
-    );
-    // Read before the timer, the same ACK times the round trip.
-    let (mut prompt, _) = accepted(&mem, &mut buf);
-    let soon = trp::Instant(1_000_000);
-    prompt.handle_datagram(soon, &mut mem, &ack[..m]).unwrap();
-    assert_eq!(prompt.srtt(), Some(std::time::Duration::from_millis(1)));
-}
-
 /// The Data packets `a` sent, as (PSN, FOLLOWS set), in the order sent, first
 /// transmissions only.
 fn follows_flags(sent: &[Vec<u8>]) -> Vec<(u32, bool)> {

@@ -267,11 +267,10 @@ impl Connection {
     /// half full, an ACK only lets go of what the peer has: no completion, no window that
     /// holds a request back, no close. A direct connection tells its socket's filter, so
     /// that such an ACK wakes nobody; the retransmission timer still reads it before it
-    /// fires, because callers receive before they run timers. The acceptor's Accept is no
-    /// exception: nothing completes on its ACK, and one read at its timer gives no RTT
-    /// sample.
+    /// fires, because callers receive before they run timers.
     pub fn acks_can_wait(&self) -> bool {
         matches!(self.state, Phase::Rts)
+            && self.accept.is_none()
             && self.sq.cursor == self.sq.entries.len()
             && self.sq.entries.len() * 2 <= self.cfg.max_send_wr
             && self

@@ -229,14 +229,7 @@ impl Connection {
             // A keep-alive probe: answer it.
             self.rx.request_ack();
         }
-        // The ACK of our Accept may have waited unread for its timer (`acks_can_wait`):
-        // read at the timer, it times nothing but the wait.
-        let late_accept = self.accept.is_some() && self.tx.rto_deadline().is_some_and(|d| d <= now);
-        if late_accept {
-            self.tx.on_ack_untimed(now, h.ack_psn, &h.sack);
-        } else {
-            self.tx.on_ack(now, h.ack_psn, &h.sack);
-        }
+        self.tx.on_ack(now, h.ack_psn, &h.sack);
         self.tx.set_peer_window(u32::from(h.window));
         if self
             .accept

@@ -329,16 +329,10 @@ impl<K> Sender<K> {
         {
             return 0;
         }
-        self.on_ack_news(now, ack, sack, true)
+        self.on_ack_news(now, ack, sack)
     }
 
-    /// [`Sender::on_ack`] for an ACK that may have waited unread, which gives no RTT
-    /// sample.
-    pub fn on_ack_untimed(&mut self, now: Instant, ack: u32, sack: &SackRanges) -> u32 {
-        self.on_ack_news(now, ack, sack, false)
-    }
-
-    fn on_ack_news(&mut self, now: Instant, ack: u32, sack: &SackRanges, timed: bool) -> u32 {
+    fn on_ack_news(&mut self, now: Instant, ack: u32, sack: &SackRanges) -> u32 {
         if !(psn_le(self.una, ack) && psn_le(ack, self.nxt)) {
             return 0;
         }
@@ -430,8 +424,7 @@ impl<K> Sender<K> {
                 highest_off = highest_off.max(to);
             }
         }
-        if let Some((_, sent_at, round)) = newest_clean.filter(|&(x, ..)| timed && x == newest_any)
-        {
+        if let Some((_, sent_at, round)) = newest_clean.filter(|&(x, ..)| x == newest_any) {
             let r = now.0.saturating_sub(sent_at.0);
             self.rtt.sample(r);
             self.cc.on_rtt(r, round);
