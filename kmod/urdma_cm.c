@@ -450,12 +450,25 @@ static int urdma_post_established(struct urdma_ep *ep)
 	return urdma_deliver(ep, IW_CM_EVENT_ESTABLISHED, 0, NULL, 0);
 }
 
-/* Any event after an ESTABLISHED still due comes after it. */
+/*
+ * Any event after an ESTABLISHED still due comes after it.  Should iw_cm
+ * refuse that ESTABLISHED, it is still in CONN_RECV, where a CLOSE is a
+ * BUG(): nothing follows, and the endpoint is back to an accept that
+ * failed, which iw_accept ends.  (iw_cm gives a child three work entries
+ * and this is its first event, so that takes a change in iw_cm.)
+ */
 static int urdma_post(struct urdma_ep *ep, enum iw_cm_event_type type,
 		      int status, const void *pdata, u8 len)
 {
+	int rv;
+
 	lockdep_assert_held(&urdma_cm_mutex);
-	urdma_post_established(ep);
+	rv = urdma_post_established(ep);
+	if (rv) {
+		ep->state = URDMA_EP_ACCEPTING;
+		ep->accept_status = rv;
+		return rv;
+	}
 	return urdma_deliver(ep, type, status, pdata, len);
 }
 
@@ -495,7 +508,8 @@ static void urdma_ep_close(struct urdma_ep *ep, int status, bool fatal)
 	if (fatal)
 		urdma_qp_fatal(ep->qp);
 	urdma_post(ep, IW_CM_EVENT_CLOSE, status, NULL, 0);
-	urdma_ep_finish(ep);
+	if (ep->state != URDMA_EP_ACCEPTING)
+		urdma_ep_finish(ep);
 }
 
 /*
@@ -511,7 +525,9 @@ static void urdma_ep_abort(struct urdma_ep *ep, int status, bool fatal)
 		break;
 	case URDMA_EP_ESTABLISHED:
 		urdma_ep_close(ep, status, fatal);
-		break;
+		if (ep->state != URDMA_EP_ACCEPTING)
+			break;
+		fallthrough;
 	case URDMA_EP_ACCEPTING:
 		/* iw_accept is waiting: it cleans up. */
 		urdma_ep_answer(ep, -ENOTCONN);
@@ -1168,8 +1184,12 @@ static void urdma_cm_peer_closed(struct urdma_chan *chan,
 	struct urdma_ep *ep = urdma_ep_by_qpn(chan, msg->dev_id, msg->qpn);
 
 	/* Only moves iw_cm to CLOSING; legal in any of its states. */
-	if (ep && ep->state == URDMA_EP_ESTABLISHED)
-		urdma_post(ep, IW_CM_EVENT_DISCONNECT, 0, NULL, 0);
+	if (!ep || ep->state != URDMA_EP_ESTABLISHED)
+		return;
+	urdma_post(ep, IW_CM_EVENT_DISCONNECT, 0, NULL, 0);
+	/* The accept failed instead: the daemon lets go. */
+	if (ep->state == URDMA_EP_ACCEPTING)
+		urdma_send_disconnect(ep, -ECONNRESET);
 }
 
 static void urdma_cm_closed(struct urdma_chan *chan, struct urdma_cm_msg *msg)
