@@ -281,7 +281,7 @@ int urdma_bell_attach(struct urdma_qp *qp, int sock_fd, int map_fd,
 void urdma_bell_detach(struct urdma_qp *qp);
 bool urdma_bell_ring(struct urdma_qp *qp, u32 verdict);
 
-/* urdma_cm.c */
+/* urdma_iwcm.c */
 void urdma_qp_get(struct ib_qp *ibqp);
 void urdma_qp_put(struct ib_qp *ibqp);
 struct ib_qp *urdma_get_qp(struct ib_device *ibdev, int qpn);
@@ -291,14 +291,18 @@ int urdma_accept(struct iw_cm_id *id, struct iw_cm_conn_param *param);
 int urdma_reject(struct iw_cm_id *id, const void *pdata, u8 pdata_len);
 int urdma_create_listen(struct iw_cm_id *id, int backlog);
 int urdma_destroy_listen(struct iw_cm_id *id);
+
+/* urdma_cm.c */
 void urdma_cm_qp_modified(struct urdma_qp *qp, enum ib_qp_state state,
 			  bool by_owner);
 void urdma_cm_qp_destroy(struct urdma_qp *qp);
 void urdma_cm_dev_gone(struct urdma_dev *udev);
-void urdma_cm_netdev_unregister(struct net_device *netdev);
-void urdma_cm_read_stats(struct urdma_dev *udev, u64 *values);
 int urdma_cm_init(void);
 void urdma_cm_exit(void);
+
+/* urdma_chan.c */
+void urdma_cm_netdev_unregister(struct net_device *netdev);
+void urdma_cm_read_stats(struct urdma_dev *udev, u64 *values);
 extern const struct attribute_group urdma_attr_group;
 
 #endif /* URDMA_H */

@@ -199,7 +199,7 @@ def self_test():
         "liburdma/src/engine.rs::Flow::transmit",
         "liburdma/src/dpdk.rs::DpdkFlow::transmit",
         "urdmad/src/cm.rs::Action::HandOver",
-        "kmod/urdma_cm.c::urdma_connect",
+        "kmod/urdma_iwcm.c::urdma_connect",
         "kmod/urdma_main.c::urdma_dev_ops",
         "kmod/urdma-abi.h::urdma_cm_msg",
     ]
