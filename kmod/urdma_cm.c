@@ -293,7 +293,10 @@ static void urdma_ep_answer(struct urdma_ep *ep, int status)
 	complete(&ep->answered);
 }
 
-/* The one CLOSE of an established endpoint, then its end. */
+/*
+ * The one CLOSE of an established endpoint, then its end; unless iw_cm
+ * refused the ESTABLISHED still owed (urdma_post), when iw_accept ends it.
+ */
 static void urdma_ep_close(struct urdma_ep *ep, int status, bool fatal)
 {
 	if (fatal)
