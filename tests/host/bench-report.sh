@@ -45,6 +45,15 @@ check "their table: urdma over the better kernel stack" \
 	sh -c "grep -q '^## Connection rate' '$out/cr-report/benchmarks.md' &&
 		grep -qF '| 1 | 20.0 | 50.0 | 100 | 0.2 |' '$out/cr-report/benchmarks.md' &&
 		grep -qF '| 16 | 40.0 | 80.0 | failed | 0.5 |' '$out/cr-report/benchmarks.md'"
+check "its method: each client's cycles, from a run before connrate_conns" \
+	grep -qF 'disconnecting, 3 times (tests/e2e/connrate.c)' "$out/cr-report/benchmarks.md"
+cp -r "$out/cr" "$out/cr48"
+echo "connrate_conns=48" >>"$out/cr48/guest.txt"
+check "--no-plots with connection rates of at least 48 connections" \
+	scripts/bench-report --no-plots "$out/cr48" "$out/cr48-report"
+check "its method: more cycles for fewer clients, up to 48 connections a figure" \
+	grep -qF 'disconnecting, max(3, ⌈48/N⌉) times (tests/e2e/connrate.c)' \
+	"$out/cr48-report/benchmarks.md"
 check "--check: siw lacks the rate of 16 clients" \
 	sh -c "scripts/bench-report --check '$out/cr' siw | grep '^missing: siw: connrate 16 B' >/dev/null"
 # with_rows NAME ROW...: the committed run in $out/NAME, ROWs added to its bench.csv (and with
@@ -79,9 +88,10 @@ check "its goal row and table" \
 bw_against_loss() { awk '/^### Write bandwidth against loss/ {on = 1; print; next} on && /^#/ {exit} on' "$1"; }
 check "the bandwidth-against-loss table as without them" \
 	diff <(bw_against_loss "$out/full/benchmarks.md") <(bw_against_loss "$out/ll-report/benchmarks.md")
-# bench-guest refuses a bad idle or loss measurement, in one line, before it touches anything.
+# bench-guest refuses a bad idle, loss or connection-rate measurement, in one line, before
+# it touches anything.
 for v in BENCH_IDLE_SECS=0 BENCH_IDLE_SECS=x BENCH_IDLE_SETTLE=-1 BENCH_LOSS_SECS=0 BENCH_LOSS_SECS=2s \
-	BENCH_LAT_LOSSES=1.5; do
+	BENCH_LAT_LOSSES=1.5 BENCH_CONNRATE=0 BENCH_CONNRATE_CYCLES=x BENCH_CONNRATE_CONNS=0; do
 	check "bench-guest refuses $v" \
 		sh -c "env $v scripts/bench-guest --out '$out/bg' --stacks urdma 2>'$out/bg.err'; [ \$? = 2 ] && [ \$(wc -l <'$out/bg.err') = 1 ] && [ ! -e '$out/bg' ]"
 done
