@@ -107,6 +107,13 @@ impl Bed {
         out
     }
 
+    /// Posts receive `wr_id` on `qp`: one SGE of `len` bytes at `addr` in MR `lkey`.
+    fn recv_at(&mut self, qp: QpKey, wr_id: u64, addr: u64, len: u32, lkey: u32) {
+        self.e
+            .post_recv(qp, wr_id, &[Sge { addr, len, lkey }])
+            .unwrap();
+    }
+
     fn reg(&mut self, dev: u32, stag: u32, pd: u32, buf: &mut [u8], access: Access) -> u64 {
         let base = buf.as_mut_ptr() as u64;
         self.e.mrs.insert(
@@ -273,16 +280,7 @@ fn receive_posted_before_the_connection_gets_the_send() {
     let raddr = t.reg(2, 0x200, 2, &mut rbuf, Access::LOCAL_WRITE);
     let mut sbuf = b"hello world".to_vec();
     let saddr = t.reg(1, 0x100, 1, &mut sbuf, Access::NONE);
-    t.e.post_recv(
-        B,
-        7,
-        &[Sge {
-            addr: raddr,
-            len: 64,
-            lkey: 0x200,
-        }],
-    )
-    .unwrap();
+    t.recv_at(B, 7, raddr, 64, 0x200);
     let s = [Sge {
         addr: saddr,
         len: 11,
@@ -310,16 +308,7 @@ fn error_before_connecting_flushes_receives() {
     let mut t = Bed::new();
     let mut rbuf = vec![0u8; 8];
     let raddr = t.reg(2, 0x200, 2, &mut rbuf, Access::LOCAL_WRITE);
-    t.e.post_recv(
-        B,
-        1,
-        &[Sge {
-            addr: raddr,
-            len: 8,
-            lkey: 0x200,
-        }],
-    )
-    .unwrap();
+    t.recv_at(B, 1, raddr, 8, 0x200);
     t.e.abort(B, t.now);
     t.e.post_recv(B, 2, &[]).unwrap();
     t.e.post_send(B, &send(3, &[])).unwrap();

@@ -103,16 +103,7 @@ fn a_type_2_window_is_invalidated_by_the_peer_and_bound_again() {
     let base = target.as_ptr() as u64;
     let mut rbuf = vec![0u8; 16];
     let raddr = t.reg(2, 0x201, 2, &mut rbuf, Access::LOCAL_WRITE);
-    t.e.post_recv(
-        B,
-        9,
-        &[Sge {
-            addr: raddr,
-            len: 16,
-            lkey: 0x201,
-        }],
-    )
-    .unwrap();
+    t.recv_at(B, 9, raddr, 16, 0x201);
     let stag = MW2 | 0x42;
     t.e.post_send(B, &bind_req(1, window(MW2, stag, base, 128)))
         .unwrap();

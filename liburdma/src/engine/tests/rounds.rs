@@ -43,16 +43,7 @@ fn queued_acknowledgements_are_read_before_timers_fire() {
     let mut rbuf = vec![0u8; 64];
     let raddr = t.reg(2, 0x200, 2, &mut rbuf, Access::LOCAL_WRITE);
     for i in 0..16 {
-        t.e.post_recv(
-            B,
-            i,
-            &[Sge {
-                addr: raddr,
-                len: 64,
-                lkey: 0x200,
-            }],
-        )
-        .unwrap();
+        t.recv_at(B, i, raddr, 64, 0x200);
         t.e.post_send(A, &send(i, &[])).unwrap();
     }
     // A sends while B is away.

@@ -19,16 +19,7 @@ fn write_with_immediate_read_and_inline() {
     let saddr = t.reg(1, 0x100, 1, &mut source, Access::REMOTE_READ);
     let mut rbuf = vec![0u8; 16];
     let raddr = t.reg(2, 0x201, 2, &mut rbuf, Access::LOCAL_WRITE);
-    t.e.post_recv(
-        B,
-        9,
-        &[Sge {
-            addr: raddr,
-            len: 16,
-            lkey: 0x201,
-        }],
-    )
-    .unwrap();
+    t.recv_at(B, 9, raddr, 16, 0x201);
     // Multi-segment RDMA Write with immediate data.
     let s = [Sge {
         addr: saddr,
@@ -91,16 +82,7 @@ fn write_with_immediate_read_and_inline() {
     );
 
     // Inline: bytes outside any MR, copied at post time.
-    t.e.post_recv(
-        B,
-        10,
-        &[Sge {
-            addr: raddr,
-            len: 16,
-            lkey: 0x201,
-        }],
-    )
-    .unwrap();
+    t.recv_at(B, 10, raddr, 16, 0x201);
     let mut msg = b"inline!".to_vec();
     let parts: [&[u8]; 1] = [&msg];
     let bogus = [Sge {
@@ -135,16 +117,7 @@ fn unsignaled_sends_complete_silently_unless_sq_sig_all() {
     let mut rbuf = vec![0u8; 64];
     let raddr = t.reg(2, 0x200, 2, &mut rbuf, Access::LOCAL_WRITE);
     for i in 0..3 {
-        t.e.post_recv(
-            B,
-            i,
-            &[Sge {
-                addr: raddr,
-                len: 64,
-                lkey: 0x200,
-            }],
-        )
-        .unwrap();
+        t.recv_at(B, i, raddr, 64, 0x200);
     }
     let wr = SendReq {
         signaled: false,
@@ -240,16 +213,7 @@ fn full_cq_holds_completions_back_in_order() {
     let mut rbuf = vec![0u8; 64];
     let raddr = t.reg(2, 0x200, 2, &mut rbuf, Access::LOCAL_WRITE);
     for i in 0..5 {
-        t.e.post_recv(
-            B,
-            i,
-            &[Sge {
-                addr: raddr,
-                len: 64,
-                lkey: 0x200,
-            }],
-        )
-        .unwrap();
+        t.recv_at(B, i, raddr, 64, 0x200);
         t.e.post_send(A, &send(i, &[])).unwrap();
     }
     t.run(20);
@@ -269,16 +233,7 @@ fn lost_datagrams_are_retransmitted_on_timers() {
     t.connect();
     let mut rbuf = vec![0u8; 64];
     let raddr = t.reg(2, 0x200, 2, &mut rbuf, Access::LOCAL_WRITE);
-    t.e.post_recv(
-        B,
-        1,
-        &[Sge {
-            addr: raddr,
-            len: 64,
-            lkey: 0x200,
-        }],
-    )
-    .unwrap();
+    t.recv_at(B, 1, raddr, 64, 0x200);
     t.e.post_send(A, &send(1, &[])).unwrap();
     t.e.progress(t.now);
     t.ab.lock().unwrap().clear(); // lost
@@ -306,16 +261,7 @@ fn armed_cq_fires_on_delivery_and_solicited_only_waits() {
     let mut rbuf = vec![0u8; 64];
     let raddr = t.reg(2, 0x200, 2, &mut rbuf, Access::LOCAL_WRITE);
     for i in 0..3 {
-        t.e.post_recv(
-            B,
-            i,
-            &[Sge {
-                addr: raddr,
-                len: 64,
-                lkey: 0x200,
-            }],
-        )
-        .unwrap();
+        t.recv_at(B, i, raddr, 64, 0x200);
     }
     assert!(t.e.arm_cq(BCQ, true));
     t.e.post_send(A, &send(1, &[])).unwrap();
@@ -353,16 +299,7 @@ fn send_with_invalidate_reports_and_invalidates_the_stag() {
         &mut target,
         Access::LOCAL_WRITE | Access::REMOTE_WRITE,
     );
-    t.e.post_recv(
-        B,
-        1,
-        &[Sge {
-            addr: raddr,
-            len: 64,
-            lkey: 0x200,
-        }],
-    )
-    .unwrap();
+    t.recv_at(B, 1, raddr, 64, 0x200);
     let wr = SendReq {
         op: SendOp::Send {
             invalidate: Some(0x300),
