@@ -105,21 +105,7 @@ fn a_connect_goes_out_on_the_port_holding_its_local_address() {
         "dev",
         &tap2,
     ]);
-    let peer_mac: Mac = {
-        let out = run_bounded(
-            Command::new("ip").args(["-n", &bed.ns_b, "-o", "link", "show", &b2]),
-            Duration::from_secs(5),
-        );
-        let t = String::from_utf8_lossy(&out.stdout).to_string();
-        t.split("link/ether ")
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let peer_mac: Mac = bed.link_mac(&bed.ns_b, &b2).parse().unwrap();
     // The peer is namespace B's kernel: a UDP socket speaking TRP's handshake.
     let peer = udp_in(&bed.ns_b, "10.97.0.2:7000".parse().unwrap());
     let mut m = Msg::new(Op::Connect);

@@ -217,12 +217,20 @@ impl Bed {
 
     /// The peer's MAC address.
     pub fn peer_mac(&self) -> String {
+        self.link_mac(&self.ns_b, &self.veth_b)
+    }
+
+    /// The MAC address of interface `iface` in namespace `ns`.
+    pub fn link_mac(&self, ns: &str, iface: &str) -> String {
         let out = run_bounded(
-            Command::new("ip").args(["-n", &self.ns_b, "-o", "link", "show", &self.veth_b]),
+            Command::new("ip").args(["-n", ns, "-o", "link", "show", iface]),
             Duration::from_secs(5),
         );
         let text = String::from_utf8_lossy(&out.stdout);
-        let after = text.split("link/ether ").nth(1).expect("peer has a MAC");
+        let after = text
+            .split("link/ether ")
+            .nth(1)
+            .expect("the link has a MAC");
         after.split_whitespace().next().unwrap().to_string()
     }
 

@@ -195,20 +195,7 @@ fn two_ports_each_with_its_exception_path_flows_and_tx() {
     assert_eq!(count::<Exception>(&st), 2, "{st:?}");
 
     // A flow on the second port, and a frame sent through it.
-    let peer_mac = {
-        let out = run_bounded(
-            Command::new("ip").args(["-n", &bed.ns_b, "-o", "link", "show", &b2]),
-            Duration::from_secs(5),
-        );
-        let t = String::from_utf8_lossy(&out.stdout).to_string();
-        t.split("link/ether ")
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .to_string()
-    };
+    let peer_mac = bed.link_mac(&bed.ns_b, &b2);
     let peer = udp_in(&bed.ns_b, "10.98.0.2:6000".parse().unwrap());
     let send = format!("{peer_mac},10.98.0.1:5001,10.98.0.2:6000,via-port-1");
     let mut c = TestClient::spawn(
